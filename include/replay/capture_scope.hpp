@@ -1,0 +1,189 @@
+#pragma once
+// CaptureScope: RAII stream capture. The capture always ends: finish() returns
+// the captured Graph; a scope destroyed without finish() (an exception
+// unwinding through it, an early return) ends the capture, discards the
+// partial graph and leaves the stream usable for the next capture or eager
+// work. When a capture was broken, finish() throws a cuda_error that says the
+// capture was invalidated, names the likely causes and, where the breaking
+// call went through replay::check, which call it was and where.
+#include <cuda_runtime_api.h>
+
+#include <concepts>
+#include <functional>
+#include <source_location>
+#include <string>
+#include <utility>
+
+#include "replay/detail/capture_state.hpp"
+#include "replay/error.hpp"
+#include "replay/graph.hpp"
+#include "replay/stream_ref.hpp"
+
+namespace replay {
+
+enum class CaptureMode {
+  // cudaStreamCaptureModeThreadLocal (the default): this thread may not make
+  // potentially unsafe calls (cudaMalloc, synchronous copies...) while capturing;
+  // other threads are unaffected.
+  this_thread = ::cudaStreamCaptureModeThreadLocal,
+  // cudaStreamCaptureModeGlobal: no thread in the process may make unsafe calls.
+  global = ::cudaStreamCaptureModeGlobal,
+  // cudaStreamCaptureModeRelaxed: unsafe calls are allowed; the caller vouches for them.
+  relaxed = ::cudaStreamCaptureModeRelaxed,
+};
+
+class CaptureScope {
+ public:
+  // Begins capturing `stream` into a new graph.
+  explicit CaptureScope(StreamRef stream, CaptureMode mode = CaptureMode::this_thread,
+                        ::std::source_location where = ::std::source_location::current())
+      : stream_(stream), mode_(mode), begun_at_(where) {
+    refuse_bad_stream(where);
+    check(::cudaStreamBeginCapture(stream_.get(), static_cast<::cudaStreamCaptureMode>(mode_)),
+          "cudaStreamBeginCapture", where);
+    open();
+  }
+
+#if CUDART_VERSION >= 12030
+  // Begins capturing `stream` into an existing graph (cudaStreamBeginCaptureToGraph):
+  // the captured work is appended, with no dependency on the graph's current
+  // nodes. finish() hands the graph back. If the capture fails, the graph is
+  // destroyed with the partial capture; clone() it first to keep the original.
+  CaptureScope(StreamRef stream, Graph&& into, CaptureMode mode = CaptureMode::this_thread,
+               ::std::source_location where = ::std::source_location::current())
+      : stream_(stream), mode_(mode), begun_at_(where), into_(::std::move(into)) {
+    refuse_bad_stream(where);
+    check(::cudaStreamBeginCaptureToGraph(stream_.get(), into_.handle(where), nullptr, nullptr, 0,
+                                          static_cast<::cudaStreamCaptureMode>(mode_)),
+          "cudaStreamBeginCaptureToGraph", where);
+    open();
+  }
+#endif
+
+  CaptureScope(const CaptureScope&) = delete;
+  CaptureScope& operator=(const CaptureScope&) = delete;
+  CaptureScope(CaptureScope&&) = delete;
+  CaptureScope& operator=(CaptureScope&&) = delete;
+
+  ~CaptureScope() { abort(); }
+
+  bool active() const noexcept { return active_; }
+  StreamRef stream() const noexcept { return stream_; }
+  CaptureMode mode() const noexcept { return mode_; }
+
+  // Ends the capture and returns the graph. Throws cuda_error if the capture
+  // was invalidated; the stream is usable again either way.
+  [[nodiscard]] Graph finish(::std::source_location where = ::std::source_location::current()) {
+    if (!active_) {
+      throw usage_error("CaptureScope::finish() called on a scope that has already ended", where);
+    }
+    ::cudaGraph_t captured = nullptr;
+    const ::cudaError_t status = ::cudaStreamEndCapture(stream_.get(), &captured);
+    const detail::CaptureBreak broken = detail::capture_break();
+    close();
+    if (status != ::cudaSuccess) {
+      discard(captured);
+      (void)::cudaGetLastError();  // the failure is reported by the exception below
+      throw cuda_error(status, "cudaStreamEndCapture", where, describe_break(broken));
+    }
+    if (into_) {
+      // Capture-to-graph returns the graph it was given.
+      return ::std::move(into_);
+    }
+    return Graph::from_native_handle(captured);
+  }
+
+  // Ends the capture and discards what was captured. Never throws; also what
+  // the destructor does for a scope that was not finished.
+  void abort() noexcept {
+    if (!active_) {
+      return;
+    }
+    ::cudaGraph_t captured = nullptr;
+    const ::cudaError_t status = ::cudaStreamEndCapture(stream_.get(), &captured);
+    close();
+    discard(captured);
+    into_ = Graph::from_native_handle(nullptr);  // the partially appended graph goes too
+    if (status != ::cudaSuccess || is_capture_error(::cudaPeekAtLastError())) {
+      (void)::cudaGetLastError();  // leave no capture error behind for unrelated code
+    }
+  }
+
+ private:
+  void refuse_bad_stream(const ::std::source_location& where) const {
+    if (stream_.get() == nullptr || stream_.get() == cudaStreamLegacy) {
+      throw usage_error("cannot capture the legacy default stream; capture a replay::Stream", where);
+    }
+    if (stream_.capture_status(where) != CaptureStatus::none) {
+      throw usage_error("CaptureScope: the stream is already capturing", where);
+    }
+  }
+  void open() noexcept {
+    active_ = true;
+    if (detail::open_capture_scopes()++ == 0) {
+      detail::capture_break() = {};
+    }
+    if (mode_ == CaptureMode::relaxed) {
+      ++detail::open_relaxed_capture_scopes();
+    }
+  }
+  void close() noexcept {
+    active_ = false;
+    if (mode_ == CaptureMode::relaxed) {
+      --detail::open_relaxed_capture_scopes();
+    }
+    if (--detail::open_capture_scopes() == 0) {
+      detail::capture_break() = {};
+    }
+    detail::flush_deferred_frees();
+  }
+  void discard(::cudaGraph_t captured) const noexcept {
+    if (captured != nullptr && captured != into_.get()) {
+      (void)::cudaGraphDestroy(captured);
+    }
+  }
+  ::std::string describe_break(const detail::CaptureBreak& broken) const {
+    ::std::string msg = "the capture begun at " + replay::to_string(begun_at_);
+    if (broken.seen) {
+      msg += " was broken by " + broken.api + " at " + replay::to_string(broken.where) + " (" +
+             ::cudaGetErrorName(broken.status) + ")";
+    } else {
+      msg += " was broken by a call that did not go through replay::check (a raw CUDA call, or "
+             "another thread under CaptureMode::global)";
+    }
+    return msg;
+  }
+
+  StreamRef stream_;
+  CaptureMode mode_;
+  ::std::source_location begun_at_;
+  Graph into_ = Graph::from_native_handle(nullptr);
+  bool active_ = false;
+};
+
+// Captures what `work(stream)` issues on `stream` and returns it as a Graph.
+// If `work` throws, the capture is ended and discarded, and the exception
+// propagates with the stream usable.
+template <class Work>
+  requires ::std::invocable<Work&, StreamRef>
+[[nodiscard]] Graph capture(StreamRef stream, Work&& work, CaptureMode mode = CaptureMode::this_thread,
+                            ::std::source_location where = ::std::source_location::current()) {
+  CaptureScope scope(stream, mode, where);
+  ::std::invoke(work, stream);
+  return scope.finish(where);
+}
+
+#if CUDART_VERSION >= 12030
+// Appends what `work(stream)` issues to `into` and returns it.
+template <class Work>
+  requires ::std::invocable<Work&, StreamRef>
+[[nodiscard]] Graph capture_into(Graph&& into, StreamRef stream, Work&& work,
+                                 CaptureMode mode = CaptureMode::this_thread,
+                                 ::std::source_location where = ::std::source_location::current()) {
+  CaptureScope scope(stream, ::std::move(into), mode, where);
+  ::std::invoke(work, stream);
+  return scope.finish(where);
+}
+#endif
+
+}  // namespace replay

@@ -1,0 +1,161 @@
+#pragma once
+// Errors. Every CUDA call goes through check(), which throws cuda_error naming
+// the API, the status (name, number, text) and the caller's source location.
+// Misuse of replay itself (bad sizes, use after move, calls that are illegal
+// during capture) throws usage_error, before any CUDA call is made.
+#include <cuda_runtime_api.h>
+
+#include <source_location>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace replay {
+
+// "file:line (function)", used in every message.
+inline ::std::string to_string(const ::std::source_location& where) {
+  ::std::string out = where.file_name();
+  out += ':';
+  out += ::std::to_string(where.line());
+  if (const char* fn = where.function_name(); fn != nullptr && *fn != '\0') {
+    out += " (";
+    out += fn;
+    out += ')';
+  }
+  return out;
+}
+
+// True for the statuses that a stream capture produces when it is broken or refused.
+constexpr bool is_capture_error(::cudaError_t status) noexcept {
+  switch (status) {
+    case ::cudaErrorStreamCaptureUnsupported:
+    case ::cudaErrorStreamCaptureInvalidated:
+    case ::cudaErrorStreamCaptureMerge:
+    case ::cudaErrorStreamCaptureUnmatched:
+    case ::cudaErrorStreamCaptureUnjoined:
+    case ::cudaErrorStreamCaptureIsolation:
+    case ::cudaErrorStreamCaptureImplicit:
+    case ::cudaErrorCapturedEvent:
+    case ::cudaErrorStreamCaptureWrongThread:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The explanation appended to capture errors: the status alone ("operation not
+// permitted when stream is capturing") does not tell a user what to change.
+inline constexpr ::std::string_view capture_error_hint =
+    "the stream capture was invalidated; likely causes: a synchronizing call on a capturing "
+    "stream (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize, cudaStreamQuery, "
+    "a synchronous cudaMemcpy), an allocation or free (cudaMalloc, cudaFree, cudaMallocHost) "
+    "while the capture mode is global or thread-local, work on the legacy default stream "
+    "(stream 0) while another stream captures, an event wait that crosses captures, or ending "
+    "the capture on another thread or before every forked stream was joined";
+
+// A failed CUDA runtime call.
+class cuda_error : public ::std::runtime_error {
+ public:
+  cuda_error(::cudaError_t status, ::std::string_view api,
+             ::std::source_location where = ::std::source_location::current(),
+             ::std::string_view context = {})
+      : ::std::runtime_error(format(status, api, where, context)),
+        status_(status),
+        api_(api),
+        where_(where) {}
+
+  ::cudaError_t status() const noexcept { return status_; }
+  const ::std::string& api() const noexcept { return api_; }
+  const char* error_name() const noexcept { return ::cudaGetErrorName(status_); }
+  const char* error_string() const noexcept { return ::cudaGetErrorString(status_); }
+  const ::std::source_location& where() const noexcept { return where_; }
+  bool is_capture_error() const noexcept { return replay::is_capture_error(status_); }
+
+ private:
+  static ::std::string format(::cudaError_t status, ::std::string_view api,
+                              const ::std::source_location& where, ::std::string_view context) {
+    ::std::string msg = "replay: ";
+    msg += api.empty() ? ::std::string_view("CUDA call") : api;
+    msg += " failed: ";
+    msg += ::cudaGetErrorName(status);
+    msg += " (" + ::std::to_string(static_cast<int>(status)) + "): ";
+    msg += ::cudaGetErrorString(status);
+    msg += " at " + replay::to_string(where);
+    if (!context.empty()) {
+      msg += "; ";
+      msg += context;
+    }
+    if (replay::is_capture_error(status)) {
+      msg += "; ";
+      msg += capture_error_hint;
+    }
+    return msg;
+  }
+
+  ::cudaError_t status_;
+  ::std::string api_;
+  ::std::source_location where_;
+};
+
+// Misuse of the library: wrong sizes, use after move, a call that is illegal
+// during capture, an unknown key. Detected before any CUDA call is made.
+class usage_error : public ::std::logic_error {
+ public:
+  explicit usage_error(::std::string_view what,
+                       ::std::source_location where = ::std::source_location::current())
+      : ::std::logic_error("replay: " + ::std::string(what) + " at " + replay::to_string(where)),
+        where_(where) {}
+  const ::std::source_location& where() const noexcept { return where_; }
+
+ private:
+  ::std::source_location where_;
+};
+
+namespace detail {
+
+// The first capture-breaking call seen by check() on this thread while a
+// CaptureScope is open, so that the scope can say which call broke it.
+struct CaptureBreak {
+  bool seen = false;
+  ::cudaError_t status = ::cudaSuccess;
+  ::std::string api;
+  ::std::source_location where;
+};
+inline CaptureBreak& capture_break() noexcept {
+  thread_local CaptureBreak record;
+  return record;
+}
+inline int& open_capture_scopes() noexcept {
+  thread_local int depth = 0;
+  return depth;
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_cuda_error(::cudaError_t status,
+                                                                   ::std::string_view api,
+                                                                   ::std::source_location where) {
+  if (is_capture_error(status) && open_capture_scopes() > 0) {
+    CaptureBreak& record = capture_break();
+    if (!record.seen) {
+      record = CaptureBreak{true, status, ::std::string(api), where};
+    }
+  }
+  throw cuda_error(status, api, where);
+}
+
+}  // namespace detail
+
+// Throws cuda_error unless status is cudaSuccess. The fast path is one compare.
+inline void check(::cudaError_t status, ::std::string_view api,
+                  ::std::source_location where = ::std::source_location::current()) {
+  if (status != ::cudaSuccess) [[unlikely]] {
+    detail::throw_cuda_error(status, api, where);
+  }
+}
+
+// For kernel launches: picks up a launch configuration error (cudaGetLastError).
+inline void check_last_launch(::std::string_view what = "kernel launch",
+                              ::std::source_location where = ::std::source_location::current()) {
+  check(::cudaGetLastError(), what, where);
+}
+
+}  // namespace replay

@@ -1,0 +1,247 @@
+#pragma once
+// Graph: an owning, move-only cudaGraph_t, with the inspection a user needs to
+// trust a capture: node counts by type, the names of the kernels inside, a DOT
+// dump, and clone().
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <source_location>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#if defined(__GNUC__) || defined(__clang__)
+#include <cxxabi.h>
+#define REPLAY_HAS_CXXABI 1
+#endif
+
+#include "replay/error.hpp"
+#include "replay/flags.hpp"
+
+namespace replay {
+
+enum class NodeType : int {
+  kernel = ::cudaGraphNodeTypeKernel,
+  memcpy = ::cudaGraphNodeTypeMemcpy,
+  memset = ::cudaGraphNodeTypeMemset,
+  host = ::cudaGraphNodeTypeHost,
+  child_graph = ::cudaGraphNodeTypeGraph,
+  empty = ::cudaGraphNodeTypeEmpty,
+  wait_event = ::cudaGraphNodeTypeWaitEvent,
+  event_record = ::cudaGraphNodeTypeEventRecord,
+  ext_semaphore_signal = ::cudaGraphNodeTypeExtSemaphoreSignal,
+  ext_semaphore_wait = ::cudaGraphNodeTypeExtSemaphoreWait,
+  mem_alloc = ::cudaGraphNodeTypeMemAlloc,
+  mem_free = ::cudaGraphNodeTypeMemFree,
+  conditional = 0x0d,  // cudaGraphNodeTypeConditional (CUDA 12.3+)
+};
+
+constexpr ::std::string_view to_string(NodeType type) noexcept {
+  switch (type) {
+    case NodeType::kernel: return "kernel";
+    case NodeType::memcpy: return "memcpy";
+    case NodeType::memset: return "memset";
+    case NodeType::host: return "host";
+    case NodeType::child_graph: return "child_graph";
+    case NodeType::empty: return "empty";
+    case NodeType::wait_event: return "wait_event";
+    case NodeType::event_record: return "event_record";
+    case NodeType::ext_semaphore_signal: return "ext_semaphore_signal";
+    case NodeType::ext_semaphore_wait: return "ext_semaphore_wait";
+    case NodeType::mem_alloc: return "mem_alloc";
+    case NodeType::mem_free: return "mem_free";
+    case NodeType::conditional: return "conditional";
+  }
+  return "unknown";
+}
+
+enum class DotFlags : unsigned int {
+  none = 0,
+  verbose = ::cudaGraphDebugDotFlagsVerbose,
+  kernel_params = ::cudaGraphDebugDotFlagsKernelNodeParams,
+  memcpy_params = ::cudaGraphDebugDotFlagsMemcpyNodeParams,
+  memset_params = ::cudaGraphDebugDotFlagsMemsetNodeParams,
+  host_params = ::cudaGraphDebugDotFlagsHostNodeParams,
+  event_params = ::cudaGraphDebugDotFlagsEventNodeParams,
+  kernel_attributes = ::cudaGraphDebugDotFlagsKernelNodeAttributes,
+  handles = ::cudaGraphDebugDotFlagsHandles,
+};
+template <>
+inline constexpr bool enable_bitmask<DotFlags> = true;
+
+// Demangles an Itanium C++ ABI name where the toolchain can; returns it unchanged otherwise.
+inline ::std::string demangle(const char* name) {
+  if (name == nullptr) {
+    return {};
+  }
+#ifdef REPLAY_HAS_CXXABI
+  int status = 0;
+  ::std::unique_ptr<char, void (*)(void*)> out(abi::__cxa_demangle(name, nullptr, nullptr, &status), ::std::free);
+  if (status == 0 && out) {
+    return out.get();
+  }
+#endif
+  return name;
+}
+
+// Name of the kernel a kernel node launches, demangled, e.g. "scale_kernel(float*, int)".
+inline ::std::string kernel_node_name(::cudaGraphNode_t node,
+                                      ::std::source_location where = ::std::source_location::current()) {
+  ::cudaKernelNodeParams params{};
+  check(::cudaGraphKernelNodeGetParams(node, &params), "cudaGraphKernelNodeGetParams", where);
+#if CUDART_VERSION >= 12030
+  const char* name = nullptr;
+  if (::cudaFuncGetName(&name, params.func) == ::cudaSuccess && name != nullptr) {
+    return demangle(name);
+  }
+  (void)::cudaGetLastError();
+#endif
+  return "<kernel at " + ::std::to_string(reinterpret_cast<::std::uintptr_t>(params.func)) + ">";
+}
+
+// "kernel node scale_kernel(float*, int)", "memcpy node": for error messages.
+inline ::std::string describe_node(::cudaGraphNode_t node) noexcept {
+  try {
+    if (node == nullptr) {
+      return "no particular node";
+    }
+    ::cudaGraphNodeType type{};
+    if (::cudaGraphNodeGetType(node, &type) != ::cudaSuccess) {
+      (void)::cudaGetLastError();
+      return "an unknown node";
+    }
+    ::std::string out(to_string(static_cast<NodeType>(type)));
+    out += " node";
+    if (type == ::cudaGraphNodeTypeKernel) {
+      out += " " + kernel_node_name(node);
+    }
+    return out;
+  } catch (...) {
+    return "an unknown node";
+  }
+}
+
+class Graph {
+ public:
+  // A new, empty graph (to add nodes to or capture into).
+  explicit Graph(::std::source_location where = ::std::source_location::current()) {
+    check(::cudaGraphCreate(&graph_, 0), "cudaGraphCreate", where);
+  }
+  [[nodiscard]] static Graph from_native_handle(::cudaGraph_t graph) noexcept { return Graph(graph, adopt_tag{}); }
+
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  Graph(Graph&& other) noexcept : graph_(::std::exchange(other.graph_, nullptr)) {}
+  Graph& operator=(Graph&& other) noexcept {
+    if (this != &other) {
+      reset();
+      graph_ = ::std::exchange(other.graph_, nullptr);
+    }
+    return *this;
+  }
+  ~Graph() { reset(); }
+
+  [[nodiscard]] ::cudaGraph_t release() noexcept { return ::std::exchange(graph_, nullptr); }
+  ::cudaGraph_t get() const noexcept { return graph_; }
+  explicit operator bool() const noexcept { return graph_ != nullptr; }
+
+  // The handle; usage_error on a moved-from Graph.
+  ::cudaGraph_t handle(::std::source_location where = ::std::source_location::current()) const {
+    if (graph_ == nullptr) [[unlikely]] {
+      throw usage_error("Graph used after move (or after release())", where);
+    }
+    return graph_;
+  }
+
+  ::std::vector<::cudaGraphNode_t> nodes(::std::source_location where = ::std::source_location::current()) const {
+    ::std::size_t count = 0;
+    check(::cudaGraphGetNodes(handle(where), nullptr, &count), "cudaGraphGetNodes", where);
+    ::std::vector<::cudaGraphNode_t> out(count);
+    if (count != 0) {
+      check(::cudaGraphGetNodes(graph_, out.data(), &count), "cudaGraphGetNodes", where);
+      out.resize(count);
+    }
+    return out;
+  }
+
+  ::std::size_t node_count(::std::source_location where = ::std::source_location::current()) const {
+    ::std::size_t count = 0;
+    check(::cudaGraphGetNodes(handle(where), nullptr, &count), "cudaGraphGetNodes", where);
+    return count;
+  }
+
+  // Top-level nodes by type (child graphs count as one child_graph node).
+  ::std::map<NodeType, ::std::size_t> node_counts(
+      ::std::source_location where = ::std::source_location::current()) const {
+    ::std::map<NodeType, ::std::size_t> counts;
+    for (::cudaGraphNode_t node : nodes(where)) {
+      ++counts[type_of(node, where)];
+    }
+    return counts;
+  }
+  ::std::size_t count(NodeType type, ::std::source_location where = ::std::source_location::current()) const {
+    const auto counts = node_counts(where);
+    const auto it = counts.find(type);
+    return it == counts.end() ? 0 : it->second;
+  }
+
+  // Demangled names of the kernels in this graph, one per kernel node, in node order.
+  ::std::vector<::std::string> kernel_names(::std::source_location where = ::std::source_location::current()) const {
+    ::std::vector<::std::string> names;
+    for (::cudaGraphNode_t node : nodes(where)) {
+      if (type_of(node, where) == NodeType::kernel) {
+        names.push_back(kernel_node_name(node, where));
+      }
+    }
+    return names;
+  }
+  // Number of kernel nodes whose demangled name contains `fragment`.
+  ::std::size_t count_kernels(::std::string_view fragment,
+                              ::std::source_location where = ::std::source_location::current()) const {
+    ::std::size_t n = 0;
+    for (const auto& name : kernel_names(where)) {
+      n += name.find(fragment) != ::std::string::npos ? 1 : 0;
+    }
+    return n;
+  }
+
+  // Writes the graph in Graphviz DOT (cudaGraphDebugDotPrint).
+  void write_dot(const ::std::filesystem::path& path, DotFlags flags = DotFlags::verbose,
+                 ::std::source_location where = ::std::source_location::current()) const {
+    check(::cudaGraphDebugDotPrint(handle(where), path.string().c_str(), to_underlying(flags)),
+          "cudaGraphDebugDotPrint", where);
+  }
+
+  // A deep copy: same nodes and parameters, independent lifetime.
+  [[nodiscard]] Graph clone(::std::source_location where = ::std::source_location::current()) const {
+    ::cudaGraph_t copy = nullptr;
+    check(::cudaGraphClone(&copy, handle(where)), "cudaGraphClone", where);
+    return Graph(copy, adopt_tag{});
+  }
+
+ private:
+  struct adopt_tag {};
+  Graph(::cudaGraph_t graph, adopt_tag) noexcept : graph_(graph) {}
+
+  static NodeType type_of(::cudaGraphNode_t node, const ::std::source_location& where) {
+    ::cudaGraphNodeType type{};
+    check(::cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType", where);
+    return static_cast<NodeType>(type);
+  }
+  void reset() noexcept {
+    if (graph_ != nullptr) {
+      (void)::cudaGraphDestroy(graph_);
+      graph_ = nullptr;
+    }
+  }
+
+  ::cudaGraph_t graph_ = nullptr;
+};
+
+}  // namespace replay

@@ -1,0 +1,241 @@
+#pragma once
+// GraphExec: an owning, move-only cudaGraphExec_t. launch() is one checked
+// cudaGraphLaunch and never synchronizes. update() tries cudaGraphExecUpdate
+// (cheap: parameters only) and re-instantiates only when CUDA refuses, and it
+// says which path it took and why in an UpdateResult.
+#include <cuda_runtime_api.h>
+
+#include <source_location>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "replay/error.hpp"
+#include "replay/flags.hpp"
+#include "replay/graph.hpp"
+#include "replay/stream_ref.hpp"
+
+namespace replay {
+
+enum class InstantiateFlags : unsigned long long {
+  none = 0,
+  auto_free_on_launch = ::cudaGraphInstantiateFlagAutoFreeOnLaunch,
+  upload = ::cudaGraphInstantiateFlagUpload,
+  device_launch = ::cudaGraphInstantiateFlagDeviceLaunch,
+  use_node_priority = ::cudaGraphInstantiateFlagUseNodePriority,
+};
+template <>
+inline constexpr bool enable_bitmask<InstantiateFlags> = true;
+
+// Flag combinations CUDA documents as invalid; checked before instantiating.
+constexpr const char* invalid_flags_reason(InstantiateFlags flags) noexcept {
+  if (has_flag(flags, InstantiateFlags::device_launch) && has_flag(flags, InstantiateFlags::auto_free_on_launch)) {
+    return "InstantiateFlags::device_launch cannot be combined with auto_free_on_launch";
+  }
+  constexpr auto known = InstantiateFlags::auto_free_on_launch | InstantiateFlags::upload |
+                         InstantiateFlags::device_launch | InstantiateFlags::use_node_priority;
+  if ((flags & ~known) != InstantiateFlags::none) {
+    return "InstantiateFlags holds unknown bits";
+  }
+  return nullptr;
+}
+
+enum class UpdatePath {
+  in_place,        // cudaGraphExecUpdate succeeded
+  reinstantiated,  // CUDA refused the update; a new executable graph replaced the old
+};
+
+constexpr ::std::string_view to_string(UpdatePath path) noexcept {
+  return path == UpdatePath::in_place ? "in_place" : "reinstantiated";
+}
+
+constexpr ::std::string_view to_string(::cudaGraphExecUpdateResult reason) noexcept {
+  switch (reason) {
+    case ::cudaGraphExecUpdateSuccess: return "success";
+    case ::cudaGraphExecUpdateError: return "error";
+    case ::cudaGraphExecUpdateErrorTopologyChanged: return "topology changed";
+    case ::cudaGraphExecUpdateErrorNodeTypeChanged: return "node type changed";
+    case ::cudaGraphExecUpdateErrorFunctionChanged: return "kernel function changed";
+    case ::cudaGraphExecUpdateErrorParametersChanged: return "parameters changed in an unsupported way";
+    case ::cudaGraphExecUpdateErrorNotSupported: return "node not supported for update";
+    case ::cudaGraphExecUpdateErrorUnsupportedFunctionChange: return "unsupported kernel function change";
+    case ::cudaGraphExecUpdateErrorAttributesChanged: return "node attributes changed";
+  }
+  return "unknown";
+}
+
+// What update() did.
+struct UpdateResult {
+  UpdatePath path = UpdatePath::in_place;
+  // Why the in-place update was refused; cudaGraphExecUpdateSuccess when it was not.
+  ::cudaGraphExecUpdateResult reason = ::cudaGraphExecUpdateSuccess;
+  // The node CUDA blamed ("kernel node foo(float*)"), empty when it named none.
+  ::std::string failed_node;
+
+  bool in_place() const noexcept { return path == UpdatePath::in_place; }
+  ::std::string describe() const {
+    if (in_place()) {
+      return "updated in place";
+    }
+    ::std::string out = "re-instantiated: in-place update refused (";
+    out += to_string(reason);
+    if (!failed_node.empty()) {
+      out += ", at " + failed_node;
+    }
+    return out + ")";
+  }
+};
+
+// Thrown by GraphExec::update_in_place() when CUDA refuses the update.
+class graph_update_error : public cuda_error {
+ public:
+  graph_update_error(::cudaError_t status, ::cudaGraphExecUpdateResult reason, ::std::string failed_node,
+                     ::std::source_location where)
+      : cuda_error(status, "cudaGraphExecUpdate", where,
+                   "in-place update refused: " + ::std::string(to_string(reason)) +
+                       (failed_node.empty() ? ::std::string() : " at " + failed_node)),
+        reason_(reason),
+        failed_node_(::std::move(failed_node)) {}
+  ::cudaGraphExecUpdateResult reason() const noexcept { return reason_; }
+  const ::std::string& failed_node() const noexcept { return failed_node_; }
+
+ private:
+  ::cudaGraphExecUpdateResult reason_;
+  ::std::string failed_node_;
+};
+
+class GraphExec {
+ public:
+  // Instantiates `graph`. With InstantiateFlags::upload the executable graph is
+  // also uploaded to the device on `upload_stream`, so the first launch pays no upload.
+  explicit GraphExec(const Graph& graph, InstantiateFlags flags = InstantiateFlags::none,
+                     StreamRef upload_stream = cudaStreamPerThread,
+                     ::std::source_location where = ::std::source_location::current())
+      : exec_(instantiate(graph, flags, upload_stream, where)), flags_(flags), upload_stream_(upload_stream) {}
+
+  [[nodiscard]] static GraphExec from_native_handle(::cudaGraphExec_t exec,
+                                                    InstantiateFlags flags = InstantiateFlags::none) noexcept {
+    return GraphExec(exec, flags);
+  }
+
+  GraphExec(const GraphExec&) = delete;
+  GraphExec& operator=(const GraphExec&) = delete;
+  GraphExec(GraphExec&& other) noexcept
+      : exec_(::std::exchange(other.exec_, nullptr)), flags_(other.flags_), upload_stream_(other.upload_stream_) {}
+  GraphExec& operator=(GraphExec&& other) noexcept {
+    if (this != &other) {
+      reset();
+      exec_ = ::std::exchange(other.exec_, nullptr);
+      flags_ = other.flags_;
+      upload_stream_ = other.upload_stream_;
+    }
+    return *this;
+  }
+  ~GraphExec() { reset(); }
+
+  [[nodiscard]] ::cudaGraphExec_t release() noexcept { return ::std::exchange(exec_, nullptr); }
+  ::cudaGraphExec_t get() const noexcept { return exec_; }
+  explicit operator bool() const noexcept { return exec_ != nullptr; }
+  InstantiateFlags flags() const noexcept { return flags_; }
+
+  ::cudaGraphExec_t handle(::std::source_location where = ::std::source_location::current()) const {
+    if (exec_ == nullptr) [[unlikely]] {
+      throw usage_error("GraphExec used after move (or after release())", where);
+    }
+    return exec_;
+  }
+
+  // Uploads the executable graph so the next launch does not pay for it.
+  void upload(StreamRef stream, ::std::source_location where = ::std::source_location::current()) const {
+    check(::cudaGraphUpload(handle(where), stream.get()), "cudaGraphUpload", where);
+  }
+
+  // Enqueues one replay on `stream`. Never synchronizes.
+  void launch(StreamRef stream, ::std::source_location where = ::std::source_location::current()) const {
+    check(::cudaGraphLaunch(handle(where), stream.get()), "cudaGraphLaunch", where);
+  }
+
+  // Makes this executable graph run `graph` instead: in place when CUDA allows
+  // it (same topology, changed parameters such as pointers), otherwise by
+  // instantiating `graph` afresh with the same flags. The old executable graph
+  // must not be running when it is replaced: the caller orders that, as for
+  // any graph update.
+  UpdateResult update(const Graph& graph, ::std::source_location where = ::std::source_location::current()) {
+    UpdateResult result = try_update_in_place(graph, where);
+    if (!result.in_place()) {
+      GraphExec fresh(graph, flags_, upload_stream_, where);
+      *this = ::std::move(fresh);
+    }
+    return result;
+  }
+
+  // Like update(), but never re-instantiates: throws graph_update_error, naming
+  // the reason and the failing node, when CUDA refuses the update.
+  void update_in_place(const Graph& graph, ::std::source_location where = ::std::source_location::current()) {
+    ::cudaGraphExecUpdateResultInfo info{};
+    const ::cudaError_t status = ::cudaGraphExecUpdate(handle(where), graph.handle(where), &info);
+    if (status != ::cudaSuccess) {
+      (void)::cudaGetLastError();
+      throw graph_update_error(status, info.result, describe_failed(info), where);
+    }
+  }
+
+ private:
+  GraphExec(::cudaGraphExec_t exec, InstantiateFlags flags) noexcept : exec_(exec), flags_(flags) {}
+
+  static ::std::string describe_failed(const ::cudaGraphExecUpdateResultInfo& info) {
+    if (info.errorNode == nullptr) {
+      return {};
+    }
+    ::std::string out = describe_node(info.errorNode);
+    if (info.errorFromNode != nullptr) {
+      out += " (edge from " + describe_node(info.errorFromNode) + ")";
+    }
+    return out;
+  }
+
+  UpdateResult try_update_in_place(const Graph& graph, const ::std::source_location& where) {
+    ::cudaGraphExecUpdateResultInfo info{};
+    const ::cudaError_t status = ::cudaGraphExecUpdate(handle(where), graph.handle(where), &info);
+    if (status == ::cudaSuccess) {
+      return {};
+    }
+    if (status != ::cudaErrorGraphExecUpdateFailure) {
+      check(status, "cudaGraphExecUpdate", where);  // a real error, not a refusal
+    }
+    (void)::cudaGetLastError();
+    return UpdateResult{UpdatePath::reinstantiated, info.result, describe_failed(info)};
+  }
+
+  static ::cudaGraphExec_t instantiate(const Graph& graph, InstantiateFlags flags, StreamRef upload_stream,
+                                       const ::std::source_location& where) {
+    if (const char* reason = invalid_flags_reason(flags)) {
+      throw usage_error(reason, where);
+    }
+    ::cudaGraphInstantiateParams params{};
+    params.flags = to_underlying(flags);
+    params.uploadStream = upload_stream.get();
+    ::cudaGraphExec_t exec = nullptr;
+    const ::cudaError_t status = ::cudaGraphInstantiateWithParams(&exec, graph.handle(where), &params);
+    if (status != ::cudaSuccess) {
+      throw cuda_error(status, "cudaGraphInstantiateWithParams", where,
+                       "instantiate result " + ::std::to_string(static_cast<int>(params.result_out)) +
+                           (params.errNode_out != nullptr ? ", at " + describe_node(params.errNode_out)
+                                                          : ::std::string()));
+    }
+    return exec;
+  }
+
+  void reset() noexcept {
+    if (exec_ != nullptr) {
+      (void)::cudaGraphExecDestroy(exec_);
+      exec_ = nullptr;
+    }
+  }
+
+  ::cudaGraphExec_t exec_ = nullptr;
+  InstantiateFlags flags_ = InstantiateFlags::none;
+  StreamRef upload_stream_ = cudaStreamPerThread;
+};
+
+}  // namespace replay

@@ -1,0 +1,15 @@
+#pragma once
+// replay: CUDA Graphs and multi-stream pipelines made easy, safe and fast.
+// The umbrella header; each header below also stands alone.
+#include "replay/version.hpp"
+#include "replay/flags.hpp"
+#include "replay/error.hpp"
+#include "replay/device.hpp"
+#include "replay/stream_ref.hpp"
+#include "replay/stream.hpp"
+#include "replay/event.hpp"
+#include "replay/fork_join.hpp"
+#include "replay/static_buffer.hpp"
+#include "replay/graph.hpp"
+#include "replay/capture_scope.hpp"
+#include "replay/graph_exec.hpp"

@@ -1,0 +1,115 @@
+// Graph inspection: node counts by type, kernel inventory, DOT output, clone().
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gpu_suite.hpp"
+#include "kernels.cuh"
+#include "replay/replay.hpp"
+
+using replay_test::add_kernel;
+using replay_test::axpb_kernel;
+using replay_test::blocks_for;
+
+namespace {
+constexpr int kN = 1024;
+
+struct Pipeline {
+  replay::DeviceBuffer<float> x{kN}, y{kN}, out{kN};
+  replay::PinnedBuffer<float> host_out{kN};
+
+  void issue(replay::StreamRef s) {
+    x.fill(1.0F, s);                                                          // memset nodes
+    axpb_kernel<<<blocks_for(kN), 256, 0, s.get()>>>(x.data(), kN, 2.0F, 1.0F);  // kernel
+    y.copy_from(x, s);                                                        // memcpy
+    add_kernel<<<blocks_for(kN), 256, 0, s.get()>>>(x.data(), y.data(), out.data(), kN);
+    replay::check_last_launch();
+    host_out.copy_from(out, s);  // memcpy to pinned host
+  }
+};
+}  // namespace
+
+TEST_SUITE("gpu" * replay_test::needs_device()) {
+  TEST_CASE("node counts and the kernel inventory show every kernel and copy that was captured") {
+    replay::Stream stream;
+    Pipeline p;
+    auto graph = replay::capture(stream, [&](replay::StreamRef s) { p.issue(s); });
+    CHECK(graph.count(replay::NodeType::kernel) == 2);
+    CHECK(graph.count(replay::NodeType::memcpy) == 2);
+    CHECK(graph.count(replay::NodeType::memset) >= 1);
+    CHECK(graph.count(replay::NodeType::host) == 0);
+    const auto counts = graph.node_counts();
+    std::size_t total = 0;
+    for (const auto& [type, n] : counts) {
+      total += n;
+    }
+    CHECK(total == graph.node_count());
+    const auto names = graph.kernel_names();
+    REQUIRE(names.size() == 2);
+    INFO("kernel names: " << names[0] << " | " << names[1]);
+    CHECK(std::count_if(names.begin(), names.end(),
+                        [](const std::string& n) { return n.find("axpb_kernel") != std::string::npos; }) == 1);
+    CHECK(graph.count_kernels("add_kernel") == 1);
+    CHECK(graph.count_kernels("no_such_kernel") == 0);
+    // And it computes what was captured: (2*1+1) + (2*1+1) = 6.
+    replay::GraphExec exec(graph);
+    exec.launch(stream);
+    stream.synchronize();
+    for (int i = 0; i < kN; ++i) {
+      REQUIRE(p.host_out[static_cast<std::size_t>(i)] == 6.0F);
+    }
+  }
+
+  TEST_CASE("write_dot writes a Graphviz file that names the kernels") {
+    replay::Stream stream;
+    Pipeline p;
+    auto graph = replay::capture(stream, [&](replay::StreamRef s) { p.issue(s); });
+    const auto path = std::filesystem::temp_directory_path() / "replay_graph_test.dot";
+    std::filesystem::remove(path);
+    graph.write_dot(path);
+    REQUIRE(std::filesystem::exists(path));
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string dot = text.str();
+    CHECK(dot.find("digraph") != std::string::npos);
+    CHECK(dot.find("axpb_kernel") != std::string::npos);
+    CHECK(dot.find("add_kernel") != std::string::npos);
+    std::filesystem::remove(path);
+    CHECK_THROWS_AS(graph.write_dot("/nonexistent-dir/x/y.dot"), replay::cuda_error);
+  }
+
+  TEST_CASE("clone() is an independent deep copy") {
+    replay::Stream stream;
+    Pipeline p;
+    auto graph = replay::capture(stream, [&](replay::StreamRef s) { p.issue(s); });
+    auto copy = graph.clone();
+    CHECK(copy.get() != graph.get());
+    CHECK(copy.node_count() == graph.node_count());
+    CHECK(copy.kernel_names() == graph.kernel_names());
+    graph = replay::Graph();  // destroy the original
+    CHECK(graph.node_count() == 0);
+    replay::GraphExec exec(copy);
+    p.host_out.fill(0.0F, stream);
+    exec.launch(stream);
+    stream.synchronize();
+    CHECK(p.host_out[0] == 6.0F);
+    CHECK(p.host_out[kN - 1] == 6.0F);
+  }
+
+  TEST_CASE("from_native_handle and release transfer ownership") {
+    cudaGraph_t raw = nullptr;
+    REQUIRE(cudaGraphCreate(&raw, 0) == cudaSuccess);
+    auto graph = replay::Graph::from_native_handle(raw);
+    CHECK(graph.get() == raw);
+    cudaGraph_t back = graph.release();
+    CHECK(back == raw);
+    CHECK_FALSE(graph);
+    CHECK(cudaGraphDestroy(back) == cudaSuccess);
+  }
+}
