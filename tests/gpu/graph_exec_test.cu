@@ -2,6 +2,7 @@
 // re-instantiation, flags, upload.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -168,8 +169,11 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     for (int i = 0; i < 20; ++i) {
       exec.launch(stream);
     }
-    // 4000 dependent kernels cannot have finished by the time launch returns.
-    CHECK_FALSE(stream.ready());
+    // 4000 dependent kernels cannot have finished by the time launch returns
+    // (compute-sanitizer serializes launches, so the check only holds outside it).
+    if (std::getenv("REPLAY_UNDER_SANITIZER") == nullptr) {
+      CHECK_FALSE(stream.ready());
+    }
     stream.synchronize();
     CHECK(stream.ready());
   }
