@@ -6,8 +6,10 @@
 //  host/<mode>/<kernels>: host time to enqueue one chain (eager: N launches;
 //                         graph: one launch), measured around the enqueue only.
 //  gpu/<mode>/<kernels>:  device time of one chain, from CUDA events.
-//  instantiate/<nodes>, update/<nodes>: host time of one cudaGraphInstantiate
-//                         vs one in-place replay::GraphExec::update.
+//  host_launch_paired/<kernels>: raw cudaGraphLaunch and GraphExec::launch
+//                         timed alternately in one loop (counters).
+//  reinstantiate/<nodes>, update/<nodes>: re-instantiation (destroy, instantiate,
+//                         upload) vs one in-place replay::GraphExec::update.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -88,6 +90,38 @@ void host_enqueue(benchmark::State& state) {
   state.counters["kernels"] = kernels;
 }
 
+// Raw cudaGraphLaunch and GraphExec::launch timed in alternation inside one
+// loop, so that clock drift and background noise hit both alike; counters
+// raw_ns and replay_ns are host nanoseconds per launch, overhead_ratio their ratio.
+void host_launch_paired(benchmark::State& state) {
+  if (skip_without_device(state)) return;
+  const int kernels = static_cast<int>(state.range(0));
+  Fixture f(kernels);
+  constexpr int burst = 8;
+  double raw_s = 0.0;
+  double replay_s = 0.0;
+  bool raw_first = true;
+  for (auto _ : state) {
+    for (int half = 0; half < 2; ++half) {
+      const int mode = (half == 0) == raw_first ? raw_graph : replay_graph;
+      const auto start = std::chrono::steady_clock::now();
+      for (int b = 0; b < burst; ++b) {
+        f.enqueue(mode);
+      }
+      const auto stop = std::chrono::steady_clock::now();
+      f.stream.synchronize();
+      (mode == raw_graph ? raw_s : replay_s) += std::chrono::duration<double>(stop - start).count();
+    }
+    raw_first = !raw_first;
+    state.SetIterationTime(0.0);
+  }
+  const double launches = static_cast<double>(state.iterations()) * burst;
+  state.counters["raw_ns"] = raw_s / launches * 1e9;
+  state.counters["replay_ns"] = replay_s / launches * 1e9;
+  state.counters["overhead_ratio"] = replay_s / raw_s;
+  state.counters["kernels"] = kernels;
+}
+
 void gpu_time(benchmark::State& state) {
   if (skip_without_device(state)) return;
   const int mode = static_cast<int>(state.range(0));
@@ -108,6 +142,11 @@ void gpu_time(benchmark::State& state) {
   state.counters["kernels"] = kernels;
 }
 
+// update: one in-place GraphExec::update (pointers changed, same topology).
+// reinstantiate: what update() does when it must fall back, and what a user
+// without update pays: destroy the old executable graph, instantiate the new
+// one and upload it (the first launch needs it uploaded). Both are timed up to
+// the point where the graph is ready to launch (stream synchronized).
 void instantiate_vs_update(benchmark::State& state, bool update) {
   if (skip_without_device(state)) return;
   const int nodes = static_cast<int>(state.range(0));
@@ -116,32 +155,52 @@ void instantiate_vs_update(benchmark::State& state, bool update) {
   replay::DeviceBuffer<float> b(kElements);
   auto graph_a = replay::capture(stream, [&](replay::StreamRef s) { chain(s, a.data(), nodes); });
   auto graph_b = replay::capture(stream, [&](replay::StreamRef s) { chain(s, b.data(), nodes); });
-  replay::GraphExec exec(graph_a);
+  replay::GraphExec exec(graph_a, replay::InstantiateFlags::upload, stream);
+  stream.synchronize();
   bool to_b = true;
   for (auto _ : state) {
+    const replay::Graph& next = to_b ? graph_b : graph_a;
+    const auto start = std::chrono::steady_clock::now();
     if (update) {
-      const auto start = std::chrono::steady_clock::now();
-      const auto result = exec.update(to_b ? graph_b : graph_a);
-      const auto stop = std::chrono::steady_clock::now();
+      const auto result = exec.update(next);
       if (!result.in_place()) {
         state.SkipWithError("update was not in place");
         break;
       }
-      to_b = !to_b;
-      state.SetIterationTime(std::chrono::duration<double>(stop - start).count());
     } else {
-      const auto start = std::chrono::steady_clock::now();
-      replay::GraphExec fresh(graph_b);
-      const auto stop = std::chrono::steady_clock::now();
-      state.SetIterationTime(std::chrono::duration<double>(stop - start).count());
+      exec = replay::GraphExec::from_native_handle(nullptr);  // destroy the old one first, as a fallback does
+      exec = replay::GraphExec(next, replay::InstantiateFlags::upload, stream);
     }
+    stream.synchronize();
+    const auto stop = std::chrono::steady_clock::now();
+    to_b = !to_b;
+    state.SetIterationTime(std::chrono::duration<double>(stop - start).count());
   }
   state.counters["nodes"] = nodes;
 }
 
-void instantiate(benchmark::State& state) { instantiate_vs_update(state, false); }
+void reinstantiate(benchmark::State& state) { instantiate_vs_update(state, false); }
 void update(benchmark::State& state) { instantiate_vs_update(state, true); }
 
+// Bare cudaGraphInstantiate of a 'nodes'-node graph, for reference.
+void instantiate_only(benchmark::State& state) {
+  if (skip_without_device(state)) return;
+  const int nodes = static_cast<int>(state.range(0));
+  replay::Stream stream;
+  replay::DeviceBuffer<float> a(kElements);
+  auto graph = replay::capture(stream, [&](replay::StreamRef s) { chain(s, a.data(), nodes); });
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    replay::GraphExec fresh(graph);
+    const auto stop = std::chrono::steady_clock::now();
+    state.SetIterationTime(std::chrono::duration<double>(stop - start).count());
+  }
+  state.counters["nodes"] = nodes;
+}
+
+// Iteration counts are fixed where the GPU work per iteration dwarfs the
+// timed host work; otherwise --benchmark_min_time (in manual time) would run
+// thousands of long iterations.
 void launch_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"mode", "kernels"});
   for (int kernels : {1, 10, 100, 1000}) {
@@ -153,9 +212,12 @@ void launch_args(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
-BENCHMARK(host_enqueue)->Apply(launch_args)->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(gpu_time)->Apply(launch_args)->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(instantiate)->ArgName("nodes")->Arg(100)->Arg(1000)->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(update)->ArgName("nodes")->Arg(100)->Arg(1000)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(host_enqueue)->Apply(launch_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(200);
+BENCHMARK(host_launch_paired)->ArgName("kernels")->Arg(1)->UseManualTime()->Iterations(4000);
+BENCHMARK(host_launch_paired)->ArgName("kernels")->Arg(1000)->UseManualTime()->Iterations(150);
+BENCHMARK(gpu_time)->Apply(launch_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(50);
+BENCHMARK(instantiate_only)->ArgName("nodes")->Arg(100)->Arg(1000)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(50);
+BENCHMARK(reinstantiate)->ArgName("nodes")->Arg(100)->Arg(1000)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(50);
+BENCHMARK(update)->ArgName("nodes")->Arg(100)->Arg(1000)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(50);
 
 BENCHMARK_MAIN();

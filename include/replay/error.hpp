@@ -133,6 +133,10 @@ inline int& open_capture_scopes() noexcept {
 [[noreturn, gnu::cold, gnu::noinline]] inline void throw_cuda_error(::cudaError_t status,
                                                                    ::std::string_view api,
                                                                    ::std::source_location where) {
+  // The exception reports this failure; leave no copy of it in the runtime's
+  // last-error slot, where the next check_last_launch() would pick it up and
+  // blame an innocent kernel launch. (Sticky errors stay; CUDA keeps those.)
+  (void)::cudaGetLastError();
   if (is_capture_error(status) && open_capture_scopes() > 0) {
     CaptureBreak& record = capture_break();
     if (!record.seen) {

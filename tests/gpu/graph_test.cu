@@ -82,6 +82,9 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(dot.find("add_kernel") != std::string::npos);
     std::filesystem::remove(path);
     CHECK_THROWS_AS(graph.write_dot("/nonexistent-dir/x/y.dot"), replay::cuda_error);
+    // The failure went into the exception, not into the last-error slot where
+    // the next launch check would find it.
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
   }
 
   TEST_CASE("clone() is an independent deep copy") {
