@@ -42,7 +42,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     auto graph = replay::capture(stream, [&](replay::StreamRef s) { chain(s, graphed.data(), 32); });
     CHECK(graph.count(replay::NodeType::kernel) == 32);
     replay::GraphExec exec(graph);
-    for (int rep = 0; rep < 200; ++rep) {
+    for (int rep = 0; rep < replay_test::scaled(200); ++rep) {
       const auto input = replay_test::random_floats(kN);
       graphed.copy_from(std::span<const float>(input), stream);
       eager.copy_from(std::span<const float>(input), stream);
@@ -174,7 +174,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     }
     // 4000 dependent kernels cannot have finished by the time launch returns
     // (compute-sanitizer serializes launches, so the check only holds outside it).
-    if (std::getenv("REPLAY_UNDER_SANITIZER") == nullptr) {
+    if (!replay_test::under_sanitizer()) {
       CHECK_FALSE(stream.ready());
     }
     stream.synchronize();

@@ -4,7 +4,9 @@
 // so that without a device doctest reports them as skipped.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -14,6 +16,14 @@ namespace replay_test {
 
 
 inline auto needs_device() { return doctest::skip(!replay::has_device()); }
+
+// True when scripts/gpu-check.sh runs the program under compute-sanitizer,
+// where every kernel launch is instrumented and tens of times slower.
+inline bool under_sanitizer() { return std::getenv("REPLAY_UNDER_SANITIZER") != nullptr; }
+
+// A loop count: `n` normally, n/20 (at least `floor`) under the sanitizer, so
+// that the sanitizer still sees every code path without running for minutes.
+inline int scaled(int n, int floor = 2) { return under_sanitizer() ? std::max(floor, n / 20) : n; }
 
 // Fresh random floats in [-1, 1); a new seed every call so that tests never
 // rely on one lucky input.
