@@ -2,7 +2,8 @@
 # Installs what building replay's tests, benchmarks and examples needs, when it
 # is missing: a CMake >= 3.25.2 and ninja (from PyPI: Debian's 3.25.1 cannot
 # hand C++20 to nvcc), doctest and Google Benchmark (Debian packages), and
-# checks for nvcc. Safe to run again; does nothing when all is present.
+# checks for nvcc; and Conan 2 (pinned, from PyPI) for the packaging test.
+# Safe to run again; does nothing when all is present.
 # Sourced by scripts/test.sh and scripts/example.sh.
 set -euo pipefail
 
@@ -56,4 +57,18 @@ if ! $cmake_ok || ! command -v ninja >/dev/null 2>&1; then
   done
   have=$(cmake --version | head -n1 | awk '{print $3}')
   version_ge "$have" 3.25.2 || { replay_log "cmake $have is still older than 3.25.2"; exit 1; }
+fi
+
+# Conan 2 for the packaging test (tests/packaging.cmake runs `conan create . -nr`
+# offline in a Conan home of its own, where it runs `conan profile detect`).
+REPLAY_CONAN_VERSION=2.34.0
+conan_major=$(conan --version 2>/dev/null | awk '{print $3}' | cut -d. -f1 || true)
+if [ "$conan_major" != "2" ]; then
+  replay_log "installing conan==$REPLAY_CONAN_VERSION from PyPI"
+  python3 -m pip install -q --disable-pip-version-check "conan==$REPLAY_CONAN_VERSION" 2>&1 | grep -v "Running pip as the 'root'" >&2 || true
+  hash -r
+  for d in "$(python3 -c 'import sysconfig;print(sysconfig.get_path("scripts"))')" "$HOME/.local/bin"; do
+    [ -x "$d/conan" ] && export PATH="$d:$PATH"
+  done
+  command -v conan >/dev/null 2>&1 || { replay_log "conan is still missing after pip install"; exit 1; }
 fi

@@ -13,3 +13,5 @@
 #include "replay/graph.hpp"
 #include "replay/capture_scope.hpp"
 #include "replay/graph_exec.hpp"
+#include "replay/shape_router.hpp"
+#include "replay/stream_pipeline.hpp"

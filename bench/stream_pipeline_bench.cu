@@ -1,0 +1,370 @@
+// StreamPipeline throughput: serial against pipelined execution (and against
+// whole-slot graphs, PipelineFlags::graph_slot) for copy-bound, balanced and
+// compute-bound stages at 64 KiB, 1 MiB and 16 MiB items, plus raw pinned
+// cudaMemcpyAsync bandwidth measured in the same run, so that
+// scripts/bench_ratios.py can state the targets as ratios of one run.
+//
+//  raw_copy/<h2d|d2h|duplex>/<size>: a batch of back-to-back pinned copies
+//      (duplex: H2D and D2H at once on two streams, the pipeline's pattern).
+//  pipeline/<balance>/<mode>/<size>: one batch of items through
+//      serial      one stream: copy-in, compute, copy-out per item, no overlap
+//      pipelined   replay::StreamPipeline (slots: the `slots` counter)
+//      pipelined_3slots  the same with the default 3 slots (16 MiB, balanced)
+//      graph_slot  StreamPipeline with PipelineFlags::graph_slot
+//
+// Time is host wall time per batch (manual time). Counters: GBps (bytes per
+// second in each direction), items_per_s, the stages' times for one item run
+// alone (h2d_us, compute_us, d2h_us, from events), and ideal_s: the bound
+// "slowest stage total + one fill + one drain" = (items - 1) * slowest + sum.
+//
+// The compute stage is a loop of dependent FMAs per element whose iteration
+// count is calibrated at run time with events: compute time ~ 0 (copy_bound:
+// a plain copy kernel), ~ 1x (balanced) or ~ 4x (compute_bound) the time of
+// one item's host-to-device copy.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "replay/replay.hpp"
+#include "replay/stream_pipeline.hpp"
+
+namespace {
+
+constexpr std::size_t kKiB = 1024;
+constexpr std::size_t kMiB = 1024 * kKiB;
+constexpr std::size_t kSizes[] = {64 * kKiB, kMiB, 16 * kMiB};
+constexpr std::size_t kPoolBytes = 1024 * kMiB;  // one batch of the largest size
+
+enum class Balance { copy_bound, balanced, compute_bound };
+enum class Mode { serial, pipelined, pipelined_3slots, graph_slot };
+enum class Direction { h2d, d2h, duplex };
+
+const char* name_of(Balance b) {
+  switch (b) {
+    case Balance::copy_bound: return "copy_bound";
+    case Balance::balanced: return "balanced";
+    default: return "compute_bound";
+  }
+}
+double compute_factor(Balance b) {
+  switch (b) {
+    case Balance::copy_bound: return 0.0;
+    case Balance::balanced: return 1.0;
+    default: return 4.0;
+  }
+}
+const char* name_of(Mode m) {
+  switch (m) {
+    case Mode::serial: return "serial";
+    case Mode::pipelined: return "pipelined";
+    case Mode::pipelined_3slots: return "pipelined_3slots";
+    default: return "graph_slot";
+  }
+}
+const char* name_of(Direction d) {
+  switch (d) {
+    case Direction::h2d: return "h2d";
+    case Direction::d2h: return "d2h";
+    default: return "duplex";
+  }
+}
+std::string size_label(std::size_t bytes) {
+  return bytes >= kMiB ? std::to_string(bytes / kMiB) + "MiB" : std::to_string(bytes / kKiB) + "KiB";
+}
+// Items per batch: enough that one fill and one drain are a small part of it.
+std::size_t items_for(std::size_t bytes) { return std::min<std::size_t>(kPoolBytes / bytes, 1024); }
+// More slots for smaller items: the completion latency (microseconds) is then
+// a larger part of one item's time, and more items in flight hide it.
+std::size_t slots_for(std::size_t bytes) { return bytes >= 16 * kMiB ? 4 : (bytes >= kMiB ? 6 : 8); }
+
+__global__ void fma_kernel(const float* __restrict__ in, float* __restrict__ out, std::size_t n, int iterations) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) {
+    float x = in[i];
+    for (int k = 0; k < iterations; ++k) {
+      x = fmaf(x, 0.9999F, 0.0001F);
+    }
+    out[i] = x;
+  }
+}
+
+void launch_fma(const float* in, float* out, std::size_t n, int iterations, replay::StreamRef s) {
+  if (n == 0) {
+    return;
+  }
+  fma_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s.get()>>>(in, out, n, iterations);
+  replay::check_last_launch("fma_kernel");
+}
+
+// Pinned input and output pools holding one batch of the largest size.
+struct Pools {
+  replay::PinnedBuffer<float> in{kPoolBytes / sizeof(float)};
+  replay::PinnedBuffer<float> out{kPoolBytes / sizeof(float)};
+  Pools() {
+    std::memset(in.data(), 0, kPoolBytes);
+    std::memset(out.data(), 0, kPoolBytes);
+  }
+};
+Pools& pools() {
+  static Pools instance;
+  return instance;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Average device time of `work` over `reps` runs, from events.
+template <class Work>
+double device_seconds(replay::StreamRef stream, int reps, Work&& work) {
+  work();  // warm
+  auto start = replay::Event::timing();
+  auto stop = replay::Event::timing();
+  start.record(stream);
+  for (int r = 0; r < reps; ++r) {
+    work();
+  }
+  stop.record(stream);
+  stop.synchronize();
+  return static_cast<double>(replay::Event::elapsed_ms(start, stop)) / 1e3 / reps;
+}
+
+struct Calibration {
+  int iterations = 0;
+  double h2d_s = 0;
+  double compute_s = 0;
+  double d2h_s = 0;
+};
+
+// Stage times of one item alone, and the FMA count that makes the compute
+// stage take compute_factor(balance) times one item's H2D copy.
+const Calibration& calibration(std::size_t bytes, Balance balance) {
+  static std::map<std::pair<std::size_t, Balance>, Calibration> cache;
+  const auto key = std::make_pair(bytes, balance);
+  if (const auto it = cache.find(key); it != cache.end()) {
+    return it->second;
+  }
+  const std::size_t n = bytes / sizeof(float);
+  Pools& p = pools();
+  replay::Stream stream;
+  replay::DeviceBuffer<float> d_in(n);
+  replay::DeviceBuffer<float> d_out(n);
+  d_in.zero(stream);
+  Calibration c;
+  c.h2d_s = device_seconds(stream, 10, [&] {
+    replay::check(cudaMemcpyAsync(d_in.data(), p.in.data(), bytes, cudaMemcpyHostToDevice, stream.get()),
+                  "cudaMemcpyAsync");
+  });
+  c.d2h_s = device_seconds(stream, 10, [&] {
+    replay::check(cudaMemcpyAsync(p.out.data(), d_out.data(), bytes, cudaMemcpyDeviceToHost, stream.get()),
+                  "cudaMemcpyAsync");
+  });
+  const auto kernel_seconds = [&](int iterations) {
+    return device_seconds(stream, 5, [&] { launch_fma(d_in.data(), d_out.data(), n, iterations, stream); });
+  };
+  const double target = compute_factor(balance) * c.h2d_s;
+  if (target > 0) {
+    c.iterations = 16;
+    for (int round = 0; round < 5; ++round) {
+      const double t = kernel_seconds(c.iterations);
+      const double scaled = std::round(c.iterations * target / std::max(t, 1e-9));
+      c.iterations = static_cast<int>(std::clamp(scaled, 1.0, 1e7));
+    }
+  }
+  c.compute_s = kernel_seconds(c.iterations);
+  return cache.emplace(key, c).first->second;
+}
+
+bool skip_without_device(benchmark::State& state) {
+  if (!replay::has_device()) {
+    state.SkipWithError("no CUDA device");
+    return true;
+  }
+  return false;
+}
+
+void set_rate_counters(benchmark::State& state, std::size_t items, std::size_t bytes, double total_s,
+                       std::int64_t batches) {
+  const double moved = static_cast<double>(items * bytes) * static_cast<double>(batches);
+  state.counters["GBps"] = total_s > 0 ? moved / total_s / 1e9 : 0.0;
+  state.counters["items_per_s"] =
+      total_s > 0 ? static_cast<double>(items) * static_cast<double>(batches) / total_s : 0.0;
+  state.counters["items"] = static_cast<double>(items);
+}
+
+void raw_copy(benchmark::State& state, Direction direction, std::size_t bytes) {
+  if (skip_without_device(state)) {
+    return;
+  }
+  try {
+    Pools& p = pools();
+    const std::size_t n = bytes / sizeof(float);
+    const std::size_t items = items_for(bytes);
+    replay::Stream up;
+    replay::Stream down;
+    replay::DeviceBuffer<float> d_in(n);
+    replay::DeviceBuffer<float> d_out(n);
+    d_out.zero(down);
+    const auto enqueue = [&](std::size_t i) {
+      if (direction != Direction::d2h) {
+        replay::check(cudaMemcpyAsync(d_in.data(), p.in.data() + i * n, bytes, cudaMemcpyHostToDevice, up.get()),
+                      "cudaMemcpyAsync");
+      }
+      if (direction != Direction::h2d) {
+        replay::check(
+            cudaMemcpyAsync(p.out.data() + i * n, d_out.data(), bytes, cudaMemcpyDeviceToHost, down.get()),
+            "cudaMemcpyAsync");
+      }
+    };
+    enqueue(0);  // warm
+    up.synchronize();
+    down.synchronize();
+    double total = 0;
+    for (auto _ : state) {
+      const auto start = std::chrono::steady_clock::now();
+      for (std::size_t i = 0; i < items; ++i) {
+        enqueue(i);
+      }
+      up.synchronize();
+      down.synchronize();
+      const double batch = seconds_since(start);
+      total += batch;
+      state.SetIterationTime(batch);
+    }
+    set_rate_counters(state, items, bytes, total, state.iterations());
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void pipeline_batch(benchmark::State& state, Balance balance, Mode mode, std::size_t bytes) {
+  if (skip_without_device(state)) {
+    return;
+  }
+  try {
+    Pools& p = pools();
+    const Calibration& cal = calibration(bytes, balance);
+    const std::size_t n = bytes / sizeof(float);
+    const std::size_t items = items_for(bytes);
+    const int iterations = cal.iterations;
+    const auto compute = [iterations](replay::BufferView<float> in, replay::BufferView<float> out,
+                                      replay::StreamRef s) {
+      launch_fma(in.data(), out.data(), in.size(), iterations, s);
+    };
+
+    std::optional<replay::Stream> stream;
+    std::optional<replay::DeviceBuffer<float>> d_in;
+    std::optional<replay::DeviceBuffer<float>> d_out;
+    std::optional<replay::StreamPipeline<float>> pipeline;
+    std::size_t slots = 1;
+    if (mode == Mode::serial) {
+      stream.emplace();
+      d_in.emplace(n);
+      d_out.emplace(n);
+    } else {
+      slots = mode == Mode::pipelined_3slots ? 3 : slots_for(bytes);
+      pipeline.emplace(replay::PipelineOptions{.input_capacity = n,
+                                               .slots = slots,
+                                               .flags = mode == Mode::graph_slot ? replay::PipelineFlags::graph_slot
+                                                                                 : replay::PipelineFlags::none},
+                       compute);
+    }
+    const auto run_batch = [&](std::size_t count) {
+      if (mode == Mode::serial) {
+        for (std::size_t i = 0; i < count; ++i) {
+          replay::check(
+              cudaMemcpyAsync(d_in->data(), p.in.data() + i * n, bytes, cudaMemcpyHostToDevice, stream->get()),
+              "cudaMemcpyAsync");
+          launch_fma(d_in->data(), d_out->data(), n, iterations, *stream);
+          replay::check(
+              cudaMemcpyAsync(p.out.data() + i * n, d_out->data(), bytes, cudaMemcpyDeviceToHost, stream->get()),
+              "cudaMemcpyAsync");
+        }
+        stream->synchronize();
+      } else {
+        for (std::size_t i = 0; i < count; ++i) {
+          (void)pipeline->submit(std::span<const float>(p.in.data() + i * n, n),
+                                 std::span<float>(p.out.data() + i * n, n));
+        }
+        pipeline->drain();
+      }
+    };
+    run_batch(std::min<std::size_t>(items, 2 * slots + 2));  // warm: first launches, lazy loading
+    double total = 0;
+    for (auto _ : state) {
+      const auto start = std::chrono::steady_clock::now();
+      run_batch(items);
+      const double batch = seconds_since(start);
+      total += batch;
+      state.SetIterationTime(batch);
+    }
+    if (pipeline && pipeline->stats().failed != 0) {
+      state.SkipWithError("pipeline items failed");
+      return;
+    }
+    set_rate_counters(state, items, bytes, total, state.iterations());
+    const double slowest = std::max({cal.h2d_s, cal.compute_s, cal.d2h_s});
+    state.counters["ideal_s"] =
+        static_cast<double>(items - 1) * slowest + cal.h2d_s + cal.compute_s + cal.d2h_s;
+    state.counters["h2d_us"] = cal.h2d_s * 1e6;
+    state.counters["compute_us"] = cal.compute_s * 1e6;
+    state.counters["d2h_us"] = cal.d2h_s * 1e6;
+    state.counters["fma_iterations"] = iterations;
+    state.counters["slots"] = static_cast<double>(slots);
+    if (pipeline) {
+      const auto stats = pipeline->stats();
+      state.counters["staged_inputs"] = static_cast<double>(stats.inputs_staged);
+    }
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void register_all() {
+  for (std::size_t bytes : kSizes) {
+    for (Direction d : {Direction::h2d, Direction::d2h, Direction::duplex}) {
+      const std::string name = std::string("raw_copy/") + name_of(d) + "/" + size_label(bytes);
+      benchmark::RegisterBenchmark(name.c_str(), [d, bytes](benchmark::State& s) { raw_copy(s, d, bytes); })
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  for (std::size_t bytes : kSizes) {
+    for (Balance b : {Balance::copy_bound, Balance::balanced, Balance::compute_bound}) {
+      for (Mode m : {Mode::serial, Mode::pipelined, Mode::pipelined_3slots, Mode::graph_slot}) {
+        if (m == Mode::pipelined_3slots && (bytes != 16 * kMiB || b != Balance::balanced)) {
+          continue;
+        }
+        const std::string name =
+            std::string("pipeline/") + name_of(b) + "/" + name_of(m) + "/" + size_label(bytes);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [b, m, bytes](benchmark::State& s) { pipeline_batch(s, b, m, bytes); })
+            ->UseManualTime()
+            ->Unit(benchmark::kMillisecond);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
+    return 1;
+  }
+  register_all();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,72 @@
+# Install rules, the exported targets and the package config files.
+# Included at the end of the top-level CMakeLists.txt. Everything lands under
+#   <prefix>/include/replay/...           the headers
+#   <prefix>/share/cmake/replay/          replayConfig.cmake, replayConfigVersion.cmake,
+#                                         replayTargets.cmake[, replayTorchTargets.cmake]
+# share/ rather than lib/: the package is header-only, so one install serves
+# every architecture (the version file is ARCH_INDEPENDENT for the same reason).
+if(NOT REPLAY_INSTALL)
+  return()
+endif()
+
+include(CMakePackageConfigHelpers)
+
+set(REPLAY_INSTALL_CMAKEDIR "${CMAKE_INSTALL_DATADIR}/cmake/replay"
+    CACHE STRING "Where replay's CMake package files go, relative to the install prefix")
+mark_as_advanced(REPLAY_INSTALL_CMAKEDIR)
+
+# Compatibility: while the major version is 0, a minor release may break the
+# API (semantic versioning's rule for 0.y.z), so a request for 0.1 accepts
+# 0.1.z only. From 1.0 on, any 1.y.z satisfies a request for 1.x.
+if(PROJECT_VERSION_MAJOR EQUAL 0)
+  set(REPLAY_VERSION_COMPATIBILITY SameMinorVersion)
+else()
+  set(REPLAY_VERSION_COMPATIBILITY SameMajorVersion)
+endif()
+
+# The adapter headers go with the torch component only.
+set(_replay_torch_header_regex "/replay/(torch\\.hpp|torch/.*|detail/torch[^/]*)$")
+
+install(TARGETS replay EXPORT replayTargets)
+install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/"
+        DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
+        COMPONENT replay_Development
+        FILES_MATCHING
+          PATTERN "*.hpp"
+          PATTERN "*.cuh"
+          REGEX "${_replay_torch_header_regex}" EXCLUDE)
+install(EXPORT replayTargets
+        NAMESPACE replay::
+        DESTINATION "${REPLAY_INSTALL_CMAKEDIR}"
+        COMPONENT replay_Development)
+
+# replay_torch is defined by cmake/ReplayTorch.cmake when Torch was found (or
+# REPLAY_WITH_TORCH is ON). Its own export set, so that replayConfig.cmake
+# loads it, and looks for Torch, only when the torch component is asked for.
+if(TARGET replay_torch)
+  set_target_properties(replay_torch PROPERTIES EXPORT_NAME torch)  # replay::torch, not replay::replay_torch
+  install(TARGETS replay_torch EXPORT replayTorchTargets)
+  install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/"
+          DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
+          COMPONENT replay_Torch
+          FILES_MATCHING
+            REGEX "${_replay_torch_header_regex}")
+  install(EXPORT replayTorchTargets
+          NAMESPACE replay::
+          DESTINATION "${REPLAY_INSTALL_CMAKEDIR}"
+          COMPONENT replay_Torch)
+endif()
+
+configure_package_config_file(
+  "${CMAKE_CURRENT_LIST_DIR}/replayConfig.cmake.in"
+  "${PROJECT_BINARY_DIR}/replayConfig.cmake"
+  INSTALL_DESTINATION "${REPLAY_INSTALL_CMAKEDIR}"
+  NO_SET_AND_CHECK_MACRO)
+write_basic_package_version_file(
+  "${PROJECT_BINARY_DIR}/replayConfigVersion.cmake"
+  VERSION "${PROJECT_VERSION}"
+  COMPATIBILITY ${REPLAY_VERSION_COMPATIBILITY}
+  ARCH_INDEPENDENT)
+install(FILES "${PROJECT_BINARY_DIR}/replayConfig.cmake" "${PROJECT_BINARY_DIR}/replayConfigVersion.cmake"
+        DESTINATION "${REPLAY_INSTALL_CMAKEDIR}"
+        COMPONENT replay_Development)

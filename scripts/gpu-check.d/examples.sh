@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Runs the CUDA examples besides kernel_chain on the device (gpu-check.sh runs
+# kernel_chain itself). Each example checks its own results and exits non-zero
+# when they are wrong.
+set -uo pipefail
+status=0
+for ex in dynamic_batch pipeline_throughput; do
+  bin=build/gpu/examples/$ex/$ex
+  if [ -x "$bin" ]; then
+    echo "== $ex"
+    args=(); [ "$ex" = pipeline_throughput ] && args=(16 8 4)
+    "$bin" "${args[@]}" || { echo "$ex FAILED"; status=1; }
+  else
+    echo "== $ex: not built"; status=1
+  fi
+done
+exit $status

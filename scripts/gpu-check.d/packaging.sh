@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Packaging on the device: the consumers of an installed replay and of
+# FetchContent (tests/package/, registered by tests/packaging.cmake) run their
+# graph round trip, which they skip on a machine without a GPU. Also builds
+# the torch component's consumer when Torch was found.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+log=$(ctest --test-dir build/gpu -L package -R 'package\.(install|find_package|fetchcontent|torch_component)' -V 2>&1)
+rc=$?
+echo "$log" | grep -E 'consumer:|torch adapter|tests passed|\(Failed\)|\*\*\*' || true
+if [ $rc -ne 0 ]; then
+  echo "$log" | tail -60
+  echo "packaging: a consumer failed"
+  exit 1
+fi
+if echo "$log" | grep -q 'graph round trip was not run'; then
+  echo "packaging: a consumer found no CUDA device"
+  exit 1
+fi
+echo "$log" | grep -q 'consumer: replay .*: ok' || { echo "packaging: no consumer ran its round trip"; exit 1; }
+echo "packaging: consumers ran their graph round trip"

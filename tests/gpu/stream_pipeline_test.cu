@@ -1,0 +1,559 @@
+// StreamPipeline on the device: 10k random items with every output checked,
+// pinned and pageable inputs and destinations, failures confined to their item,
+// back-pressure, drain on destruction, graph modes, and a GraphExec reading
+// through fixed buffers as the compute stage.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <span>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "gpu_suite.hpp"
+#include "replay/replay.hpp"
+#include "replay/stream_pipeline.hpp"
+
+namespace {
+
+bool under_sanitizer() { return std::getenv("REPLAY_UNDER_SANITIZER") != nullptr; }
+
+std::size_t random_size(std::size_t lo, std::size_t hi) {
+  return lo + static_cast<std::size_t>(replay_test::rng()() % (hi - lo + 1));
+}
+
+// out[i] = 2 in[i] + 1. Exact in float: the doubling is exact, so fused or
+// not, the result is rounded once and the host computes the same value.
+__global__ void affine_kernel(const float* in, float* out, std::size_t n) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) {
+    out[i] = 2.0F * in[i] + 1.0F;
+  }
+}
+
+float expected_affine(float x) { return 2.0F * x + 1.0F; }
+
+// Writes min(in, out) elements: an output_count below n shortens the output.
+void affine(replay::BufferView<float> in, replay::BufferView<float> out, replay::StreamRef s) {
+  const std::size_t n = std::min(in.size(), out.size());
+  if (n == 0) {
+    return;
+  }
+  const auto blocks = static_cast<unsigned>((n + 255) / 256);
+  affine_kernel<<<blocks, 256, 0, s.get()>>>(in.data(), out.data(), n);
+  replay::check_last_launch("affine_kernel");
+}
+
+// out[j] = in[2j] + in[2j+1] (the last one alone when n is odd), widened.
+__global__ void pair_sum_kernel(const std::uint32_t* in, std::uint64_t* out, std::size_t n) {
+  const std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (2 * j < n) {
+    std::uint64_t sum = in[2 * j];
+    if (2 * j + 1 < n) {
+      sum += in[2 * j + 1];
+    }
+    out[j] = sum;
+  }
+}
+
+// Spins until *flag is non-zero (or about 20 s pass, so a failing test cannot hang).
+__global__ void wait_for_flag_kernel(const volatile int* flag, long long max_cycles) {
+  const long long start = clock64();
+  while (*flag == 0 && clock64() - start < max_cycles) {
+    __nanosleep(1000);
+  }
+}
+
+// Index of the first element of `out` that is not 2 in + 1, or npos.
+std::size_t first_mismatch(std::span<const float> in, std::span<const float> out) {
+  if (in.size() != out.size()) {
+    return 0;
+  }
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (out[i] != expected_affine(in[i])) {
+      return i;
+    }
+  }
+  return std::numeric_limits<std::size_t>::max();
+}
+constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
+
+}  // namespace
+
+TEST_SUITE("gpu" * replay_test::needs_device()) {
+  TEST_CASE("10k items of distinct random data and random sizes: every output checked, every memory path") {
+    const std::size_t capacity = 4096;
+    const std::size_t items = under_sanitizer() ? 1000 : 10000;
+    std::vector<std::size_t> offsets(items + 1, 0);
+    for (std::size_t i = 0; i < items; ++i) {
+      offsets[i + 1] = offsets[i] + random_size(1, capacity);
+    }
+    const std::size_t total = offsets[items];
+    const std::vector<float> data = replay_test::random_floats(total);
+    replay::PinnedBuffer<float> pinned_in(total);
+    replay::PinnedBuffer<float> pinned_out(total);
+    std::vector<float> pageable_out(total, -1.0F);
+    std::memcpy(pinned_in.data(), data.data(), total * sizeof(float));
+
+    std::vector<replay::PipelineTicket<std::vector<float>>> vector_tickets(items);
+    std::vector<replay::PipelineTicket<std::size_t>> count_tickets(items);
+    std::vector<std::vector<float>> callback_outputs(items);
+    std::atomic<std::size_t> callbacks{0};
+    std::size_t pinned_inputs = 0;
+    std::size_t pinned_destinations = 0;
+    replay::PipelineStats stats;
+    {
+      replay::StreamPipeline<float> pipeline({.input_capacity = capacity, .slots = 3}, affine);
+      for (std::size_t i = 0; i < items; ++i) {
+        const std::size_t offset = offsets[i];
+        const std::size_t n = offsets[i + 1] - offset;
+        const bool pinned_input = ((i >> 2) & 1) != 0;  // every delivery kind with both input kinds
+        pinned_inputs += pinned_input ? 1 : 0;
+        const std::span<const float> in(pinned_input ? pinned_in.data() + offset : data.data() + offset, n);
+        switch (i % 4) {
+          case 0: vector_tickets[i] = pipeline.submit(in); break;
+          case 1: count_tickets[i] = pipeline.submit(in, std::span<float>(pageable_out.data() + offset, n)); break;
+          case 2:
+            ++pinned_destinations;
+            count_tickets[i] = pipeline.submit(in, std::span<float>(pinned_out.data() + offset, n));
+            break;
+          default:
+            (void)pipeline.submit(in, [&, i](const replay::PipelineCompletion<float>& done) {
+              if (done.ok() && done.id == i) {
+                callback_outputs[i].assign(done.output.begin(), done.output.end());
+              }
+              ++callbacks;
+            });
+        }
+      }
+      pipeline.drain();
+      stats = pipeline.stats();
+    }
+    CHECK(stats.submitted == items);
+    CHECK(stats.completed == items);
+    CHECK(stats.failed == 0);
+    CHECK(stats.inputs_in_place == pinned_inputs);  // pinned inputs were not copied on the host
+    CHECK(stats.inputs_staged == items - pinned_inputs);
+    CHECK(stats.outputs_direct == pinned_destinations);
+    CHECK(stats.outputs_staged == items - pinned_destinations);
+    CHECK(callbacks.load() == items / 4);
+    for (std::size_t i = 0; i < items; ++i) {
+      const std::size_t offset = offsets[i];
+      const std::size_t n = offsets[i + 1] - offset;
+      const std::span<const float> in(data.data() + offset, n);
+      INFO("item " << i << " of " << n << " elements, delivery " << i % 4);
+      switch (i % 4) {
+        case 0: {
+          REQUIRE(vector_tickets[i].id() == i);
+          const auto out = vector_tickets[i].get();
+          REQUIRE(first_mismatch(in, out) == kNone);
+          break;
+        }
+        case 1:
+          REQUIRE(count_tickets[i].id() == i);
+          REQUIRE(count_tickets[i].get() == n);
+          REQUIRE(first_mismatch(in, std::span<const float>(pageable_out.data() + offset, n)) == kNone);
+          break;
+        case 2:
+          REQUIRE(count_tickets[i].get() == n);
+          REQUIRE(first_mismatch(in, std::span<const float>(pinned_out.data() + offset, n)) == kNone);
+          break;
+        default: REQUIRE(first_mismatch(in, callback_outputs[i]) == kNone);
+      }
+    }
+  }
+
+  TEST_CASE("different element types, and a compute stage that reports its output count, through run(range)") {
+    const std::size_t capacity = 1000;
+    replay::StreamPipeline<std::uint32_t, std::uint64_t> pipeline(
+        {.input_capacity = capacity, .output_capacity = capacity / 2, .slots = 2},
+        [](replay::BufferView<std::uint32_t> in, replay::BufferView<std::uint64_t> out,
+           replay::StreamRef s) -> std::size_t {
+          const std::size_t pairs = (in.size() + 1) / 2;
+          if (pairs > out.size()) {
+            throw std::length_error("output too small");
+          }
+          if (pairs != 0) {
+            pair_sum_kernel<<<static_cast<unsigned>((pairs + 127) / 128), 128, 0, s.get()>>>(in.data(), out.data(),
+                                                                                            in.size());
+            replay::check_last_launch("pair_sum_kernel");
+          }
+          return pairs;
+        });
+    const std::size_t items = under_sanitizer() ? 300 : 2000;
+    std::vector<std::vector<std::uint32_t>> inputs(items);
+    for (auto& in : inputs) {
+      in.resize(random_size(0, capacity));
+      for (auto& x : in) {
+        x = static_cast<std::uint32_t>(replay_test::rng()());
+      }
+    }
+    const auto outputs = pipeline.run(inputs);
+    REQUIRE(outputs.size() == items);
+    for (std::size_t i = 0; i < items; ++i) {
+      const auto& in = inputs[i];
+      REQUIRE(outputs[i].size() == (in.size() + 1) / 2);
+      for (std::size_t j = 0; j < outputs[i].size(); ++j) {
+        const std::uint64_t expected =
+            std::uint64_t{in[2 * j]} + (2 * j + 1 < in.size() ? std::uint64_t{in[2 * j + 1]} : 0);
+        if (outputs[i][j] != expected) {
+          FAIL("item " << i << " element " << j << ": " << outputs[i][j] << " != " << expected);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("an injected failure reaches only its item; items before and after are intact") {
+    const std::size_t capacity = 2048;
+    const int throw_at = 10 + static_cast<int>(replay_test::rng()() % 40);
+    const int bad_launch_at = throw_at + 20 + static_cast<int>(replay_test::rng()() % 30);
+    const int partial_at = bad_launch_at + 20 + static_cast<int>(replay_test::rng()() % 30);
+    int calls = 0;  // the compute stage runs once per submit, in order, on the producer thread
+    replay::StreamPipeline<float> pipeline(
+        {.input_capacity = capacity, .slots = 3},
+        [&](replay::BufferView<float> in, replay::BufferView<float> out, replay::StreamRef s) {
+          const int index = calls++;
+          if (index == throw_at) {
+            throw std::runtime_error("injected failure");
+          }
+          if (index == bad_launch_at) {
+            if (under_sanitizer()) {
+              throw std::invalid_argument("injected bad launch");  // the sanitizer reports real API errors
+            }
+            affine_kernel<<<1, 4096, 0, s.get()>>>(in.data(), out.data(), in.size());  // > 1024 threads
+            replay::check_last_launch("deliberately invalid launch");
+          }
+          affine(in, out, s);
+          if (index == partial_at) {
+            throw std::domain_error("failure after issuing work");  // the kernel above is in flight
+          }
+        });
+    const std::size_t items = static_cast<std::size_t>(partial_at) + 60;
+    std::vector<std::vector<float>> inputs(items);
+    std::vector<std::vector<float>> destinations(items);
+    std::vector<replay::PipelineTicket<std::vector<float>>> vector_tickets(items);
+    std::vector<replay::PipelineTicket<std::size_t>> count_tickets(items);
+    for (std::size_t i = 0; i < items; ++i) {
+      inputs[i] = replay_test::random_floats(random_size(1, capacity));
+      if (i % 2 == 0) {
+        vector_tickets[i] = pipeline.submit(std::span<const float>(inputs[i]));
+      } else {
+        destinations[i].assign(inputs[i].size(), 0.0F);
+        count_tickets[i] = pipeline.submit(std::span<const float>(inputs[i]), std::span<float>(destinations[i]));
+      }
+    }
+    const auto get = [&](std::size_t i) -> std::vector<float> {
+      if (i % 2 == 0) {
+        return vector_tickets[i].get();
+      }
+      (void)count_tickets[i].get();
+      return destinations[i];
+    };
+    for (std::size_t i = 0; i < items; ++i) {
+      INFO("item " << i);
+      if (i == static_cast<std::size_t>(throw_at)) {
+        CHECK_THROWS_WITH_AS(get(i), doctest::Contains("injected failure"), std::runtime_error);
+      } else if (i == static_cast<std::size_t>(bad_launch_at)) {
+        if (under_sanitizer()) {
+          CHECK_THROWS_AS(get(i), std::invalid_argument);
+        } else {
+          try {
+            (void)get(i);
+            FAIL("the invalid launch did not fail its item");
+          } catch (const replay::cuda_error& e) {
+            CHECK(e.status() == cudaErrorInvalidConfiguration);
+            CHECK(std::string(e.what()).find("deliberately invalid launch") != std::string::npos);
+          }
+        }
+      } else if (i == static_cast<std::size_t>(partial_at)) {
+        CHECK_THROWS_WITH_AS(get(i), doctest::Contains("failure after issuing work"), std::domain_error);
+      } else {
+        REQUIRE(first_mismatch(inputs[i], get(i)) == kNone);
+      }
+    }
+    const auto stats = pipeline.stats();
+    CHECK(stats.failed == 3);
+    CHECK(stats.completed == items - 3);
+    CHECK(cudaGetLastError() == cudaSuccess);  // no error left behind for unrelated code
+  }
+
+  TEST_CASE("back-pressure: submit waits while every slot is busy; try_submit returns at once") {
+    replay::PinnedBuffer<int> flag(1);
+    flag[0] = 0;
+    int calls = 0;
+    replay::StreamPipeline<float> pipeline(
+        {.input_capacity = 1024, .slots = 2},
+        [&](replay::BufferView<float> in, replay::BufferView<float> out, replay::StreamRef s) {
+          if (calls++ == 0) {  // the first item holds the compute stream until the host says so
+            wait_for_flag_kernel<<<1, 1, 0, s.get()>>>(flag.data(), 40'000'000'000LL);
+            replay::check_last_launch("wait_for_flag_kernel");
+          }
+          affine(in, out, s);
+        });
+    const auto a = replay_test::random_floats(1024);
+    const auto b = replay_test::random_floats(700);
+    const auto c = replay_test::random_floats(300);
+    auto ticket_a = pipeline.submit(std::span<const float>(a));
+    auto ticket_b = pipeline.submit(std::span<const float>(b));
+    CHECK_FALSE(pipeline.try_submit(std::span<const float>(c)).has_value());
+    CHECK(pipeline.stats().refused == 1);
+    CHECK(pipeline.stats().submitted == 2);
+
+    std::atomic<bool> returned{false};
+    replay::PipelineTicket<std::vector<float>> ticket_c;
+    std::thread producer([&] {
+      ticket_c = pipeline.submit(std::span<const float>(c));
+      returned = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK_FALSE(returned.load());  // both slots wait on the spinning kernel
+    CHECK_FALSE(ticket_a.ready());
+    *static_cast<volatile int*>(flag.data()) = 1;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    producer.join();
+    CHECK(returned.load());
+    CHECK(pipeline.stats().slot_waits == 1);
+    CHECK(first_mismatch(a, ticket_a.get()) == kNone);
+    CHECK(first_mismatch(b, ticket_b.get()) == kNone);
+    CHECK(first_mismatch(c, ticket_c.get()) == kNone);
+    auto later = pipeline.try_submit(std::span<const float>(b));
+    REQUIRE(later.has_value());
+    CHECK(first_mismatch(b, later->get()) == kNone);
+  }
+
+  TEST_CASE("destroying the pipeline drains it: every ticket is fulfilled and every callback ran") {
+    const std::size_t items = under_sanitizer() ? 100 : 600;
+    std::vector<std::vector<float>> inputs(items);
+    std::vector<replay::PipelineTicket<std::vector<float>>> tickets(items);
+    std::vector<std::vector<float>> callback_outputs(items);
+    std::atomic<std::size_t> callbacks{0};
+    {
+      replay::StreamPipeline<float> pipeline({.input_capacity = 3000, .slots = 3}, affine);
+      for (std::size_t i = 0; i < items; ++i) {
+        inputs[i] = replay_test::random_floats(random_size(1, 3000));
+        if (i % 2 == 0) {
+          tickets[i] = pipeline.submit(std::span<const float>(inputs[i]));
+        } else {
+          (void)pipeline.submit(std::span<const float>(inputs[i]), [&, i](const auto& done) {
+            if (done.ok()) {
+              callback_outputs[i].assign(done.output.begin(), done.output.end());
+            }
+            ++callbacks;
+          });
+        }
+      }
+    }  // no drain(): the destructor must deliver everything
+    CHECK(callbacks.load() == items / 2);
+    for (std::size_t i = 0; i < items; ++i) {
+      if (i % 2 == 0) {
+        REQUIRE(tickets[i].ready());
+        REQUIRE(first_mismatch(inputs[i], tickets[i].get()) == kNone);
+      } else {
+        REQUIRE(first_mismatch(inputs[i], callback_outputs[i]) == kNone);
+      }
+    }
+  }
+
+  TEST_CASE("graph_compute: the compute stage is captured once per slot and replayed per item") {
+    const std::size_t capacity = 1536;
+    int captured = 0;
+    replay::StreamPipeline<float> pipeline(
+        {.input_capacity = capacity, .slots = 3, .flags = replay::PipelineFlags::graph_compute},
+        [&](replay::BufferView<float> in, replay::BufferView<float> out, replay::StreamRef s) {
+          ++captured;
+          CHECK(in.size() == capacity);
+          affine(in, out, s);
+        });
+    CHECK(captured == 3);
+    const std::size_t items = 300;
+    replay::PinnedBuffer<float> pinned(capacity * items);
+    std::vector<std::vector<float>> inputs(items);
+    std::vector<replay::PipelineTicket<std::vector<float>>> tickets(items);
+    for (std::size_t i = 0; i < items; ++i) {
+      inputs[i] = replay_test::random_floats(capacity);
+      std::span<const float> in(inputs[i]);
+      if (i % 2 == 1) {
+        std::memcpy(pinned.data() + i * capacity, inputs[i].data(), capacity * sizeof(float));
+        in = std::span<const float>(pinned.data() + i * capacity, capacity);
+      }
+      tickets[i] = pipeline.submit(in);
+    }
+    for (std::size_t i = 0; i < items; ++i) {
+      REQUIRE(first_mismatch(inputs[i], tickets[i].get()) == kNone);
+    }
+    CHECK(captured == 3);  // replayed, never re-run eagerly
+    const auto short_item = replay_test::random_floats(capacity - 1);
+    CHECK_THROWS_WITH_AS((void)pipeline.submit(std::span<const float>(short_item)),
+                         doctest::Contains("exactly 1536 elements"), replay::usage_error);
+    CHECK(pipeline.stats().inputs_in_place == items / 2);
+  }
+
+  TEST_CASE("graph_slot: copy-in, compute and copy-out replay as one graph per slot, in place for pinned memory") {
+    const std::size_t capacity = 2500;
+    int captured = 0;
+    replay::StreamPipeline<float> pipeline(
+        {.input_capacity = capacity, .slots = 4, .flags = replay::PipelineFlags::graph_slot},
+        [&](replay::BufferView<float> in, replay::BufferView<float> out, replay::StreamRef s) {
+          ++captured;
+          affine(in, out, s);
+        });
+    CHECK(captured == 4);
+    const std::size_t items = under_sanitizer() ? 100 : 400;
+    replay::PinnedBuffer<float> pinned_in(capacity * items);
+    replay::PinnedBuffer<float> pinned_out(capacity * items);
+    std::vector<std::vector<float>> inputs(items);
+    std::vector<std::vector<float>> pageable_out(items, std::vector<float>(capacity));
+    std::vector<replay::PipelineTicket<std::size_t>> tickets(items);
+    std::size_t pinned_inputs = 0;
+    std::size_t pinned_outputs = 0;
+    for (std::size_t i = 0; i < items; ++i) {
+      inputs[i] = replay_test::random_floats(capacity);
+      std::span<const float> in(inputs[i]);
+      if ((i & 1) != 0) {
+        ++pinned_inputs;
+        std::memcpy(pinned_in.data() + i * capacity, inputs[i].data(), capacity * sizeof(float));
+        in = std::span<const float>(pinned_in.data() + i * capacity, capacity);
+      }
+      std::span<float> out(pageable_out[i]);
+      if ((i & 2) != 0) {
+        ++pinned_outputs;
+        out = std::span<float>(pinned_out.data() + i * capacity, capacity);
+      }
+      tickets[i] = pipeline.submit(in, out);
+    }
+    for (std::size_t i = 0; i < items; ++i) {
+      INFO("item " << i);
+      REQUIRE(tickets[i].get() == capacity);
+      const std::span<const float> out = (i & 2) != 0
+                                             ? std::span<const float>(pinned_out.data() + i * capacity, capacity)
+                                             : std::span<const float>(pageable_out[i]);
+      REQUIRE(first_mismatch(inputs[i], out) == kNone);
+    }
+    CHECK(captured == 4);
+    const auto stats = pipeline.stats();
+    CHECK(stats.inputs_in_place == pinned_inputs);
+    CHECK(stats.outputs_direct == pinned_outputs);
+    const auto owned = pipeline.submit(std::span<const float>(inputs[0])).get();  // through staging
+    CHECK(first_mismatch(inputs[0], owned) == kNone);
+  }
+
+  TEST_CASE("a GraphExec reading through fixed buffers serves every slot, for variable item sizes") {
+    // The compute stage is serialized on one stream, so one set of fixed
+    // buffers (and one graph) serves all slots: copy in, replay, copy out.
+    const std::size_t capacity = 4000;
+    replay::Stream capture_stream;
+    replay::DeviceBuffer<float> model_in(capacity);
+    replay::DeviceBuffer<float> hidden(capacity);
+    replay::DeviceBuffer<float> model_out(capacity);
+    auto graph = replay::capture(capture_stream, [&](replay::StreamRef s) {
+      affine(model_in.view(), hidden.view(), s);   // 2x + 1
+      affine(hidden.view(), model_out.view(), s);  // 2(2x + 1) + 1
+    });
+    replay::GraphExec exec(graph);
+    replay::StreamPipeline<float> pipeline(
+        {.input_capacity = capacity, .slots = 3},
+        [&](replay::BufferView<float> in, replay::BufferView<float> out, replay::StreamRef s) {
+          model_in.first(in.size()).copy_from(in, s);
+          exec.launch(s);
+          out.copy_from(model_out.first(out.size()), s);
+        });
+    const std::size_t items = 200;
+    std::vector<std::vector<float>> inputs(items);
+    for (auto& in : inputs) {
+      in = replay_test::random_floats(random_size(1, capacity));
+    }
+    const auto outputs = pipeline.run(inputs);
+    for (std::size_t i = 0; i < items; ++i) {
+      REQUIRE(outputs[i].size() == inputs[i].size());
+      for (std::size_t j = 0; j < inputs[i].size(); ++j) {
+        if (outputs[i][j] != expected_affine(expected_affine(inputs[i][j]))) {
+          FAIL("item " << i << " element " << j);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("stage_inputs copies even pinned inputs; blocking_wait completes without spinning") {
+    replay::StreamPipeline<float> pipeline(
+        {.input_capacity = 512,
+         .slots = 2,
+         .flags = replay::PipelineFlags::stage_inputs | replay::PipelineFlags::blocking_wait},
+        affine);
+    replay::PinnedBuffer<float> pinned(512);
+    std::vector<replay::PipelineTicket<std::vector<float>>> tickets;
+    std::vector<std::vector<float>> inputs;
+    for (int i = 0; i < 50; ++i) {
+      inputs.push_back(replay_test::random_floats(512));
+      std::memcpy(pinned.data(), inputs.back().data(), 512 * sizeof(float));
+      tickets.push_back(pipeline.submit(pinned.span()));
+      // stage_inputs: the pinned input was copied during submit, so it may be overwritten at once.
+    }
+    for (std::size_t i = 0; i < tickets.size(); ++i) {
+      REQUIRE(first_mismatch(inputs[i], tickets[i].get()) == kNone);
+    }
+    CHECK(pipeline.stats().inputs_in_place == 0);
+    CHECK(pipeline.stats().inputs_staged == 50);
+  }
+
+  TEST_CASE("device memory as input or destination, bad options and bad slots are refused clearly") {
+    replay::StreamPipeline<float> pipeline({.input_capacity = 256}, affine);
+    CHECK(pipeline.slot_count() == 3);
+    CHECK(pipeline.output_capacity() == 256);
+    replay::DeviceBuffer<float> device(256);
+    CHECK_THROWS_WITH_AS((void)pipeline.submit(std::span<const float>(device.data(), 256)),
+                         doctest::Contains("device memory"), replay::usage_error);
+    const auto in = replay_test::random_floats(256);
+    CHECK_THROWS_WITH_AS((void)pipeline.submit(std::span<const float>(in), device.span()),
+                         doctest::Contains("destination points to device memory"), replay::usage_error);
+    CHECK(pipeline.stats().submitted == 0);
+    CHECK_THROWS_AS((void)pipeline.device_input(3), replay::usage_error);
+    CHECK(pipeline.device_input(2).size() == 256);
+    CHECK_THROWS_WITH_AS(replay::StreamPipeline<float>({.input_capacity = 0}, affine),
+                         doctest::Contains("input_capacity"), replay::usage_error);
+    constexpr auto both = replay::PipelineFlags::graph_compute | replay::PipelineFlags::graph_slot;
+    CHECK_THROWS_WITH_AS(replay::StreamPipeline<float>({.input_capacity = 8, .flags = both}, affine),
+        doctest::Contains("exclude each other"), replay::usage_error);
+    replay::StreamPipeline<float> halves(
+        {.input_capacity = 100, .output_capacity = 10, .output_count = [](std::size_t n) { return n / 2; }}, affine);
+    const auto thirty = replay_test::random_floats(30);
+    CHECK_THROWS_WITH_AS((void)halves.submit(std::span<const float>(thirty)),
+                         doctest::Contains("produces 15 elements but a slot's output holds at most 10"),
+                         replay::usage_error);
+    const auto twenty = replay_test::random_floats(20);
+    const auto halved = halves.submit(std::span<const float>(twenty)).get();
+    REQUIRE(halved.size() == 10);  // the compute saw an output view of output_count(20) elements
+    CHECK(first_mismatch(std::span<const float>(twenty).first(10), halved) == kNone);
+  }
+
+  TEST_CASE("producers on other threads, completions on the pipeline's own thread, and moves while in flight") {
+    std::set<std::thread::id> completion_threads;
+    std::vector<std::vector<float>> inputs(64);
+    std::vector<std::vector<float>> outputs(64);
+    replay::StreamPipeline<float> pipeline({.input_capacity = 2048, .slots = 3}, affine);
+    std::thread producer([&] {
+      for (std::size_t i = 0; i < inputs.size(); ++i) {
+        inputs[i] = replay_test::random_floats(random_size(1, 2048));
+        (void)pipeline.submit(std::span<const float>(inputs[i]), [&, i](const auto& done) {
+          completion_threads.insert(std::this_thread::get_id());
+          outputs[i].assign(done.output.begin(), done.output.end());
+        });
+      }
+    });
+    producer.join();
+    replay::StreamPipeline<float> moved = std::move(pipeline);  // items still in flight move along
+    moved.drain();
+    CHECK(completion_threads.size() == 1);
+    CHECK(completion_threads.count(std::this_thread::get_id()) == 0);
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      REQUIRE(first_mismatch(inputs[i], outputs[i]) == kNone);
+    }
+    CHECK_THROWS_AS(pipeline.drain(), replay::usage_error);
+  }
+}

@@ -1,0 +1,749 @@
+// ShapeRouter policy logic on the CPU, with a stand-in backend: a "stream"
+// either executes operations (eager) or records them (capture), and a
+// "graph" replays what was recorded. Every policy path, bad input, and
+// several threads hammering one router.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <new>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "replay/shape_router.hpp"
+
+// The replaced operator delete frees what the replaced operator new mallocs;
+// GCC cannot see that they pair up.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
+// Counts operator new calls on this thread, to prove the hit path allocates
+// nothing (also used by tests/gpu/shape_router_test.cu).
+namespace {
+thread_local std::size_t g_allocations = 0;
+}
+std::size_t shape_router_test_allocations() { return g_allocations; }
+
+void* operator new(std::size_t n) {
+  ++g_allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) {
+    return p;
+  }
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+
+// ---- the stand-in backend -------------------------------------------------
+
+struct FakeStream {
+  std::vector<std::string> executed;            // what "ran", in order
+  std::vector<std::string>* recording = nullptr;  // set while capturing
+  bool invalidated = false;                       // a sync happened during capture
+
+  void issue(std::string op) {
+    if (recording != nullptr) {
+      recording->push_back(std::move(op));
+    } else {
+      executed.push_back(std::move(op));
+    }
+  }
+  // Like cudaStreamSynchronize: fine eagerly, breaks a capture (without throwing).
+  void sync() {
+    if (recording != nullptr) {
+      invalidated = true;
+    } else {
+      executed.push_back("sync");
+    }
+  }
+};
+
+struct FakeExec {
+  std::vector<std::string> ops;
+  int id = 0;
+};
+
+struct FakeBackend {
+  using stream_type = FakeStream*;
+  using exec_type = FakeExec;
+
+  std::size_t footprint_per_op = 0;      // GraphMemory::footprint_bytes = ops * this
+  std::vector<std::string> capture_log;  // first op of each capture, in order
+  int next_id = 0;
+  int launches = 0;
+  bool refuse_updates = false;
+
+  std::vector<std::string> record(FakeStream* s, auto& issue) {
+    std::vector<std::string> ops;
+    s->recording = &ops;
+    s->invalidated = false;
+    try {
+      issue(s);
+    } catch (...) {
+      s->recording = nullptr;
+      throw;
+    }
+    s->recording = nullptr;
+    if (s->invalidated) {
+      throw std::runtime_error("fake capture invalidated by sync");
+    }
+    capture_log.push_back(ops.empty() ? std::string() : ops.front());
+    return ops;
+  }
+  replay::GraphMemory memory_of(const std::vector<std::string>& ops) const {
+    return replay::GraphMemory{ops.size() * 1000, ops.size() * footprint_per_op};
+  }
+
+  template <class Issue>
+  replay::CapturedGraph<FakeExec> capture(FakeStream* s, Issue&& issue, std::source_location) {
+    auto ops = record(s, issue);
+    const auto memory = memory_of(ops);
+    return {FakeExec{std::move(ops), next_id++}, memory};
+  }
+  template <class Issue>
+  replay::RecaptureResult recapture(FakeExec& exec, FakeStream* s, Issue&& issue, std::source_location) {
+    auto ops = record(s, issue);
+    replay::RecaptureResult result;
+    result.memory = memory_of(ops);
+    if (!refuse_updates && ops.size() == exec.ops.size()) {  // "same topology": update in place
+      exec.ops = std::move(ops);
+      result.path = replay::UpdatePath::in_place;
+    } else {
+      exec = FakeExec{std::move(ops), next_id++};
+      result.path = replay::UpdatePath::reinstantiated;
+    }
+    return result;
+  }
+  void launch(const FakeExec& exec, FakeStream* s, std::source_location) {
+    ++launches;
+    for (const auto& op : exec.ops) {
+      s->executed.push_back(op);
+    }
+  }
+};
+
+// Reports a (fake) device pool too.
+struct FakePoolBackend : FakeBackend {
+  replay::GraphPoolMemory pool_memory(std::source_location) const { return {1, 2, 3, 4}; }
+};
+
+static_assert(replay::GraphBackend<FakeBackend>);
+static_assert(!replay::ReportsPoolMemory<FakeBackend>);
+static_assert(replay::ReportsPoolMemory<FakePoolBackend>);
+static_assert(replay::GraphBackend<replay::CudaGraphBackend>);
+
+// ---- keys -------------------------------------------------------------------
+
+struct Hashed {  // user type with std::hash
+  int a;
+  bool operator==(const Hashed&) const = default;
+};
+struct Ordered {  // user type with ordering only
+  int a;
+  auto operator<=>(const Ordered&) const = default;
+};
+struct Opaque {  // neither
+  int a;
+  bool operator==(const Opaque&) const = default;
+};
+struct Dims {  // user shape type, made bucketable by shape_traits below
+  std::int32_t rows;
+  std::int32_t cols;
+  bool operator==(const Dims&) const = default;
+};
+
+}  // namespace
+
+template <>
+struct std::hash<Hashed> {
+  std::size_t operator()(const Hashed& h) const noexcept { return std::hash<int>{}(h.a); }
+};
+template <>
+struct replay::shape_traits<Dims> {
+  static constexpr std::size_t rank = 2;
+  static std::int64_t extent(const Dims& d, std::size_t dim) { return dim == 0 ? d.rows : d.cols; }
+  static void set_extent(Dims& d, std::size_t dim, std::int64_t v) {
+    (dim == 0 ? d.rows : d.cols) = static_cast<std::int32_t>(v);
+  }
+};
+
+static_assert(replay::RouterKey<int>);
+static_assert(replay::RouterKey<std::int64_t>);
+static_assert(replay::RouterKey<std::tuple<int, long>>);
+static_assert(replay::RouterKey<std::array<int, 3>>);
+static_assert(replay::RouterKey<std::pair<int, int>>);
+static_assert(replay::RouterKey<Hashed>);
+static_assert(replay::RouterKey<Ordered>);
+static_assert(!replay::RouterKey<Opaque>);
+static_assert(replay::RouterKey<Dims>);
+static_assert(replay::ShapeKey<int> && replay::ShapeKey<std::tuple<int, short>> && replay::ShapeKey<Dims>);
+static_assert(!replay::ShapeKey<Hashed> && !replay::ShapeKey<Ordered> && !replay::ShapeKey<bool>);
+static_assert(replay::HashableKey<std::tuple<int, int>> && !replay::HashableKey<Ordered>);
+
+namespace {
+
+template <class Key>
+using Router = replay::ShapeRouter<Key, FakeBackend>;
+using Options = replay::ShapeRouterOptions<int>;
+
+// "<prefix><n>", built by appending (GCC 12 misreports "literal" + std::string under -Wrestrict).
+std::string op(const char* prefix, int n) {
+  std::string out = prefix;
+  out += std::to_string(n);
+  return out;
+}
+
+// Work for key n: "k<n>" then n-1 more ops (so ops count = n).
+void work_ops(int n, FakeStream* s) {
+  s->issue(op("k", n));
+  for (int i = 1; i < n; ++i) {
+    s->issue(op("k", n) + op(".", i));
+  }
+}
+std::vector<std::string> eager_ops(int n) {
+  FakeStream s;
+  work_ops(n, &s);
+  return s.executed;
+}
+
+int round_up(int n, const std::vector<std::int64_t>& buckets) {
+  for (auto b : buckets) {
+    if (b >= n) {
+      return static_cast<int>(b);
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_SUITE("host") {
+  TEST_CASE("shape_traits read and write every built-in key kind") {
+    std::tuple<int, short, long> t{3, 4, 5};
+    CHECK(replay::shape_traits<decltype(t)>::extent(t, 1) == 4);
+    replay::shape_traits<decltype(t)>::set_extent(t, 2, 99);
+    CHECK(std::get<2>(t) == 99);
+    CHECK(replay::shape_traits<decltype(t)>::max_extent(1) == 32767);
+    std::array<unsigned, 2> a{7, 8};
+    replay::shape_traits<decltype(a)>::set_extent(a, 0, 1);
+    CHECK(a[0] == 1);
+    std::pair<int, int> p{2, 9};
+    CHECK(replay::shape_traits<decltype(p)>::extent(p, 1) == 9);
+    const std::uint64_t huge = ~0ULL;
+    CHECK(replay::shape_traits<std::uint64_t>::extent(huge, 0) == INT64_MAX);  // saturates, never negative
+    CHECK(replay::key_hash<std::tuple<int, int>>{}({1, 2}) != replay::key_hash<std::tuple<int, int>>{}({2, 1}));
+  }
+
+  TEST_CASE("bucket list helpers") {
+    CHECK(replay::power_of_two_buckets(64) == std::vector<std::int64_t>{1, 2, 4, 8, 16, 32, 64});
+    CHECK(replay::power_of_two_buckets(5) == std::vector<std::int64_t>{1, 2, 4, 8});
+    CHECK(replay::stepped_buckets(8, 20) == std::vector<std::int64_t>{8, 16, 24});
+    CHECK_THROWS_AS((void)replay::power_of_two_buckets(0), replay::usage_error);
+    CHECK_THROWS_AS((void)replay::stepped_buckets(0, 8), replay::usage_error);
+  }
+
+  TEST_CASE("exact: one graph per distinct key, replays equal eager runs") {
+    Router<int> router(work_ops);
+    FakeStream s;
+    std::vector<std::string> expected;
+    std::set<int> seen;
+    std::uniform_int_distribution<int> dist(1, 9);
+    std::mt19937 rng{std::random_device{}()};
+    for (int i = 0; i < 300; ++i) {
+      const int n = dist(rng);
+      const auto route = router.run(n, &s);
+      CHECK(route.shape == n);
+      CHECK(route.graph());
+      CHECK(route.kind == (seen.insert(n).second ? replay::RouteKind::captured : replay::RouteKind::replayed));
+      const auto ops = eager_ops(n);
+      expected.insert(expected.end(), ops.begin(), ops.end());
+    }
+    CHECK(s.executed == expected);
+    const auto stats = router.stats();
+    CHECK(stats.runs == 300);
+    CHECK(stats.captures == seen.size());
+    CHECK(stats.misses == seen.size());
+    CHECK(stats.hits == 300 - seen.size());
+    CHECK(stats.padding_waste() == 0.0);
+    CHECK(router.graph_count() == seen.size());
+    CHECK(router.backend().launches == 300);
+    CHECK_FALSE(router.memory().pool.has_value());
+  }
+
+  TEST_CASE("exact policy works with hashed and ordered user keys") {
+    FakeStream s;
+    replay::ShapeRouter<Hashed, FakeBackend> hashed([](const Hashed& h, FakeStream* st) { st->issue(std::to_string(h.a)); });
+    replay::ShapeRouter<Ordered, FakeBackend> ordered([](const Ordered& o, FakeStream* st) { st->issue(std::to_string(o.a)); });
+    for (int i = 0; i < 10; ++i) {
+      (void)hashed.run(Hashed{i % 3}, &s);
+      (void)ordered.run(Ordered{i % 4}, &s);
+    }
+    CHECK(hashed.graph_count() == 3);
+    CHECK(ordered.graph_count() == 4);
+    CHECK(hashed.stats().hits == 7);
+    CHECK(ordered.stats().hits == 6);
+    CHECK(s.executed.size() == 20);
+    // Non-shape keys: no extents to check, no padding.
+    CHECK(hashed.padded_shape(Hashed{-5}) == Hashed{-5});
+  }
+
+  TEST_CASE("bucketed: keys round up, the router tells the padded shape, padding waste is counted") {
+    const std::vector<std::int64_t> buckets{1, 2, 4, 8, 16, 32, 64};
+    Router<int> router(work_ops, Options::bucketed(buckets));
+    CHECK(router.policy() == replay::RoutingPolicy::bucketed);
+    CHECK(router.padded_shape(1) == 1);
+    CHECK(router.padded_shape(3) == 4);
+    CHECK(router.padded_shape(33) == 64);
+    CHECK(router.padded_shape(64) == 64);
+    FakeStream s;
+    std::vector<std::string> expected;
+    std::uint64_t real = 0;
+    std::uint64_t padded = 0;
+    std::set<int> buckets_seen;
+    std::mt19937 rng{std::random_device{}()};
+    std::uniform_int_distribution<int> dist(1, 64);
+    for (int i = 0; i < 500; ++i) {
+      const int n = dist(rng);
+      const int p = round_up(n, buckets);
+      CHECK(router.padded_shape(n) == p);
+      const auto route = router.run(n, &s);
+      REQUIRE(route.shape == p);
+      buckets_seen.insert(p);
+      real += static_cast<std::uint64_t>(n);
+      padded += static_cast<std::uint64_t>(p);
+      const auto ops = eager_ops(p);
+      expected.insert(expected.end(), ops.begin(), ops.end());
+    }
+    CHECK(s.executed == expected);
+    const auto stats = router.stats();
+    CHECK(stats.real_elements == real);
+    CHECK(stats.padded_elements == padded);
+    CHECK(stats.padding_waste() == doctest::Approx(static_cast<double>(padded - real) / static_cast<double>(real)));
+    CHECK(stats.padding_waste() > 0.0);
+    CHECK(router.graph_count() == buckets_seen.size());
+    CHECK(stats.captures == buckets_seen.size());
+  }
+
+  TEST_CASE("bucketed tuples: one list per dimension, or one list for all") {
+    using Key = std::tuple<int, int>;
+    std::vector<Key> shapes_run;
+    auto work = [&](const Key& k, FakeStream* s) {
+      shapes_run.push_back(k);
+      s->issue("x");
+    };
+    Router<Key> per_dim(work, replay::ShapeRouterOptions<Key>::bucketed_per_dimension({{1, 8, 64}, {128, 256}}));
+    CHECK(per_dim.padded_shape({5, 100}) == Key{8, 128});
+    CHECK(per_dim.padded_shape({64, 129}) == Key{64, 256});
+    CHECK(per_dim.padded_shape({1, 1}) == Key{1, 128});
+    Router<Key> shared(work, replay::ShapeRouterOptions<Key>::bucketed({4, 16}));
+    CHECK(shared.padded_shape({3, 5}) == Key{4, 16});
+    // A user shape type is bucketable through shape_traits; element counts are products.
+    Router<Dims> dims([](const Dims&, FakeStream* s) { s->issue("d"); },
+                      replay::ShapeRouterOptions<Dims>::bucketed_per_dimension({{2, 4}, {10}}));
+    FakeStream s;
+    CHECK(dims.run(Dims{3, 7}, &s).shape == Dims{4, 10});
+    CHECK(dims.stats().real_elements == 21);
+    CHECK(dims.stats().padded_elements == 40);
+    // The work sees padded shapes only.
+    (void)per_dim.run({5, 100}, &s);
+    REQUIRE(shapes_run.size() == 1);
+    CHECK(shapes_run[0] == Key{8, 128});
+  }
+
+  TEST_CASE("keys above the largest bucket run eagerly or throw, as configured") {
+    FakeStream s;
+    auto options = Options::bucketed({1, 2, 4});
+    Router<int> eager(work_ops, options);
+    CHECK(eager.is_oversize(5));
+    CHECK_FALSE(eager.is_oversize(4));
+    CHECK(eager.padded_shape(5) == 5);
+    const auto route = eager.run(5, &s);
+    CHECK(route.kind == replay::RouteKind::eager_oversize);
+    CHECK_FALSE(route.graph());
+    CHECK(route.shape == 5);
+    CHECK(s.executed == eager_ops(5));  // the work ran with the real key
+    CHECK(eager.graph_count() == 0);
+    CHECK(eager.stats().oversize == 1);
+    CHECK(eager.stats().misses == 1);
+    CHECK(eager.capture({5, 3}, &s) == 1);  // oversize keys are skipped, 3 -> 4 captured
+    CHECK(eager.contains(3));
+
+    options.oversize = replay::OversizePolicy::throw_error;
+    Router<int> strict(work_ops, options);
+    CHECK_THROWS_WITH_AS((void)strict.run(5, &s), doctest::Contains("above the largest bucket (4)"),
+                         replay::usage_error);
+    CHECK_THROWS_AS((void)strict.padded_shape(1000), replay::usage_error);
+    CHECK(strict.stats().runs == 0);
+
+    using Key = std::tuple<int, int>;
+    Router<Key> tuple_strict([](const Key&, FakeStream*) {},
+                             {.policy = replay::RoutingPolicy::bucketed,
+                              .buckets = {{1, 2}, {8}},
+                              .oversize = replay::OversizePolicy::throw_error});
+    CHECK_THROWS_WITH_AS((void)tuple_strict.run({2, 9}, &s), doctest::Contains("dimension 1"), replay::usage_error);
+  }
+
+  TEST_CASE("bad input gives a clear usage_error") {
+    auto noop = [](int, FakeStream*) {};
+    auto make = [&](Options o) { Router<int> r(noop, std::move(o)); };
+    CHECK_THROWS_WITH_AS(make(Options::bucketed({})), doctest::Contains("is empty"), replay::usage_error);
+    CHECK_THROWS_WITH_AS(make(Options::bucketed({4, 2, 8})), doctest::Contains("not sorted"), replay::usage_error);
+    CHECK_THROWS_WITH_AS(make(Options::bucketed({1, 2, 2, 4})), doctest::Contains("twice"), replay::usage_error);
+    CHECK_THROWS_WITH_AS(make(Options::bucketed({0, 2})), doctest::Contains("positive"), replay::usage_error);
+    CHECK_THROWS_WITH_AS(make(Options::bucketed({-4, 2})), doctest::Contains("positive"), replay::usage_error);
+    CHECK_THROWS_WITH_AS(make({.policy = replay::RoutingPolicy::bucketed}), doctest::Contains("no bucket list"),
+                         replay::usage_error);
+    CHECK_THROWS_WITH_AS(make({.buckets = {{1, 2}}}), doctest::Contains("policy is RoutingPolicy::exact"),
+                         replay::usage_error);
+    CHECK_THROWS_WITH_AS(make({.max_graphs = 0}), doctest::Contains("max_graphs is 0"), replay::usage_error);
+    CHECK_THROWS_WITH_AS(make({.max_bytes = 0}), doctest::Contains("max_bytes is 0"), replay::usage_error);
+    CHECK_THROWS_WITH_AS((Router<int>(nullptr)), doctest::Contains("work callable is empty"), replay::usage_error);
+
+    using Key = std::tuple<int, int>;
+    auto tnoop = [](const Key&, FakeStream*) {};
+    CHECK_THROWS_WITH_AS((Router<Key>(tnoop, replay::ShapeRouterOptions<Key>::bucketed_per_dimension({{1}, {1}, {1}}))),
+                         doctest::Contains("3 bucket lists for a key of rank 2"), replay::usage_error);
+    CHECK_THROWS_WITH_AS((Router<Key>(tnoop, replay::ShapeRouterOptions<Key>::bucketed_per_dimension({{1, 2}, {}}))),
+                         doctest::Contains("dimension 1 is empty"), replay::usage_error);
+    CHECK_THROWS_WITH_AS((Router<std::int8_t>([](std::int8_t, FakeStream*) {},
+                                              replay::ShapeRouterOptions<std::int8_t>::bucketed({64, 300}))),
+                         doctest::Contains("does not fit"), replay::usage_error);
+    CHECK_THROWS_WITH_AS((Router<Hashed>([](const Hashed&, FakeStream*) {},
+                                         {.policy = replay::RoutingPolicy::bucketed, .buckets = {{1}}})),
+                         doctest::Contains("needs a shape key"), replay::usage_error);
+
+    Router<int> exact(noop);
+    Router<int> bucketed(noop, Options::bucketed({1, 2}));
+    FakeStream s;
+    for (Router<int>* r : {&exact, &bucketed}) {
+      CHECK_THROWS_WITH_AS((void)r->run(0, &s), doctest::Contains("zero dimension"), replay::usage_error);
+      CHECK_THROWS_WITH_AS((void)r->run(-3, &s), doctest::Contains("negative dimension"), replay::usage_error);
+      CHECK_THROWS_AS((void)r->padded_shape(0), replay::usage_error);
+      CHECK(r->stats().runs == 0);
+    }
+    Router<Key> tuples(tnoop);
+    CHECK_THROWS_WITH_AS((void)tuples.run({4, 0}, &s), doctest::Contains("(4, 0)"), replay::usage_error);
+    CHECK_THROWS_WITH_AS((void)exact.capture_all(&s), doctest::Contains("RoutingPolicy::bucketed"), replay::usage_error);
+  }
+
+  TEST_CASE("lazy capture after N eager warm-ups") {
+    Router<int> router(work_ops, {.warmup_runs = 2});
+    FakeStream s;
+    CHECK(router.run(3, &s).kind == replay::RouteKind::warmup);
+    CHECK(router.run(3, &s).kind == replay::RouteKind::warmup);
+    CHECK_FALSE(router.contains(3));
+    CHECK(router.run(3, &s).kind == replay::RouteKind::captured);
+    CHECK(router.contains(3));
+    CHECK(router.run(3, &s).kind == replay::RouteKind::replayed);
+    std::vector<std::string> expected;
+    for (int i = 0; i < 4; ++i) {
+      const auto ops = eager_ops(3);
+      expected.insert(expected.end(), ops.begin(), ops.end());
+    }
+    CHECK(s.executed == expected);
+    const auto stats = router.stats();
+    CHECK(stats.warmups == 2);
+    CHECK(stats.misses == 3);
+    CHECK(stats.hits == 1);
+    CHECK(stats.captures == 1);
+  }
+
+  TEST_CASE("capture_all: largest first, then every in-range key is a hit") {
+    using Key = std::tuple<int, int>;
+    int eager_runs = 0;
+    FakeStream s;
+    Router<Key> router(
+        [&](const Key& k, FakeStream* st) {
+          if (st->recording == nullptr) {
+            ++eager_runs;
+          }
+          st->issue(op("", std::get<0>(k)) + op("x", std::get<1>(k)));
+        },
+        {.policy = replay::RoutingPolicy::bucketed, .buckets = {{1, 2, 4}, {8, 16}}, .warmup_runs = 1});
+    const auto shapes = router.bucket_shapes();
+    REQUIRE(shapes.size() == 6);
+    CHECK(shapes.front() == Key{4, 16});
+    CHECK(shapes.back() == Key{1, 8});
+    CHECK(router.capture_all(&s) == 6);
+    CHECK(eager_runs == 6);  // one warm-up each
+    const std::vector<std::string> order{"4x16", "4x8", "2x16", "2x8", "1x16", "1x8"};
+    CHECK(router.backend().capture_log == order);  // 4x8 and 2x16 tie on elements: larger first dimension first
+    CHECK(router.capture_all(&s) == 6);  // idempotent
+    CHECK(router.stats().captures == 6);
+    std::mt19937 rng{std::random_device{}()};
+    for (int i = 0; i < 100; ++i) {
+      const Key k{std::uniform_int_distribution<int>(1, 4)(rng), std::uniform_int_distribution<int>(1, 16)(rng)};
+      CHECK(router.run(k, &s).kind == replay::RouteKind::replayed);
+    }
+    CHECK(router.stats().hits == 100);
+
+    // With a graph limit, capture_all keeps the largest shapes.
+    Router<int> limited(work_ops, {.policy = replay::RoutingPolicy::bucketed, .buckets = {{1, 2, 3, 4, 5}}, .max_graphs = 2});
+    CHECK(limited.capture_all(&s) == 2);
+    CHECK(limited.contains(5));
+    CHECK(limited.contains(4));
+    CHECK_FALSE(limited.contains(3));
+    CHECK(limited.stats().evictions == 0);
+  }
+
+  TEST_CASE("LRU eviction by graph count; evicted keys re-capture without warm-up") {
+    Router<int> router(work_ops, {.warmup_runs = 1, .max_graphs = 2});
+    FakeStream s;
+    for (int k : {1, 2, 3}) {
+      (void)router.run(k, &s);  // warm-up
+      (void)router.run(k, &s);  // capture
+    }
+    // 1 was least recently used when 3 arrived.
+    CHECK(router.graph_count() == 2);
+    CHECK_FALSE(router.contains(1));
+    CHECK(router.contains(2));
+    CHECK(router.contains(3));
+    CHECK(router.stats().evictions == 1);
+    CHECK(router.run(2, &s).kind == replay::RouteKind::replayed);  // 2 is now most recent
+    CHECK(router.run(1, &s).kind == replay::RouteKind::captured);  // no second warm-up
+    CHECK_FALSE(router.contains(3));                               // 3 was the LRU
+    CHECK(router.stats().evictions == 2);
+    const auto graphs = router.graphs();
+    REQUIRE(graphs.size() == 2);
+    CHECK(graphs[0].shape == 1);  // most recent first
+    CHECK(graphs[1].shape == 2);
+    CHECK(graphs[0].replays == 1);
+    CHECK(router.evict(1));
+    CHECK_FALSE(router.evict(1));
+    CHECK(router.graph_count() == 1);
+    CHECK(router.stats().evictions == 3);
+  }
+
+  TEST_CASE("LRU eviction by bytes; memory() sums the live graphs") {
+    FakeBackend backend;
+    backend.footprint_per_op = 100;  // key n costs 100 * n bytes
+    Router<int> router(work_ops, {.max_bytes = 1000}, backend);
+    FakeStream s;
+    for (int k : {4, 3, 2}) {
+      (void)router.run(k, &s);
+    }
+    auto memory = router.memory();
+    CHECK(memory.graphs == 3);
+    CHECK(memory.footprint_bytes == 900);
+    CHECK(memory.alloc_bytes_sum == 9000);
+    CHECK(memory.alloc_bytes_max == 4000);
+    (void)router.run(5, &s);  // 1400 > 1000: evict 4 (LRU) -> 1000
+    CHECK_FALSE(router.contains(4));
+    CHECK(router.memory().footprint_bytes == 1000);
+    (void)router.run(3, &s);  // touch 3
+    (void)router.run(6, &s);  // 1600: evict 2 (LRU), then 5 -> 900
+    CHECK_FALSE(router.contains(2));
+    CHECK_FALSE(router.contains(5));
+    CHECK(router.contains(3));
+    CHECK(router.contains(6));
+    CHECK(router.memory().footprint_bytes == 900);
+    CHECK(router.stats().evictions == 3);
+    (void)router.run(11, &s);  // alone above the limit: kept, everything else goes
+    CHECK(router.graph_count() == 1);
+    CHECK(router.contains(11));
+    // A backend that reports the device pool.
+    replay::ShapeRouter<int, FakePoolBackend> pooled(work_ops);
+    (void)pooled.run(2, &s);
+    REQUIRE(pooled.memory().pool.has_value());
+    CHECK(pooled.memory().pool->reserved_high == 4);
+  }
+
+  TEST_CASE("a failed capture marks the key eager, logs once, never throws, and the output is right") {
+    std::vector<std::pair<int, std::string>> logged;
+    auto work = [](int n, FakeStream* s) {
+      s->issue(op("k", n));
+      if (n == 13) {
+        s->sync();  // breaks a capture, fine eagerly
+      }
+    };
+    Router<int> router(work, {.on_capture_failure = [&](const int& k, std::string_view why) {
+                                logged.emplace_back(k, std::string(why));
+                              }});
+    FakeStream s;
+    for (int i = 0; i < 5; ++i) {
+      const auto route = router.run(13, &s);
+      CHECK(route.kind == replay::RouteKind::eager_fallback);
+      CHECK_FALSE(route.graph());
+      CHECK(router.run(7, &s).graph());
+    }
+    REQUIRE(logged.size() == 1);
+    CHECK(logged[0].first == 13);
+    CHECK(logged[0].second.find("invalidated by sync") != std::string::npos);
+    CHECK(router.is_eager(13));
+    CHECK_FALSE(router.contains(13));
+    std::vector<std::string> expected;
+    for (int i = 0; i < 5; ++i) {
+      for (const char* op : {"k13", "sync", "k7"}) {
+        expected.emplace_back(op);
+      }
+    }
+    CHECK(s.executed == expected);
+    auto stats = router.stats();
+    CHECK(stats.capture_failures == 1);
+    CHECK(stats.eager_fallbacks == 5);
+    CHECK(stats.misses == 6);  // 5 eager runs of 13, the capture of 7
+    CHECK(stats.hits == 4);
+
+    // invalidate() gives an eager key another chance (and it fails, and logs, again).
+    CHECK(router.invalidate(13));
+    CHECK(router.run(13, &s).kind == replay::RouteKind::eager_fallback);
+    CHECK(logged.size() == 2);
+  }
+
+  TEST_CASE("capture failures from a throwing work or a throwing handler never escape") {
+    bool throw_in_capture = true;
+    auto work = [&](int n, FakeStream* s) {
+      if (s->recording != nullptr && throw_in_capture) {
+        throw std::runtime_error("cannot capture this");
+      }
+      s->issue(op("k", n));
+    };
+    Router<int> router(work, {.on_capture_failure = [](const int&, std::string_view) {
+                                throw std::logic_error("logger broke");
+                              }});
+    FakeStream s;
+    const auto route = router.run(4, &s);
+    CHECK(route.kind == replay::RouteKind::eager_fallback);
+    CHECK(s.executed == std::vector<std::string>{"k4"});
+    CHECK(router.stats().capture_failures == 1);
+    // The default handler (stderr) is used when none is set.
+    Router<int> quiet(work);
+    CHECK_NOTHROW((void)quiet.run(2, &s));
+    CHECK(quiet.is_eager(2));
+    // An error of the work itself when run eagerly does propagate.
+    Router<int> broken([](int, FakeStream*) { throw std::domain_error("bad model"); });
+    CHECK_THROWS_AS((void)broken.run(1, &s), std::domain_error);
+    CHECK(broken.is_eager(1));
+  }
+
+  TEST_CASE("invalidated graphs re-capture through update in place, or re-instantiate") {
+    int version = 0;
+    int length = 2;
+    auto work = [&](int n, FakeStream* s) {
+      for (int i = 0; i < length; ++i) {
+        s->issue(op("v", version) + op("k", n));
+      }
+    };
+    Router<int> router(work);
+    FakeStream s;
+    (void)router.run(1, &s);
+    (void)router.run(2, &s);
+    const int id_before = router.backend().next_id;
+    version = 1;  // "pointers changed"
+    router.invalidate_all();
+    CHECK(router.graphs()[0].stale);
+    s.executed.clear();
+    CHECK(router.run(1, &s).kind == replay::RouteKind::recaptured);
+    CHECK(s.executed == std::vector<std::string>{"v1k1", "v1k1"});
+    CHECK(router.run(1, &s).kind == replay::RouteKind::replayed);
+    CHECK(router.backend().next_id == id_before);  // in place: no new executable
+    CHECK(router.stats().updates == 1);
+    length = 3;  // "topology changed"
+    CHECK(router.invalidate(2));
+    CHECK(router.run(2, &s).kind == replay::RouteKind::recaptured);
+    CHECK(router.stats().reinstantiations == 1);
+    CHECK(router.backend().next_id == id_before + 1);
+    CHECK_FALSE(router.invalidate(99));  // unknown key: nothing to do
+    // capture() also refreshes stale graphs.
+    version = 2;
+    router.invalidate_all();
+    CHECK(router.capture({1, 2}, &s) == 2);
+    // 1 had 2 ops and now has 3: re-instantiated; 2 had 3 and keeps 3: in place.
+    CHECK(router.stats().updates == 2);
+    CHECK(router.stats().reinstantiations == 2);
+  }
+
+  TEST_CASE("the hit path allocates nothing") {
+    Router<int> router(work_ops, Options::bucketed({1, 2, 4, 8}));
+    FakeStream s;
+    s.executed.reserve(1 << 16);
+    CHECK(router.capture_all(&s) == 4);
+    const std::size_t before = shape_router_test_allocations();
+    for (int i = 0; i < 1000; ++i) {
+      (void)router.run(1 + i % 8, &s);
+    }
+    CHECK(shape_router_test_allocations() == before);
+    CHECK(router.stats().hits == 1000);
+  }
+
+  TEST_CASE("calling the router from its own work is refused, not a deadlock") {
+    Router<int>* self = nullptr;
+    FakeStream s;
+    Router<int> router(
+        [&](int n, FakeStream* st) {
+          if (n == 2) {
+            (void)self->run(1, st);
+          }
+          st->issue("x");
+        },
+        {.warmup_runs = 1});
+    self = &router;
+    CHECK_THROWS_WITH_AS((void)router.run(2, &s), doctest::Contains("would deadlock"), replay::usage_error);
+    CHECK(router.run(1, &s).kind == replay::RouteKind::warmup);  // still usable
+  }
+
+  TEST_CASE("threads: many threads hammering one router keep it consistent") {
+    constexpr int kThreads = 8;
+    constexpr int kRuns = 4000;
+    for (std::size_t max_graphs : {replay::ShapeRouterOptions<int>::unlimited, std::size_t{3}}) {
+      CAPTURE(max_graphs);
+      Router<int> router(work_ops, {.policy = replay::RoutingPolicy::bucketed,
+                                    .buckets = {{1, 2, 4, 8, 16}},
+                                    .warmup_runs = 1,
+                                    .max_graphs = max_graphs});
+      std::vector<FakeStream> streams(kThreads);
+      std::vector<std::vector<std::string>> expected(kThreads);
+      std::atomic<int> errors{0};
+      std::vector<std::thread> threads;
+      for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+          std::mt19937 rng{std::random_device{}()};
+          std::uniform_int_distribution<int> dist(1, 16);
+          for (int i = 0; i < kRuns; ++i) {
+            const int n = dist(rng);
+            const auto route = router.run(n, &streams[t]);
+            const int p = round_up(n, {1, 2, 4, 8, 16});
+            if (route.shape != p) {
+              ++errors;
+            }
+            const auto ops = eager_ops(p);
+            expected[t].insert(expected[t].end(), ops.begin(), ops.end());
+            if (i % 500 == 0) {
+              (void)router.stats();
+              (void)router.graphs();
+            }
+          }
+        });
+      }
+      for (auto& th : threads) {
+        th.join();
+      }
+      CHECK(errors == 0);
+      for (int t = 0; t < kThreads; ++t) {
+        CHECK(streams[t].executed == expected[t]);  // every run issued exactly its padded shape's work
+      }
+      const auto stats = router.stats();
+      CHECK(stats.runs == kThreads * kRuns);
+      CHECK(stats.hits + stats.misses == stats.runs);
+      CHECK(stats.warmups == 5);
+      CHECK(stats.captures - stats.evictions == router.graph_count());
+      CHECK(router.graph_count() == std::min<std::size_t>(5, max_graphs));
+      CHECK(router.backend().launches == static_cast<int>(stats.hits + stats.captures));
+      if (max_graphs == 3) {
+        CHECK(stats.evictions > 0);
+      } else {
+        CHECK(stats.evictions == 0);
+      }
+    }
+  }
+}

@@ -1,0 +1,606 @@
+// StreamPipeline's scheduling core on the CPU: slots, back-pressure, size
+// checks, ordering, error routing, callbacks, drain and the threading model,
+// driven by a fake stage runner (no GPU needed).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "replay/stream_pipeline.hpp"
+
+namespace {
+
+std::mt19937& engine() {
+  static std::mt19937 e{std::random_device{}()};
+  return e;
+}
+int random_int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(engine()); }
+
+std::vector<int> random_item(std::size_t n) {
+  std::vector<int> v(n);
+  for (int& x : v) {
+    x = random_int(-1000000, 1000000);
+  }
+  return v;
+}
+
+// What the fake compute stage does: two outputs per input, so that sizes,
+// element types and counts are all exercised.
+std::vector<long long> expected_output(std::span<const int> in) {
+  std::vector<long long> out;
+  for (int x : in) {
+    out.push_back(3LL * x + 1);
+    out.push_back(-static_cast<long long>(x));
+  }
+  return out;
+}
+
+// Shared between a test and its fake runner.
+struct FakeControl {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::size_t allowed = SIZE_MAX;  // finish() calls allowed to return
+  std::size_t finished = 0;
+  std::set<std::uint64_t> fail_start;   // ids whose start() throws
+  std::set<std::uint64_t> fail_finish;  // ids whose finish() throws (an "asynchronous" error)
+  std::vector<std::uint64_t> started_ids;
+  std::vector<std::size_t> started_slots;
+  std::vector<std::uint64_t> finished_ids;
+  int busy_slot_starts = 0;  // start() on a slot whose previous item was not finished: must stay 0
+  std::set<std::thread::id> finish_threads;
+  std::function<void()> on_start;  // runs inside start(), outside the lock
+
+  void allow(std::size_t more) {
+    {
+      std::lock_guard lock(mutex);
+      allowed = allowed == SIZE_MAX ? more : allowed + more;
+    }
+    cv.notify_all();
+  }
+  void open() {
+    {
+      std::lock_guard lock(mutex);
+      allowed = SIZE_MAX;
+    }
+    cv.notify_all();
+  }
+};
+
+struct FakeRunner {
+  using input_type = int;
+  using output_type = long long;
+  struct plan_type {
+    std::size_t n = 0;
+  };
+
+  FakeRunner(FakeControl& control, std::size_t slots, std::size_t capacity,
+             std::optional<std::size_t> required = std::nullopt)
+      : control_(&control),
+        capacity_(capacity),
+        required_(required),
+        outputs_(slots, std::vector<long long>(2 * capacity)),
+        busy_(slots, false),
+        ids_(slots, 0),
+        counts_(slots, 0),
+        destinations_(slots) {}
+
+  std::size_t slot_count() const { return outputs_.size(); }
+  std::size_t input_capacity() const { return capacity_; }
+  std::size_t output_capacity() const { return 2 * capacity_; }
+  std::optional<std::size_t> required_input_count() const { return required_; }
+  std::optional<std::size_t> planned_output_count(std::size_t n) const { return 2 * n; }
+
+  plan_type plan(std::span<const int> input, const std::optional<std::span<long long>>&,
+                 const std::source_location&) const {
+    return {input.size()};
+  }
+
+  void start(std::size_t slot, std::uint64_t id, std::span<const int> input,
+             std::optional<std::span<long long>> destination, const plan_type& plan, const std::source_location&) {
+    if (control_->on_start) {
+      control_->on_start();
+    }
+    std::lock_guard lock(control_->mutex);
+    REQUIRE(plan.n == input.size());
+    if (busy_[slot]) {
+      ++control_->busy_slot_starts;
+    }
+    busy_[slot] = true;
+    ids_[slot] = id;
+    control_->started_ids.push_back(id);
+    control_->started_slots.push_back(slot);
+    if (control_->fail_start.count(id) != 0) {
+      throw std::runtime_error("start failed for item " + std::to_string(id));
+    }
+    const auto out = expected_output(input);
+    std::copy(out.begin(), out.end(), outputs_[slot].begin());
+    counts_[slot] = out.size();
+    destinations_[slot] = destination;
+  }
+
+  std::span<const long long> finish(std::size_t slot) {
+    std::unique_lock lock(control_->mutex);
+    control_->cv.wait(lock, [&] { return control_->finished < control_->allowed; });
+    ++control_->finished;
+    control_->finish_threads.insert(std::this_thread::get_id());
+    control_->finished_ids.push_back(ids_[slot]);
+    busy_[slot] = false;
+    if (control_->fail_finish.count(ids_[slot]) != 0) {
+      throw std::runtime_error("asynchronous failure in item " + std::to_string(ids_[slot]));
+    }
+    std::span<const long long> out(outputs_[slot].data(), counts_[slot]);
+    if (destinations_[slot]) {
+      std::copy(out.begin(), out.end(), destinations_[slot]->begin());
+      return {destinations_[slot]->data(), counts_[slot]};
+    }
+    return out;
+  }
+
+  void settle(std::size_t slot) noexcept {
+    std::lock_guard lock(control_->mutex);
+    busy_[slot] = false;
+  }
+  void bind_completion_thread() noexcept {}
+  void add_stats(replay::PipelineStats&) const noexcept {}
+
+ private:
+  FakeControl* control_;
+  std::size_t capacity_;
+  std::optional<std::size_t> required_;
+  std::vector<std::vector<long long>> outputs_;
+  std::vector<bool> busy_;
+  std::vector<std::uint64_t> ids_;
+  std::vector<std::size_t> counts_;
+  std::vector<std::optional<std::span<long long>>> destinations_;
+};
+
+static_assert(replay::PipelineStageRunner<FakeRunner>);
+
+using FakePipeline = replay::BasicStreamPipeline<FakeRunner>;
+
+}  // namespace
+
+TEST_SUITE("host") {
+  TEST_CASE("outputs come back to the right request, in submission order, for random sizes and every delivery") {
+    FakeControl control;
+    const std::size_t slots = 1 + static_cast<std::size_t>(random_int(0, 4));
+    const std::size_t capacity = 64;
+    const int items = 3000;
+    std::vector<std::vector<int>> inputs;
+    for (int i = 0; i < items; ++i) {
+      inputs.push_back(random_item(static_cast<std::size_t>(random_int(0, static_cast<int>(capacity)))));
+    }
+    std::vector<std::vector<long long>> destinations(items);
+    std::vector<std::vector<long long>> from_callbacks(items);
+    std::vector<std::uint64_t> callback_ids;
+    std::vector<replay::PipelineTicket<std::vector<long long>>> vector_tickets(items);
+    std::vector<replay::PipelineTicket<std::size_t>> count_tickets(items);
+    {
+      FakePipeline pipeline(std::in_place, control, slots, capacity);
+      for (int i = 0; i < items; ++i) {
+        const std::span<const int> in(inputs[static_cast<std::size_t>(i)]);
+        switch (i % 3) {
+          case 0:
+            vector_tickets[static_cast<std::size_t>(i)] = pipeline.submit(in);
+            CHECK(vector_tickets[static_cast<std::size_t>(i)].id() == static_cast<std::uint64_t>(i));
+            break;
+          case 1:
+            destinations[static_cast<std::size_t>(i)].assign(2 * in.size() + 3, -7);
+            count_tickets[static_cast<std::size_t>(i)] =
+                pipeline.submit(in, std::span<long long>(destinations[static_cast<std::size_t>(i)]));
+            CHECK(count_tickets[static_cast<std::size_t>(i)].id() == static_cast<std::uint64_t>(i));
+            break;
+          default: {
+            const auto id = pipeline.submit(in, [&, i](const replay::PipelineCompletion<long long>& done) {
+              REQUIRE(done.ok());
+              callback_ids.push_back(done.id);
+              from_callbacks[static_cast<std::size_t>(i)].assign(done.output.begin(), done.output.end());
+            });
+            CHECK(id == static_cast<std::uint64_t>(i));
+          }
+        }
+      }
+      pipeline.drain();
+      CHECK(pipeline.in_flight() == 0);
+      const auto stats = pipeline.stats();
+      CHECK(stats.submitted == static_cast<std::uint64_t>(items));
+      CHECK(stats.completed == static_cast<std::uint64_t>(items));
+      CHECK(stats.failed == 0);
+    }
+    for (int i = 0; i < items; ++i) {
+      const auto u = static_cast<std::size_t>(i);
+      const auto expected = expected_output(inputs[u]);
+      switch (i % 3) {
+        case 0: REQUIRE(vector_tickets[u].get() == expected); break;
+        case 1: {
+          REQUIRE(count_tickets[u].get() == expected.size());
+          REQUIRE(std::equal(expected.begin(), expected.end(), destinations[u].begin()));
+          REQUIRE(destinations[u][expected.size()] == -7);  // nothing written past the output
+          break;
+        }
+        default: REQUIRE(from_callbacks[u] == expected);
+      }
+    }
+    CHECK(std::is_sorted(callback_ids.begin(), callback_ids.end()));
+    CHECK(control.busy_slot_starts == 0);
+    // The free-slot FIFO and in-order delivery make slot use round-robin.
+    for (std::size_t i = 0; i < control.started_slots.size(); ++i) {
+      REQUIRE(control.started_slots[i] == i % slots);
+    }
+    CHECK(std::is_sorted(control.finished_ids.begin(), control.finished_ids.end()));
+  }
+
+  TEST_CASE("a full pipeline makes submit wait and try_submit return at once, until a slot frees") {
+    FakeControl control;
+    control.allow(0);  // nothing completes until the test says so
+    const std::size_t slots = 3;
+    FakePipeline pipeline(std::in_place, control, slots, 16);
+    const auto first = random_item(5);
+    std::vector<replay::PipelineTicket<std::vector<long long>>> tickets;
+    for (std::size_t i = 0; i < slots; ++i) {
+      tickets.push_back(pipeline.submit(std::span<const int>(first)));
+    }
+    CHECK_FALSE(tickets[0].ready());
+    CHECK_FALSE(pipeline.try_submit(std::span<const int>(first)).has_value());
+    CHECK_FALSE(pipeline.try_submit(std::span<const int>(first), [](const auto&) {}).has_value());
+    CHECK(pipeline.stats().refused == 2);
+    CHECK(pipeline.stats().submitted == slots);
+
+    const auto late = random_item(7);
+    std::atomic<bool> returned{false};
+    replay::PipelineTicket<std::vector<long long>> late_ticket;
+    std::thread producer([&] {
+      late_ticket = pipeline.submit(std::span<const int>(late));
+      returned = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK_FALSE(returned.load());  // every slot is still busy: submit must still be waiting
+    control.allow(1);              // the oldest item completes and frees its slot
+    producer.join();
+    CHECK(returned.load());
+    CHECK(tickets[0].get() == expected_output(first));
+    CHECK(pipeline.stats().slot_waits == 1);
+    CHECK_FALSE(pipeline.try_submit(std::span<const int>(first)).has_value());  // full again
+
+    control.open();
+    pipeline.drain();
+    CHECK(late_ticket.id() == slots);
+    CHECK(late_ticket.get() == expected_output(late));
+    auto again = pipeline.try_submit(std::span<const int>(late));
+    REQUIRE(again.has_value());
+    CHECK(again->get() == expected_output(late));
+    CHECK(control.busy_slot_starts == 0);
+  }
+
+  TEST_CASE("oversized items, wrong fixed sizes and short destinations are refused before anything is issued") {
+    FakeControl control;
+    FakePipeline pipeline(std::in_place, control, 2, 8);
+    const auto big = random_item(9);
+    CHECK_THROWS_WITH_AS((void)pipeline.submit(std::span<const int>(big)),
+                         doctest::Contains("holds 9 elements but a slot holds at most 8 elements"),
+                         replay::usage_error);
+    CHECK_THROWS_AS((void)pipeline.try_submit(std::span<const int>(big)), replay::usage_error);
+    std::vector<long long> small(5);
+    const auto item = random_item(3);
+    CHECK_THROWS_WITH_AS((void)pipeline.submit(std::span<const int>(item), std::span<long long>(small)),
+                         doctest::Contains("destination holds 5 elements but the item produces 6"),
+                         replay::usage_error);
+    const std::vector<std::vector<int>> batch{random_item(2), random_item(12)};
+    CHECK_THROWS_AS((void)pipeline.run(batch), replay::usage_error);  // checked as a whole, before submitting
+    CHECK(pipeline.stats().submitted == 0);
+    CHECK(control.started_ids.empty());
+    std::vector<long long> exact(6);
+    CHECK(pipeline.submit(std::span<const int>(item), std::span<long long>(exact)).get() == 6);
+
+    FakeControl fixed_control;
+    FakePipeline fixed(std::in_place, fixed_control, 2, 8, std::size_t{8});
+    const auto seven = random_item(7);
+    CHECK_THROWS_WITH_AS((void)fixed.submit(std::span<const int>(seven)), doctest::Contains("exactly 8 elements"),
+                         replay::usage_error);
+    const auto eight = random_item(8);
+    CHECK(fixed.submit(std::span<const int>(eight)).get() == expected_output(eight));
+  }
+
+  TEST_CASE("a failure while issuing one item reaches only that item; its slot is reused afterwards") {
+    FakeControl control;
+    const std::uint64_t bad = static_cast<std::uint64_t>(random_int(0, 40));
+    control.fail_start = {bad, bad + 7};
+    FakePipeline pipeline(std::in_place, control, 3, 32);
+    std::vector<std::vector<int>> inputs;
+    std::vector<replay::PipelineTicket<std::vector<long long>>> tickets;
+    std::vector<std::exception_ptr> callback_errors(60);
+    for (int i = 0; i < 60; ++i) {
+      inputs.push_back(random_item(static_cast<std::size_t>(random_int(1, 32))));
+    }
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (i == bad + 7) {
+        (void)pipeline.submit(std::span<const int>(inputs[i]),
+                              [&, i](const auto& done) { callback_errors[i] = done.error; });
+        tickets.emplace_back();
+      } else {
+        tickets.push_back(pipeline.submit(std::span<const int>(inputs[i])));
+      }
+    }
+    pipeline.drain();
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (i == bad) {
+        const std::string message = "start failed for item " + std::to_string(bad);
+        CHECK_THROWS_WITH_AS(tickets[i].get(), doctest::Contains(message.c_str()),
+                             std::runtime_error);
+      } else if (i == bad + 7) {
+        REQUIRE(callback_errors[i] != nullptr);
+        CHECK_THROWS_WITH_AS(std::rethrow_exception(callback_errors[i]), doctest::Contains("start failed"),
+                             std::runtime_error);
+      } else {
+        REQUIRE(tickets[i].get() == expected_output(inputs[i]));
+      }
+    }
+    const auto stats = pipeline.stats();
+    CHECK(stats.failed == 2);
+    CHECK(stats.completed == inputs.size() - 2);
+    CHECK(control.busy_slot_starts == 0);
+  }
+
+  TEST_CASE("an asynchronous failure of one item reaches only that item") {
+    FakeControl control;
+    const std::uint64_t bad = static_cast<std::uint64_t>(random_int(0, 30));
+    control.fail_finish = {bad};
+    FakePipeline pipeline(std::in_place, control, 2, 16);
+    std::vector<std::vector<int>> inputs;
+    for (int i = 0; i < 40; ++i) {
+      inputs.push_back(random_item(static_cast<std::size_t>(random_int(0, 16))));
+    }
+    std::vector<replay::PipelineTicket<std::size_t>> tickets;
+    std::vector<std::vector<long long>> outs(inputs.size(), std::vector<long long>(32));
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      tickets.push_back(pipeline.submit(std::span<const int>(inputs[i]), std::span<long long>(outs[i])));
+    }
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (i == bad) {
+        CHECK_THROWS_WITH_AS((void)tickets[i].get(), doctest::Contains("asynchronous failure"), std::runtime_error);
+      } else {
+        const auto expected = expected_output(inputs[i]);
+        REQUIRE(tickets[i].get() == expected.size());
+        REQUIRE(std::equal(expected.begin(), expected.end(), outs[i].begin()));
+      }
+    }
+    CHECK(pipeline.stats().failed == 1);
+  }
+
+  TEST_CASE("callbacks run in order on one completion thread; a callback's exception comes back from drain()") {
+    FakeControl control;
+    FakePipeline pipeline(std::in_place, control, 3, 8);
+    std::vector<std::uint64_t> ids;
+    std::set<std::thread::id> threads;
+    const std::uint64_t thrower = static_cast<std::uint64_t>(random_int(0, 19));
+    for (int i = 0; i < 20; ++i) {
+      const auto item = random_item(4);
+      (void)pipeline.submit(std::span<const int>(item), [&](const replay::PipelineCompletion<long long>& done) {
+        ids.push_back(done.id);
+        threads.insert(std::this_thread::get_id());
+        if (done.id == thrower) {
+          throw std::runtime_error("callback threw");
+        }
+      });
+    }
+    CHECK_THROWS_WITH_AS(pipeline.drain(), doctest::Contains("callback threw"), std::runtime_error);
+    CHECK_NOTHROW(pipeline.drain());  // reported once
+    REQUIRE(ids.size() == 20);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      REQUIRE(ids[i] == i);
+    }
+    CHECK(threads.size() == 1);
+    CHECK(threads.count(std::this_thread::get_id()) == 0);
+    CHECK(control.finish_threads == threads);  // finish() and callbacks share the completion thread
+  }
+
+  TEST_CASE("calling submit or drain from a completion callback is refused instead of deadlocking") {
+    FakeControl control;
+    FakePipeline pipeline(std::in_place, control, 1, 8);
+    std::string submit_error;
+    std::string drain_error;
+    const auto item = random_item(3);
+    (void)pipeline.submit(std::span<const int>(item), [&](const auto&) {
+      try {
+        (void)pipeline.submit(std::span<const int>(item));
+      } catch (const replay::usage_error& e) {
+        submit_error = e.what();
+      }
+      try {
+        pipeline.drain();
+      } catch (const replay::usage_error& e) {
+        drain_error = e.what();
+      }
+    });
+    pipeline.drain();
+    CHECK(submit_error.find("completion callback") != std::string::npos);
+    CHECK(drain_error.find("completion callback") != std::string::npos);
+    CHECK(pipeline.stats().submitted == 1);
+  }
+
+  TEST_CASE("submitting from inside a stage is refused instead of deadlocking") {
+    FakeControl control;
+    FakePipeline* self = nullptr;
+    std::string error;
+    control.on_start = [&] {
+      try {
+        (void)self->try_submit(std::span<const int>());
+      } catch (const replay::usage_error& e) {
+        error = e.what();
+      }
+    };
+    FakePipeline pipeline(std::in_place, control, 2, 8);
+    self = &pipeline;
+    const auto item = random_item(4);
+    CHECK(pipeline.submit(std::span<const int>(item)).get() == expected_output(item));
+    CHECK(error.find("inside the compute stage") != std::string::npos);
+    CHECK(pipeline.stats().submitted == 1);
+  }
+
+  TEST_CASE("the destructor drains: every callback runs and every ticket is fulfilled") {
+    FakeControl control;
+    control.allow(0);
+    std::atomic<int> callbacks{0};
+    std::vector<replay::PipelineTicket<std::vector<long long>>> tickets;
+    std::vector<std::vector<int>> inputs;
+    for (int i = 0; i < 12; ++i) {
+      inputs.push_back(random_item(static_cast<std::size_t>(random_int(1, 8))));
+    }
+    std::thread opener;
+    {
+      FakePipeline pipeline(std::in_place, control, 4, 8);
+      for (std::size_t i = 0; i < 4; ++i) {
+        (void)pipeline.submit(std::span<const int>(inputs[i]), [&](const auto& done) {
+          CHECK(done.ok());
+          ++callbacks;
+        });
+      }
+      // Completions start only after the destructor has begun (or soon before).
+      opener = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        control.open();
+      });
+      for (std::size_t i = 4; i < inputs.size(); ++i) {
+        tickets.push_back(pipeline.submit(std::span<const int>(inputs[i])));
+      }
+    }  // ~BasicStreamPipeline
+    opener.join();
+    CHECK(callbacks.load() == 4);
+    for (std::size_t i = 0; i < tickets.size(); ++i) {
+      REQUIRE(tickets[i].ready());
+      REQUIRE(tickets[i].get() == expected_output(inputs[i + 4]));
+    }
+  }
+
+  TEST_CASE("run(range) returns every output in order; a failure surfaces after the whole batch finished") {
+    FakeControl control;
+    FakePipeline pipeline(std::in_place, control, 3, 16);
+    std::vector<std::vector<int>> inputs;
+    for (int i = 0; i < 50; ++i) {
+      inputs.push_back(random_item(static_cast<std::size_t>(random_int(0, 16))));
+    }
+    const auto outputs = pipeline.run(inputs);
+    REQUIRE(outputs.size() == inputs.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      REQUIRE(outputs[i] == expected_output(inputs[i]));
+    }
+
+    std::vector<std::vector<long long>> destinations(inputs.size(), std::vector<long long>(32));
+    const auto counts = pipeline.run(inputs, destinations);
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      const auto expected = expected_output(inputs[i]);
+      REQUIRE(counts[i] == expected.size());
+      REQUIRE(std::equal(expected.begin(), expected.end(), destinations[i].begin()));
+    }
+
+    std::vector<std::uint64_t> seen;
+    pipeline.run(inputs, [&](const replay::PipelineCompletion<long long>& done) {
+      REQUIRE(done.ok());
+      seen.push_back(done.id);
+    });
+    REQUIRE(seen.size() == inputs.size());  // run returns only after its batch was delivered
+    CHECK(std::is_sorted(seen.begin(), seen.end()));
+
+    const std::uint64_t base = pipeline.stats().submitted;
+    control.fail_start = {base + 5};
+    CHECK_THROWS_WITH_AS((void)pipeline.run(inputs), doctest::Contains("start failed"), std::runtime_error);
+    const auto stats = pipeline.stats();
+    CHECK(stats.failed == 1);
+    CHECK(stats.completed == base + inputs.size() - 1);  // the rest of the batch was not lost
+    CHECK(pipeline.in_flight() == 0);
+  }
+
+  TEST_CASE("several producer threads may submit at once; each gets its own outputs") {
+    FakeControl control;
+    FakePipeline pipeline(std::in_place, control, 3, 16);
+    constexpr int producers = 4;
+    constexpr int per_producer = 400;
+    std::vector<std::thread> threads;
+    std::vector<int> mismatches(producers, 0);
+    std::vector<std::vector<std::uint64_t>> ids(producers);
+    for (int p = 0; p < producers; ++p) {
+      threads.emplace_back([&, p] {
+        std::mt19937 local{std::random_device{}()};
+        for (int i = 0; i < per_producer; ++i) {
+          std::vector<int> in(local() % 17);
+          for (int& x : in) {
+            x = static_cast<int>(local() % 100000);
+          }
+          auto ticket = pipeline.submit(std::span<const int>(in));
+          ids[static_cast<std::size_t>(p)].push_back(ticket.id());
+          if (ticket.get() != expected_output(in)) {
+            ++mismatches[static_cast<std::size_t>(p)];
+          }
+        }
+      });
+    }
+    for (auto& t : threads) {
+      t.join();
+    }
+    std::set<std::uint64_t> all;
+    for (int p = 0; p < producers; ++p) {
+      CHECK(mismatches[static_cast<std::size_t>(p)] == 0);
+      CHECK(std::is_sorted(ids[static_cast<std::size_t>(p)].begin(), ids[static_cast<std::size_t>(p)].end()));
+      all.insert(ids[static_cast<std::size_t>(p)].begin(), ids[static_cast<std::size_t>(p)].end());
+    }
+    CHECK(all.size() == static_cast<std::size_t>(producers * per_producer));
+    CHECK(*all.rbegin() == static_cast<std::uint64_t>(producers * per_producer - 1));
+    CHECK(control.busy_slot_starts == 0);
+  }
+
+  TEST_CASE("tickets poll, wait and yield once; a moved-from pipeline refuses use") {
+    FakeControl control;
+    control.allow(0);
+    FakePipeline pipeline(std::in_place, control, 2, 8);
+    const auto item = random_item(6);
+    auto ticket = pipeline.submit(std::span<const int>(item));
+    CHECK(ticket.valid());
+    CHECK_FALSE(ticket.ready());
+    CHECK_FALSE(ticket.wait_for(std::chrono::milliseconds(5)));
+    control.open();
+    ticket.wait();
+    CHECK(ticket.ready());
+    CHECK(ticket.get() == expected_output(item));
+    CHECK_FALSE(ticket.valid());
+    CHECK_THROWS_WITH_AS((void)ticket.get(), doctest::Contains("once"), replay::usage_error);
+    replay::PipelineTicket<std::size_t> empty;
+    CHECK_THROWS_AS((void)empty.ready(), replay::usage_error);
+
+    FakePipeline moved = std::move(pipeline);
+    CHECK(pipeline.moved_from());
+    CHECK_THROWS_WITH_AS((void)pipeline.submit(std::span<const int>(item)), doctest::Contains("after move"),
+                         replay::usage_error);
+    CHECK_THROWS_AS(pipeline.drain(), replay::usage_error);
+    CHECK(moved.submit(std::span<const int>(item)).get() == expected_output(item));
+  }
+
+  TEST_CASE("a pipeline without slots, or a callback that is empty, is refused") {
+    FakeControl control;
+    CHECK_THROWS_WITH_AS(FakePipeline(std::in_place, control, 0, 8), doctest::Contains("at least one slot"),
+                         replay::usage_error);
+    FakePipeline pipeline(std::in_place, control, 1, 8);
+    const auto item = random_item(2);
+    CHECK_THROWS_WITH_AS((void)pipeline.submit(std::span<const int>(item), replay::PipelineCallback<long long>{}),
+                         doctest::Contains("callback is empty"), replay::usage_error);
+  }
+
+  TEST_CASE("PipelineFlags combine as a bitmask") {
+    constexpr auto flags = replay::PipelineFlags::stage_inputs | replay::PipelineFlags::blocking_wait;
+    static_assert(replay::has_flag(flags, replay::PipelineFlags::stage_inputs));
+    static_assert(!replay::has_flag(flags, replay::PipelineFlags::graph_slot));
+    CHECK(replay::to_underlying(flags) == 9U);
+  }
+}

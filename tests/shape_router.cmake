@@ -1,0 +1,4 @@
+# ShapeRouter: policy logic on the CPU with a stand-in backend (host), and the
+# CUDA backend on the device (gpu).
+replay_add_test(NAME shape_router SOURCES host/shape_router_test.cpp gpu/shape_router_test.cu
+                SUITES host gpu)
