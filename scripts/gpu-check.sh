@@ -1,174 +1,246 @@
 #!/usr/bin/env bash
-# The one device check: builds everything for sm_90, runs every test program
-# (all suites; fails if any test case was skipped, failed, or a program did
-# not build), runs compute-sanitizer (memcheck, racecheck, synccheck) over the
-# gpu suites, runs the benchmarks briefly, the main example, and prints a
-# short summary last. Logs and JSON land in $OUT (default build/gpu-check).
+# The one device check. Builds everything for sm_90 (the libtorch adapter too
+# when PyTorch is installed), runs every test program with all suites and
+# fails if any test case was skipped or failed or any program did not build,
+# runs compute-sanitizer (memcheck, racecheck, synccheck) over the gpu suites,
+# runs the benchmarks briefly and prints the target ratios (bench/*.ratios),
+# runs the examples and scripts/gpu-check.d/*.sh, and prints a summary last.
 #
-#   scripts/gpu-check.sh [--quick]     --quick: skip racecheck/synccheck
-#   REPLAY_BENCH_FILTER=regex          only these benchmarks
-#   REPLAY_SKIP_TORCH=1                do not look for libtorch
+#   scripts/gpu-check.sh [--quick]   --quick: memcheck only (no racecheck/synccheck)
+#   OUT=dir                          logs and JSON (default build/gpu-check)
+#   REPLAY_CHECK_DEADLINE_S=n        stop starting steps after n seconds; steps
+#                                    cut short count as failures (default 3000)
+#   REPLAY_BENCH_FILTER=regex        only these benchmarks
+#   REPLAY_SKIP_TORCH=1              do not look for libtorch
+#
+# Two lanes. The CUDA-only lane (core, router, pipeline: tests, sanitizer,
+# benchmarks, examples) and the heavy lane (building and running the libtorch
+# adapter, its example and benchmarks, and the packaging consumers). With two
+# or more GPUs they run at once, one GPU each, so neither disturbs the other's
+# timings; with one GPU the heavy lane's build overlaps the sanitizer runs and
+# its runs come after the CUDA-only lane.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
 quick=false
 [ "${1:-}" = "--quick" ] && quick=true
-OUT=${OUT:-$root/build/gpu-check}
+OUT=${OUT:-$PWD/build/gpu-check}
+export OUT
 mkdir -p "$OUT"
+rm -f "$OUT"/*.log "$OUT"/*.txt "$OUT"/*.json "$OUT"/lane-*
 export PATH="/usr/local/cuda/bin:$PATH"
-log() { printf '[gpu-check %s] %s\n' "$(date +%T)" "$*"; }
-status=0
-summary=()
-note() { summary+=("$*"); }
+deadline=${REPLAY_CHECK_DEADLINE_S:-3000}
+log() { printf '[gpu-check %4ds] %s\n' "$SECONDS" "$*"; }
+left() { echo $((deadline - SECONDS)); }
 
-# ---- configure and build -------------------------------------------------
+# Lane results go to files so that background lanes can report.
+note() { printf '%s\n' "$*" >>"$OUT/lane-$lane.notes"; }
+fail() { note "$*"; echo 1 >"$OUT/lane-$lane.failed"; }
+count_tests() { printf '%s %s %s\n' "$1" "$2" "$3" >>"$OUT/lane-$lane.counts"; }
+
+# run_bounded SECONDS_WANTED CMD...: runs CMD under `timeout`, capped by the deadline.
+run_bounded() {
+  local want=$1; shift
+  local budget
+  budget=$(left)
+  [ "$budget" -gt "$want" ] && budget=$want
+  if [ "$budget" -lt 10 ]; then
+    fail "  NOT RUN (deadline): $*"
+    return 124
+  fi
+  timeout "$budget" "$@"
+  local rc=$?
+  [ "$rc" -eq 124 ] && fail "  TIMED OUT after ${budget}s: $*"
+  return "$rc"
+}
+
+# run_test_program EXE: all suites; parses doctest's summary.
+run_test_program() {
+  local exe=$1 name
+  name=$(basename "$exe")
+  log "test $name"
+  run_bounded 400 "$exe" --no-version >"$OUT/$name.log" 2>&1
+  local rc=$?
+  cat "$OUT/$name.log" >>"$OUT/tests-$lane.log"
+  local line p f s
+  line=$(grep -E '^\[doctest\] test cases:' "$OUT/$name.log" | tail -1)
+  p=$(sed -E 's/.*\| *([0-9]+) passed.*/\1/' <<<"$line")
+  f=$(sed -E 's/.*\| *([0-9]+) failed.*/\1/' <<<"$line")
+  s=$(sed -E 's/.*\| *([0-9]+) skipped.*/\1/' <<<"$line")
+  if ! [[ "$p" =~ ^[0-9]+$ ]]; then
+    p=0 f=1 s=0
+    grep -E 'FATAL|terminate|Segmentation|what\(\)' "$OUT/$name.log" | head -3 | while read -r l; do note "    $l"; done
+  fi
+  count_tests "$p" "$f" "$s"
+  note "  $name: $p passed, $f failed, $s skipped (rc=$rc)"
+  [ "$rc" -eq 0 ] && [ "$f" -eq 0 ] && [ "$s" -eq 0 ] || fail "  $name did not pass cleanly"
+  rm -f "$OUT/$name.log"
+}
+
+# run_sanitizer TOOL EXE: the gpu suite under compute-sanitizer.
+run_sanitizer() {
+  local tool=$1 exe=$2 name
+  name=$(basename "$exe")
+  log "compute-sanitizer --tool $tool $name"
+  # API errors are not memory errors: the tests provoke many on purpose.
+  export REPLAY_UNDER_SANITIZER=1
+  run_bounded 240 compute-sanitizer --tool "$tool" --error-exitcode 99 \
+    --report-api-errors no "$exe" --test-suite=gpu --no-version >"$OUT/san-$lane.tmp" 2>&1
+  local rc=$? errs
+  unset REPLAY_UNDER_SANITIZER
+  errs=$(grep -Eo '(ERROR SUMMARY|RACECHECK SUMMARY): [0-9]+' "$OUT/san-$lane.tmp" | grep -Eo '[0-9]+$' | awk '{s+=$1} END {print s+0}')
+  { echo "=== $tool $name rc=$rc errors=$errs"; grep -E 'SUMMARY|test cases:|^=========' "$OUT/san-$lane.tmp" | head -60; } >>"$OUT/sanitizer.log"
+  printf '%s\n' "$errs" >>"$OUT/lane-$lane.sanitizer"
+  [ "$rc" -eq 0 ] || fail "  sanitizer $tool $name: rc=$rc, $errs errors"
+  rm -f "$OUT/san-$lane.tmp"
+}
+
+# ---- configure -------------------------------------------------------------
+lane=main
 torch_prefix=""
 if [ -z "${REPLAY_SKIP_TORCH:-}" ]; then
   torch_prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null || true)
 fi
 log "configure (torch prefix: ${torch_prefix:-none})"
 if ! cmake --preset gpu ${torch_prefix:+-DCMAKE_PREFIX_PATH="$torch_prefix"} >"$OUT/build.log" 2>&1; then
-  tail -30 "$OUT/build.log"; echo "configure FAILED"; exit 1
+  tail -30 "$OUT/build.log"
+  echo "RESULT: FAIL (configure)"
+  exit 1
 fi
-# The CUDA-only targets first; then the rest (the libtorch adapter, whose
-# translation units are slow to compile) builds in the background while the
-# sanitizer runs over the CUDA-only test programs.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+[ "$gpus" -ge 1 ] || gpus=1
+
+# ---- build the CUDA-only targets ---------------------------------------------
 light_targets=$(cmake --build build/gpu --target help 2>/dev/null | sed -nE 's/^([A-Za-z0-9_]+): phony$/\1/p' |
   grep -E '^(test_[a-z_]+|[a-z_]+_bench|kernel_chain|dynamic_batch|pipeline_throughput)$' | grep -v torch | tr '\n' ' ')
-build_start=$SECONDS
-log "build (light): $light_targets"
-cmake --build --preset gpu -- -k 0 $light_targets >>"$OUT/build.log" 2>&1 || status=1
-note "build of CUDA-only targets: $((SECONDS - build_start)) s"
-log "build (rest) in the background"
-( cmake --build --preset gpu -- -k 0 >"$OUT/build-rest.log" 2>&1; echo $? >"$OUT/build-rest.rc" ) &
-build_pid=$!
+log "build (CUDA-only): $light_targets"
+start=$SECONDS
+# shellcheck disable=SC2086
+cmake --build --preset gpu -- -k 0 $light_targets >>"$OUT/build.log" 2>&1 ||
+  { fail "BUILD of CUDA-only targets FAILED:"; grep -E '^FAILED' "$OUT/build.log" | head -10 | while read -r l; do note "  $l"; done; }
+note "build of CUDA-only targets: $((SECONDS - start)) s"
 
-# ---- compute-sanitizer (CUDA-only programs, during the background build) ---
-: >"$OUT/sanitizer.log"
-sanitizer_errors=0
-tools="memcheck"
-$quick || tools="memcheck racecheck synccheck"
-run_sanitizer() {  # run_sanitizer TOOL EXE [doctest args...]
-  local tool=$1 exe=$2; shift 2
-  log "compute-sanitizer --tool $tool $(basename "$exe")"
-  # API errors are not memory errors: the tests provoke many on purpose.
-  REPLAY_UNDER_SANITIZER=1 compute-sanitizer --tool "$tool" --error-exitcode 99 --report-api-errors no \
-    "$exe" --test-suite=gpu --no-version "$@" >"$OUT/san.tmp" 2>&1
-  local rc=$?
-  local errs
-  errs=$(grep -Eo '(ERROR SUMMARY|RACECHECK SUMMARY): [0-9]+' "$OUT/san.tmp" | grep -Eo '[0-9]+$' | awk '{s+=$1} END {print s+0}')
-  { echo "=== $tool $(basename "$exe") rc=$rc"; grep -E 'SUMMARY|test cases:|^=========' "$OUT/san.tmp" | head -40; } >>"$OUT/sanitizer.log"
-  sanitizer_errors=$((sanitizer_errors + errs))
-  if [ "$rc" -ne 0 ]; then
-    status=1
-    note "  sanitizer $tool $(basename "$exe"): rc=$rc, $errs errors"
+# ---- heavy lane: libtorch adapter and packaging consumers -------------------
+heavy_lane() {
+  lane=heavy
+  local start=$SECONDS
+  log "build (rest: libtorch adapter, packaging)"
+  cmake --build --preset gpu -- -k 0 >"$OUT/build-heavy.log" 2>&1 ||
+    { fail "BUILD of the remaining targets FAILED:"; grep -E '^FAILED' "$OUT/build-heavy.log" | head -10 | while read -r l; do note "  $l"; done; }
+  note "build of the remaining targets: $((SECONDS - start)) s"
+  [ -n "${heavy_wait_for:-}" ] && while [ ! -f "$heavy_wait_for" ]; do sleep 2; done
+  if [ -x build/gpu/tests/test_torch ]; then
+    run_test_program build/gpu/tests/test_torch
+    command -v compute-sanitizer >/dev/null && run_sanitizer memcheck build/gpu/tests/test_torch
+  elif [ -n "$torch_prefix" ]; then
+    fail "  test_torch was not built although PyTorch is installed"
   fi
+  for extra in scripts/gpu-check.d/*.sh; do
+    [ -f "$extra" ] || continue
+    case "$(basename "$extra")" in examples.sh) continue ;; esac
+    log "step $(basename "$extra")"
+    run_bounded 420 bash "$extra" >"$OUT/step-$(basename "$extra" .sh).txt" 2>&1 ||
+      fail "  step $(basename "$extra") FAILED"
+    tail -25 "$OUT/step-$(basename "$extra" .sh).txt" >>"$OUT/lane-heavy.tail"
+  done
+  note "heavy lane: $((SECONDS - start)) s"
 }
+
+if [ "$gpus" -ge 2 ]; then
+  log "$gpus GPUs: the heavy lane runs on GPU 1, at the same time"
+  ( export CUDA_VISIBLE_DEVICES=1; heavy_lane ) &
+else
+  ( heavy_wait_for="$OUT/lane-light.done" heavy_lane ) &
+fi
+heavy_pid=$!
+
+# ---- CUDA-only lane ----------------------------------------------------------
+lane=light
+[ "$gpus" -ge 2 ] && export CUDA_VISIBLE_DEVICES=0
+for exe in build/gpu/tests/test_*; do
+  [ -x "$exe" ] || continue
+  case "$(basename "$exe")" in test_torch) continue ;; esac
+  run_test_program "$exe"
+done
 if command -v compute-sanitizer >/dev/null 2>&1; then
-  san_start=$SECONDS
+  tools="memcheck"
+  $quick || tools="memcheck racecheck synccheck"
+  start=$SECONDS
   for tool in $tools; do
     for exe in build/gpu/tests/test_*; do
       [ -x "$exe" ] || continue
-      case "$(basename "$exe")" in *_host|test_torch) continue ;; esac
+      case "$(basename "$exe")" in *_host | test_torch) continue ;; esac
       run_sanitizer "$tool" "$exe"
     done
   done
-  note "sanitizer on CUDA-only tests: $((SECONDS - san_start)) s"
+  note "sanitizer ($tools) on CUDA-only tests: $((SECONDS - start)) s"
 else
-  status=1
-  note "sanitizer: compute-sanitizer NOT FOUND"
+  fail "compute-sanitizer NOT FOUND"
 fi
-
-log "waiting for the background build"
-wait "$build_pid"
-if [ "$(cat "$OUT/build-rest.rc" 2>/dev/null)" != 0 ]; then
-  status=1
-  note "BUILD: FAILED (see build.log); failing targets:"
-  grep -E '^FAILED' "$OUT/build-rest.log" | head -20 | while read -r l; do note "  $l"; done
-fi
-cat "$OUT/build-rest.log" >>"$OUT/build.log"; rm -f "$OUT/build-rest.log" "$OUT/build-rest.rc"
-note "build total: $((SECONDS - build_start)) s"
-
-# ---- tests -----------------------------------------------------------------
-: >"$OUT/tests.log"
-total_pass=0 total_fail=0 total_skip=0
-for exe in build/gpu/tests/test_*; do
-  [ -x "$exe" ] || continue
-  name=$(basename "$exe")
-  log "test $name"
-  "$exe" --no-version >"$OUT/$name.log" 2>&1
-  rc=$?
-  cat "$OUT/$name.log" >>"$OUT/tests.log"
-  line=$(grep -E '^\[doctest\] test cases:' "$OUT/$name.log" | tail -1)
-  p=$(sed -E 's/.*\| *([0-9]+) passed.*/\1/' <<<"$line")
-  f=$(sed -E 's/.*\| *([0-9]+) failed.*/\1/' <<<"$line")
-  s=$(sed -E 's/.*\| *([0-9]+) skipped.*/\1/' <<<"$line")
-  [[ "$p" =~ ^[0-9]+$ ]] || { p=0; f=1; s=0; note "  $name: no doctest summary (crashed?), rc=$rc"; }
-  total_pass=$((total_pass + p)); total_fail=$((total_fail + f)); total_skip=$((total_skip + s))
-  note "  $name: $p passed, $f failed, $s skipped (rc=$rc)"
-  [ "$rc" -eq 0 ] || status=1
-  rm -f "$OUT/$name.log"
-done
-[ "$total_skip" -eq 0 ] || { status=1; note "  SKIPPED test cases on a GPU machine: $total_skip (not allowed)"; }
-[ "$total_fail" -eq 0 ] || status=1
-
-# The libtorch tests under memcheck (most of their cases skip themselves
-# there: cuDNN under the sanitizer takes minutes).
-if [ -x build/gpu/tests/test_torch ] && command -v compute-sanitizer >/dev/null 2>&1; then
-  run_sanitizer memcheck build/gpu/tests/test_torch
-fi
-rm -f "$OUT/san.tmp"
-note "sanitizer ($tools): $sanitizer_errors errors"
-
-# ---- benchmarks ------------------------------------------------------------
 filter=${REPLAY_BENCH_FILTER:-.}
 mkdir -p "$OUT/bench"
 for exe in build/gpu/bench/*; do
   [ -x "$exe" ] && [ -f "$exe" ] || continue
   name=$(basename "$exe")
   log "bench $name"
-  "$exe" --benchmark_min_time=0.05s --benchmark_filter="$filter" \
+  run_bounded 150 "$exe" --benchmark_min_time=0.05s --benchmark_filter="$filter" \
     --benchmark_out="$OUT/bench/$name.json" --benchmark_out_format=json >"$OUT/bench/$name.txt" 2>&1 ||
-    { status=1; note "  bench $name FAILED"; tail -5 "$OUT/bench/$name.txt"; }
+    fail "  bench $name FAILED"
 done
-python3 scripts/bench_ratios.py "$OUT"/bench/*.json >"$OUT/ratios.txt" 2>&1 || true
-# Few files come back from the device: fold the raw outputs into two.
+python3 scripts/bench_ratios.py "$OUT"/bench/*.json >"$OUT/ratios.txt" 2>&1
 cat "$OUT"/bench/*.txt >"$OUT/bench.txt" 2>/dev/null
-python3 - "$OUT" <<'PY' || true
-import json, glob, os, sys
+python3 - "$OUT" <<'PY'
+import glob, json, os, sys
 out = sys.argv[1]
 merged = {}
 for f in sorted(glob.glob(os.path.join(out, "bench", "*.json"))):
     try:
         merged[os.path.basename(f)[:-5]] = json.load(open(f))
-    except Exception as e:
+    except Exception as e:  # a benchmark that crashed leaves a broken file
         merged[os.path.basename(f)[:-5]] = {"error": str(e)}
 json.dump(merged, open(os.path.join(out, "bench.json"), "w"), indent=1)
 PY
 rm -rf "$OUT/bench"
-
-# ---- examples --------------------------------------------------------------
 : >"$OUT/examples.log"
 if [ -x build/gpu/examples/kernel_chain/kernel_chain ]; then
   log "example kernel_chain"
-  build/gpu/examples/kernel_chain/kernel_chain >>"$OUT/examples.log" 2>&1 || { status=1; note "  example kernel_chain FAILED"; }
+  run_bounded 60 build/gpu/examples/kernel_chain/kernel_chain >>"$OUT/examples.log" 2>&1 || fail "  example kernel_chain FAILED"
 fi
-for extra in scripts/gpu-check.d/*.sh; do
-  [ -f "$extra" ] || continue
-  log "extra $(basename "$extra")"
-  OUT="$OUT" bash "$extra" >>"$OUT/examples.log" 2>&1 || { status=1; note "  $(basename "$extra") FAILED"; }
-done
+if [ -f scripts/gpu-check.d/examples.sh ]; then
+  log "examples.sh"
+  run_bounded 120 bash scripts/gpu-check.d/examples.sh >>"$OUT/examples.log" 2>&1 || fail "  examples.sh FAILED"
+fi
+touch "$OUT/lane-light.done"
+unset CUDA_VISIBLE_DEVICES
 
-# ---- summary (last) --------------------------------------------------------
+log "waiting for the heavy lane"
+wait "$heavy_pid"
+cat "$OUT/build-heavy.log" >>"$OUT/build.log" 2>/dev/null
+rm -f "$OUT/build-heavy.log"
+cat "$OUT"/tests-*.log >"$OUT/tests.log" 2>/dev/null
+rm -f "$OUT"/tests-*.log
+
+# ---- summary (last) ------------------------------------------------------------
+read -r total_pass total_fail total_skip < <(cat "$OUT"/lane-*.counts 2>/dev/null |
+  awk '{p+=$1; f+=$2; s+=$3} END {print p+0, f+0, s+0}')
+sanitizer_errors=$(cat "$OUT"/lane-*.sanitizer 2>/dev/null | awk '{s+=$1} END {print s+0}')
+status=0
+ls "$OUT"/lane-*.failed >/dev/null 2>&1 && status=1
+[ "$total_skip" -eq 0 ] || status=1
+[ "$total_pass" -gt 0 ] || status=1
 {
   echo "================ replay gpu-check summary ================"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/device: /'
+  echo "wall time: ${SECONDS} s"
   echo "tests: $total_pass passed, $total_fail failed, $total_skip skipped"
-  for l in "${summary[@]}"; do echo "$l"; done
+  echo "sanitizer: $sanitizer_errors errors ($($quick && echo memcheck || echo memcheck, racecheck, synccheck))"
+  cat "$OUT"/lane-main.notes "$OUT"/lane-light.notes "$OUT"/lane-heavy.notes 2>/dev/null
   echo "---- benchmark ratios ----"
   cat "$OUT/ratios.txt"
-  echo "---- example output ----"
-  tail -20 "$OUT/examples.log"
+  echo "---- examples ----"
+  grep -vE '^\s*$' "$OUT/examples.log" | tail -30
+  echo "---- heavy lane steps (tails) ----"
+  cat "$OUT/lane-heavy.tail" 2>/dev/null
   if [ "$status" -eq 0 ]; then echo "RESULT: PASS"; else echo "RESULT: FAIL"; fi
 } | tee "$OUT/summary.txt"
+rm -f "$OUT"/lane-*
 exit "$status"

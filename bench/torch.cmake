@@ -1,0 +1,15 @@
+# The C++ half of the torch benchmark (bench/torch_resnet_bench.cpp; the
+# Python half is bench/torch_resnet_bench.py): only where Torch was found.
+# It reports percentiles in its own JSON rather than through Google
+# Benchmark, so it goes to bench/torch/, out of reach of gpu-check.sh's
+# generic benchmark loop; scripts/gpu-check.d/torch.sh runs it.
+if(TARGET replay_torch)
+  add_executable(torch_resnet_bench ${CMAKE_CURRENT_LIST_DIR}/torch_resnet_bench.cpp)
+  target_link_libraries(torch_resnet_bench PRIVATE replay::torch)
+  target_include_directories(torch_resnet_bench PRIVATE ${PROJECT_SOURCE_DIR}/examples/torch_resnet)
+  set_target_properties(torch_resnet_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}/torch)
+  replay_target_warnings(torch_resnet_bench)
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    target_compile_options(torch_resnet_bench PRIVATE -Wno-missing-field-initializers)
+  endif()
+endif()

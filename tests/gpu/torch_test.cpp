@@ -1,0 +1,658 @@
+// The libtorch adapter (replay/torch.hpp). Host cases use CPU tensors only:
+// callable adaptation, result conversion, input validation and messages, the
+// refusals made before any CUDA call. GPU cases check graphed outputs against
+// eager ones on fresh random inputs, stale-output detection, pool sharing by
+// the caching allocator's own accounting, the eager fallback, RNG, streams
+// and 10k replays without memory growth.
+//
+// libtorch first: c10's logging header defines a glog-style CHECK macro,
+// which is dropped here so that doctest's CHECK is the one in force.
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "replay/torch.hpp"
+#include "resnet.hpp"
+
+#undef CHECK
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "gpu_suite.hpp"
+
+namespace {
+
+bool under_sanitizer() { return std::getenv("REPLAY_UNDER_SANITIZER") != nullptr; }
+
+// ResNet-50 is too slow under compute-sanitizer; those cases are skipped
+// there. (A test case's own skip decorator replaces the suite's, so it also
+// says "no device".)
+auto needs_full_speed() { return doctest::skip(under_sanitizer() || !replay::has_device()); }
+
+void fresh_seed() {
+  const std::uint64_t seed = std::random_device{}();
+  torch::manual_seed(seed);
+  MESSAGE("torch seed " << seed);
+}
+
+double relative_l2(const at::Tensor& actual, const at::Tensor& expected) {
+  const at::Tensor a = actual.to(at::kDouble);
+  const at::Tensor e = expected.to(at::kDouble);
+  const double denom = e.norm().item<double>();
+  return (a - e).norm().item<double>() / (denom > 0.0 ? denom : 1.0);
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Linear-ReLU-Linear: small and fast, with cuBLAS GEMMs and elementwise kernels.
+torch::nn::Sequential small_mlp(torch::Device device, torch::Dtype dtype) {
+  torch::nn::Sequential net(torch::nn::Linear(64, 256), torch::nn::ReLU(), torch::nn::Linear(256, 32));
+  net->eval();
+  net->to(device, dtype);
+  return net;
+}
+
+torch::TensorOptions cuda(torch::Dtype dtype = torch::kFloat) { return torch::TensorOptions().device(torch::kCUDA).dtype(dtype); }
+
+void no_tf32() {
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
+}
+
+std::size_t pool_bytes(c10::MempoolId_t pool) {
+  std::size_t bytes = 0;
+  for (const auto& segment : c10::cuda::CUDACachingAllocator::snapshot(pool).segments) {
+    if (segment.owner_private_pool_id == pool) {
+      bytes += segment.total_size;
+    }
+  }
+  return bytes;
+}
+
+struct ForwardOnly : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& x) { return x * 3; }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// host: no GPU needed
+// ---------------------------------------------------------------------------
+
+TEST_SUITE("host") {
+
+TEST_CASE("GraphedFlags is a bitmask and the error types are what they claim") {
+  using replay::GraphedFlags;
+  constexpr auto flags = GraphedFlags::view_outputs | GraphedFlags::lazy_capture;
+  static_assert(replay::has_flag(flags, GraphedFlags::view_outputs));
+  static_assert(!replay::has_flag(flags, GraphedFlags::no_grad));
+  CHECK(replay::to_underlying(flags) == 5U);
+  static_assert(std::is_base_of_v<replay::usage_error, replay::stale_output_error>);
+  static_assert(std::is_base_of_v<std::runtime_error, replay::capture_failed_error>);
+  static_assert(!std::is_copy_constructible_v<replay::GraphedCallable>);
+  static_assert(std::is_nothrow_move_constructible_v<replay::GraphedCallable>);
+  static_assert(std::is_nothrow_move_assignable_v<replay::GraphedCallable>);
+  static_assert(replay::GraphBackend<replay::TorchGraphBackend>);
+}
+
+TEST_CASE("TensorCallable accepts modules, JIT modules and tensor callables, and nothing else") {
+  static_assert(replay::TensorCallable<torch::nn::Linear>);
+  static_assert(replay::TensorCallable<torch::nn::Sequential>);
+  static_assert(replay::TensorCallable<std::shared_ptr<ForwardOnly>>);
+  static_assert(replay::TensorCallable<torch::jit::Module>);
+  static_assert(replay::TensorCallable<decltype([](const at::Tensor& x) { return x; })>);
+  static_assert(replay::TensorCallable<decltype([](at::Tensor a, at::Tensor b) { return std::make_tuple(a, b); })>);
+  static_assert(replay::TensorCallable<decltype([](const std::vector<at::Tensor>& v) { return v; })>);
+  static_assert(!replay::TensorCallable<decltype([](int x) { return x; })>);
+  static_assert(!replay::TensorCallable<int>);
+}
+
+TEST_CASE("callables are called with as many tensors as they take, and their results become tensor lists") {
+  const std::source_location here = std::source_location::current();
+  const at::Tensor a = torch::randn({2, 3});
+  const at::Tensor b = torch::randn({2, 3});
+
+  auto one = [](const at::Tensor& x) { return x * 2; };
+  auto out = replay::detail::call_with_tensors(one, {a}, here);
+  REQUIRE(out.size() == 1);
+  CHECK(torch::allclose(out[0], a * 2));
+
+  auto two = [](at::Tensor x, at::Tensor y) { return std::make_tuple(x + y, x - y, x * y); };
+  out = replay::detail::call_with_tensors(two, {a, b}, here);
+  REQUIRE(out.size() == 3);
+  CHECK(torch::allclose(out[1], a - b));
+
+  auto pair = [](at::Tensor x, at::Tensor y) { return std::make_pair(x, y); };
+  CHECK(replay::detail::call_with_tensors(pair, {a, b}, here).size() == 2);
+
+  auto vec = [](const std::vector<at::Tensor>& v) { return std::vector<at::Tensor>{v[1], v[0]}; };
+  out = replay::detail::call_with_tensors(vec, {a, b}, here);
+  CHECK(out[0].equal(b));
+
+  auto three = [](const at::Tensor& x, const at::Tensor& y, const at::Tensor& z) { return x * y + z; };
+  CHECK(torch::allclose(replay::detail::call_with_tensors(three, {a, b, a}, here)[0], a * b + a));
+
+  // A generic callable that also accepts the vector gets the vector (documented precedence).
+  auto generic = [](const auto& all) { return all; };
+  CHECK(replay::detail::call_with_tensors(generic, {a, b}, here).size() == 2);
+
+  torch::nn::Linear linear(3, 4);
+  CHECK(replay::detail::call_with_tensors(linear, {a}, here)[0].sizes() == at::IntArrayRef({2, 4}));
+
+  auto module = std::make_shared<ForwardOnly>();
+  CHECK(replay::detail::call_with_tensors(module, {a}, here)[0].equal(a * 3));
+
+  // Wrong arity: a clear usage_error, not a crash.
+  try {
+    (void)replay::detail::call_with_tensors(one, {a, b}, here);
+    FAIL("expected usage_error");
+  } catch (const replay::usage_error& e) {
+    CHECK(contains(e.what(), "cannot be called with 2 tensor argument(s)"));
+  }
+
+  // Move-only callables are held by shared_ptr.
+  auto owned = std::make_unique<float>(5.0F);
+  replay::TensorFunction fn = replay::make_tensor_function(
+      [p = std::move(owned)](const at::Tensor& x) { return x * static_cast<double>(*p); });
+  CHECK(fn({a})[0].equal(a * 5.0));
+}
+
+TEST_CASE("IValue results: tensors, tuples and lists become tensor lists; anything else is refused") {
+  const std::source_location here = std::source_location::current();
+  const at::Tensor a = torch::randn({3});
+  const at::Tensor b = torch::randn({3});
+  CHECK(replay::detail::to_tensor_list(c10::IValue(a), here).size() == 1);
+  CHECK(replay::detail::to_tensor_list(c10::IValue(c10::ivalue::Tuple::create({a, b})), here).size() == 2);
+  CHECK(replay::detail::to_tensor_list(c10::IValue(c10::List<at::Tensor>({a, b, a})), here).size() == 3);
+  try {
+    (void)replay::detail::to_tensor_list(c10::IValue(int64_t{3}), here);
+    FAIL("expected usage_error");
+  } catch (const replay::usage_error& e) {
+    CHECK(contains(e.what(), "returned a Int"));
+    CHECK(contains(e.what(), "must return tensors"));
+  }
+}
+
+TEST_CASE("a TorchScript module is called through forward(std::vector<IValue>)") {
+  torch::jit::Module module("Scaled");
+  module.define(R"(
+def forward(self, x, y):
+    return x * 2.0 + y, y
+)");
+  const at::Tensor x = torch::randn({4, 5});
+  const at::Tensor y = torch::randn({4, 5});
+  const auto out = replay::detail::call_with_tensors(module, {x, y}, std::source_location::current());
+  REQUIRE(out.size() == 2);
+  CHECK(torch::allclose(out[0], x * 2.0 + y));
+  CHECK(out[1].equal(y));
+}
+
+TEST_CASE("inputs are checked against the captured shapes, with both shapes in the message") {
+  replay::detail::GraphedState state;
+  state.capacity = 32;
+  state.specs.push_back({at::kHalf, {32, 3, 224, 224}, 0});
+  state.specs.push_back({at::kLong, {32, 7}, 0});
+  const auto here = std::source_location::current();
+  auto half = [](std::vector<int64_t> sizes) { return torch::zeros(sizes, torch::kHalf); };
+  auto longs = [](std::vector<int64_t> sizes) { return torch::zeros(sizes, torch::kLong); };
+
+  CHECK(state.check_inputs({half({5, 3, 224, 224}), longs({5, 7})}, here) == 5);
+  CHECK(state.check_inputs({half({40, 3, 224, 224}), longs({40, 7})}, here) == 40);  // oversize is the router's call
+
+  auto message = [&](const std::vector<at::Tensor>& inputs) {
+    try {
+      (void)state.check_inputs(inputs, here);
+    } catch (const replay::usage_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string m = message({half({4, 3, 200, 200}), longs({4, 7})});
+  CHECK(contains(m, "input 0 has shape [4, 3, 200, 200] and dtype Half"));
+  CHECK(contains(m, "captured for shape [B, 3, 224, 224]"));
+  m = message({torch::zeros({4, 3, 224, 224}), longs({4, 7})});
+  CHECK(contains(m, "dtype Float"));
+  CHECK(contains(m, "dtype Half"));
+  m = message({half({4, 3, 224, 224}), longs({6, 7})});
+  CHECK(contains(m, "input 0 has batch 4 but input 1 has batch 6"));
+  m = message({half({4, 3, 224, 224})});
+  CHECK(contains(m, "called with 1 input(s)"));
+  m = message({half({3, 224, 224}), longs({4, 7})});
+  CHECK(contains(m, "[3, 224, 224]"));
+  m = message({at::Tensor(), longs({4, 7})});
+  CHECK(contains(m, "undefined"));
+}
+
+TEST_CASE("GraphedCallable refuses bad examples before touching CUDA") {
+  auto identity = [](const at::Tensor& x) { return x; };
+  try {
+    replay::GraphedCallable g(identity, {torch::randn({4, 8})});
+    FAIL("expected usage_error");
+  } catch (const replay::usage_error& e) {
+    CHECK(contains(e.what(), "must be CUDA tensors"));
+  }
+  CHECK_THROWS_AS(replay::GraphedCallable(identity, {}), replay::usage_error);
+}
+
+TEST_CASE("default GraphedOutputs are empty, owned and never stale") {
+  replay::GraphedOutputs out;
+  CHECK(out.empty());
+  CHECK_FALSE(out.stale());
+  CHECK_FALSE(out.is_view());
+  CHECK_THROWS_AS((void)out.at(0), replay::usage_error);
+}
+
+}  // TEST_SUITE("host")
+
+// ---------------------------------------------------------------------------
+// gpu
+// ---------------------------------------------------------------------------
+
+TEST_SUITE("gpu" * replay_test::needs_device()) {
+
+TEST_CASE("graphed MLP outputs equal eager outputs for random batches (fp32 without TF32, fp16)") {
+  no_tf32();
+  fresh_seed();
+  for (const torch::Dtype dtype : {torch::kFloat, torch::kHalf}) {
+    CAPTURE(dtype);
+    const double tolerance = dtype == torch::kFloat ? 1e-4 : 1e-2;
+    auto net = small_mlp(torch::kCUDA, dtype);
+    replay::GraphedCallable graphed(net, {torch::randn({32, 64}, cuda(dtype))},
+                                    {.batch_buckets = {1, 2, 4, 8, 16, 32}});
+    CHECK(graphed.graph_count() == 6);
+    for (const int64_t batch : {1, 2, 3, 7, 8, 13, 16, 31, 32}) {
+      CAPTURE(batch);
+      const at::Tensor x = torch::randn({batch, 64}, cuda(dtype));
+      const replay::GraphedOutputs out = graphed(x);
+      CHECK(out.graphed());
+      CHECK(out.route() == replay::RouteKind::replayed);
+      CHECK(out.batch() == batch);
+      REQUIRE(out.size() == 1);
+      REQUIRE(out[0].sizes() == at::IntArrayRef({batch, 32}));
+      const at::Tensor expected = graphed.run_eager({x})[0];
+      CHECK(relative_l2(out[0], expected) < tolerance);
+    }
+    CHECK(graphed.stats().hits == 9);
+  }
+}
+
+TEST_CASE("graphed ResNet-50 equals eager (fp32 without TF32, fp16)" * needs_full_speed()) {
+  no_tf32();
+  fresh_seed();
+  for (const torch::Dtype dtype : {torch::kFloat, torch::kHalf}) {
+    CAPTURE(dtype);
+    const double tolerance = dtype == torch::kFloat ? 1e-4 : 1e-2;
+    auto model = replay_examples::resnet50(torch::kCUDA, dtype);
+    replay::GraphedCallable graphed(model, {torch::randn({8, 3, 224, 224}, cuda(dtype))},
+                                    {.batch_buckets = {1, 4, 8}});
+    for (const int64_t batch : {1, 3, 8}) {
+      CAPTURE(batch);
+      const at::Tensor x = torch::randn({batch, 3, 224, 224}, cuda(dtype));
+      const auto out = graphed(x);
+      CHECK(out.graphed());
+      c10::InferenceMode inference;
+      const at::Tensor expected = model(x);
+      REQUIRE(out[0].sizes() == expected.sizes());
+      CHECK(torch::isfinite(expected).all().item<bool>());
+      CHECK(relative_l2(out[0], expected) < tolerance);
+    }
+  }
+}
+
+TEST_CASE("several inputs and outputs; mismatched inputs are refused with both shapes") {
+  fresh_seed();
+  auto fn = [](const at::Tensor& a, const at::Tensor& b) {
+    return std::make_tuple(a * b, a.sum(1), b.mean());  // the last has no batch dimension
+  };
+  replay::GraphedCallable graphed(fn, {torch::randn({8, 16}, cuda()), torch::randn({8, 16}, cuda())},
+                                  {.batch_buckets = {4, 8}});
+  const at::Tensor a = torch::randn({3, 16}, cuda());
+  const at::Tensor b = torch::randn({3, 16}, cuda());
+  const auto out = graphed(a, b);
+  REQUIRE(out.size() == 3);
+  CHECK(out.padded_batch() == 4);
+  CHECK(out[0].sizes() == at::IntArrayRef({3, 16}));
+  CHECK(torch::allclose(out[0], a * b));
+  CHECK(torch::allclose(out[1], a.sum(1)));
+  // Padded rows are zeroed, so the whole-batch reduction sees zeros there.
+  CHECK(out[2].dim() == 0);
+  CHECK(torch::allclose(out[2], at::cat({b, torch::zeros({1, 16}, cuda())}).mean()));
+
+  try {
+    (void)graphed(torch::randn({3, 15}, cuda()), b);
+    FAIL("expected usage_error");
+  } catch (const replay::usage_error& e) {
+    CHECK(contains(e.what(), "[3, 15]"));
+    CHECK(contains(e.what(), "[B, 16]"));
+  }
+  CHECK_THROWS_AS((void)graphed(a.to(torch::kDouble), b), replay::usage_error);
+  CHECK_THROWS_AS((void)graphed(a, torch::randn({2, 16}, cuda())), replay::usage_error);
+  // Host inputs are copied in.
+  const auto from_host = graphed(a.cpu(), b.cpu());
+  CHECK(torch::allclose(from_host[0], a * b));
+}
+
+TEST_CASE("fast-mode outputs are views that the next replay overwrites, and reading them after is caught") {
+  fresh_seed();
+  auto net = small_mlp(torch::kCUDA, torch::kFloat);
+  replay::GraphedCallable graphed(net, {torch::randn({8, 64}, cuda())},
+                                  {.flags = replay::GraphedFlags::view_outputs, .batch_buckets = {4, 8}});
+  const at::Tensor x1 = torch::randn({8, 64}, cuda());
+  const at::Tensor x2 = torch::randn({8, 64}, cuda());
+  replay::GraphedOutputs first = graphed(x1);
+  CHECK(first.is_view());
+  CHECK_FALSE(first.stale());
+  const at::Tensor kept = first.clone()[0];
+  const at::Tensor raw_first = first.tensors()[0];  // unchecked from here on: the hazard itself
+  replay::GraphedOutputs second = graphed(x2);
+  CHECK(first.stale());
+  CHECK_THROWS_AS((void)first[0], replay::stale_output_error);
+  CHECK_THROWS_AS((void)first.tensors(), replay::stale_output_error);
+  CHECK_THROWS_AS((void)first.clone(), replay::stale_output_error);
+  CHECK_FALSE(second.stale());
+  // The hazard is real: the view now holds the second call's result.
+  CHECK(raw_first.equal(second[0]));
+  CHECK_FALSE(raw_first.equal(kept));
+  CHECK(relative_l2(kept, graphed.run_eager({x1})[0]) < 1e-4);
+  // A replay of another bucket (same pool) makes views stale too.
+  const replay::GraphedOutputs third = graphed(torch::randn({3, 64}, cuda()));
+  CHECK(third.padded_batch() == 4);
+  CHECK(second.stale());
+  // release() checks once and hands the tensors over.
+  std::vector<at::Tensor> taken = graphed(x1).release();
+  CHECK(taken.size() == 1);
+}
+
+TEST_CASE("safe-mode outputs are copies that later replays leave alone") {
+  fresh_seed();
+  auto net = small_mlp(torch::kCUDA, torch::kFloat);
+  replay::GraphedCallable graphed(net, {torch::randn({8, 64}, cuda())});
+  const auto first = graphed(torch::randn({8, 64}, cuda()));
+  const at::Tensor copy = first[0].clone();
+  for (int i = 0; i < 3; ++i) {
+    (void)graphed(torch::randn({8, 64}, cuda()));
+  }
+  CHECK_FALSE(first.is_view());
+  CHECK_FALSE(first.stale());
+  CHECK(first[0].equal(copy));
+  CHECK(first[0].is_inference());
+}
+
+TEST_CASE("graphs of all buckets share one pool: {1..32} cost at most 1.3x batch 32 alone" * needs_full_speed()) {
+  fresh_seed();
+  auto model = replay_examples::resnet50(torch::kCUDA, torch::kHalf);
+  const at::Tensor example = torch::randn({32, 3, 224, 224}, cuda(torch::kHalf));
+  const c10::DeviceIndex device = example.device().index();
+
+  std::size_t alone = 0;
+  c10::MempoolId_t alone_pool{};
+  {
+    replay::GraphedCallable one(model, {example}, {.batch_buckets = {32}});
+    alone = one.pool_reserved_bytes();
+    alone_pool = one.pool();
+    CHECK(alone == pool_bytes(one.pool()));
+    // One pool reference per live graph, plus the one the GraphedCallable holds.
+    CHECK(c10::cuda::CUDACachingAllocator::getPoolUseCount(device, one.pool()) == 2);
+  }
+  // The pool is handed back when the graphs go away.
+  CHECK(pool_bytes(alone_pool) == 0);
+
+  replay::GraphedCallable all(model, {example}, {.batch_buckets = {1, 2, 4, 8, 16, 32}});
+  REQUIRE(all.graph_count() == 6);
+  CHECK(c10::cuda::CUDACachingAllocator::getPoolUseCount(device, all.pool()) == 7);
+  const std::size_t shared = all.pool_reserved_bytes();
+  MESSAGE("pool bytes: batch 32 alone " << alone << ", buckets {1..32} shared " << shared << " (ratio "
+                                        << static_cast<double>(shared) / static_cast<double>(alone) << ")");
+  REQUIRE(alone > 0);
+  CHECK(static_cast<double>(shared) <= 1.3 * static_cast<double>(alone));
+  CHECK(shared >= alone / 2);
+}
+
+TEST_CASE("a bucket whose capture fails runs eagerly, is reported once, and the rest keeps serving") {
+  fresh_seed();
+  const at::Tensor w = torch::randn({16, 8}, cuda());
+  auto fn = [w](const at::Tensor& x) {
+    at::Tensor y = at::matmul(x, w);
+    if (x.size(0) == 4) {
+      // A data-dependent decision: .item() synchronizes, which no capture allows.
+      const float peak = y.abs().max().item<float>();
+      y = y + (peak > 1e30F ? 1.0 : 0.0);
+    }
+    return y;
+  };
+  std::vector<std::pair<int64_t, std::string>> failures;
+  replay::GraphedCallable graphed(fn, {torch::randn({8, 16}, cuda())},
+                                  {.batch_buckets = {1, 2, 4, 8},
+                                   .on_capture_failure = [&](const int64_t& batch, std::string_view reason) {
+                                     failures.emplace_back(batch, std::string(reason));
+                                   }});
+  REQUIRE(failures.size() == 1);
+  CHECK(failures[0].first == 4);
+  CHECK(contains(failures[0].second, "captur"));
+  CHECK(graphed.graph_count() == 3);
+  CHECK(graphed.is_eager(3));
+  CHECK(graphed.is_graphed(8));
+  CHECK(graphed.stats().capture_failures == 1);
+  // One pool reference per live graph plus the GraphedCallable's own: the
+  // failed capture gave its reference back.
+  CHECK(c10::cuda::CUDACachingAllocator::getPoolUseCount(w.device().index(), graphed.pool()) == 4);
+
+  for (int round = 0; round < 3; ++round) {
+    for (const int64_t batch : {1, 2, 3, 4, 5, 8}) {
+      CAPTURE(batch);
+      const at::Tensor x = torch::randn({batch, 16}, cuda());
+      const auto out = graphed(x);
+      CHECK(out.route() == (batch == 3 || batch == 4 ? replay::RouteKind::eager_fallback : replay::RouteKind::replayed));
+      CHECK(relative_l2(out[0], at::matmul(x, w)) < 1e-4);
+    }
+  }
+  CHECK(failures.size() == 1);  // reported once
+
+  // Under no_fallback the same failure is an exception from the constructor,
+  // and the allocator is left fit for the next capture.
+  auto strict = [&] {
+    return replay::GraphedCallable(fn, {torch::randn({4, 16}, cuda())}, {.flags = replay::GraphedFlags::no_fallback});
+  };
+  CHECK_THROWS_AS((void)strict(), replay::capture_failed_error);
+  replay::GraphedCallable after(fn, {torch::randn({8, 16}, cuda())}, {.batch_buckets = {2, 8}});
+  CHECK(after.graph_count() == 2);
+  const at::Tensor x = torch::randn({8, 16}, cuda());
+  CHECK(relative_l2(after(x)[0], at::matmul(x, w)) < 1e-4);
+}
+
+TEST_CASE("graphs evicted down to none: the pool stays usable and later captures succeed") {
+  fresh_seed();
+  auto net = small_mlp(torch::kCUDA, torch::kFloat);
+  replay::GraphedCallable graphed(net, {torch::randn({8, 64}, cuda())},
+                                  {.batch_buckets = {2, 8}, .warmup_runs = 1, .max_graphs = 1});
+  CHECK(graphed.graph_count() == 1);
+  std::vector<std::string> kinds;
+  for (const int64_t batch : {2, 2, 8, 2, 8, 8}) {
+    const at::Tensor x = torch::randn({batch, 64}, cuda());
+    const auto out = graphed(x);
+    kinds.emplace_back(replay::to_string(out.route()));
+    CHECK(relative_l2(out[0], graphed.run_eager({x})[0]) < 1e-4);
+  }
+  const std::vector<std::string> expected{"warmup", "captured", "captured", "captured", "captured", "replayed"};
+  CHECK(kinds == expected);
+  CHECK(graphed.stats().capture_failures == 0);
+  CHECK(graphed.stats().evictions == 4);
+  CHECK(graphed.graph_count() == 1);
+  CHECK(c10::cuda::CUDACachingAllocator::getPoolUseCount(graphed.device().index(), graphed.pool()) == 2);
+}
+
+TEST_CASE("random numbers drawn inside the graph are fresh on every replay") {
+  fresh_seed();
+  auto fn = [](const at::Tensor& x) { return x + at::rand_like(x); };
+  replay::GraphedCallable graphed(fn, {torch::zeros({4, 1024}, cuda())});
+  const at::Tensor x = torch::zeros({4, 1024}, cuda());
+  const auto a = graphed(x);
+  const auto b = graphed(x);
+  CHECK(a.graphed());
+  CHECK(b.graphed());
+  CHECK_FALSE(a[0].equal(b[0]));
+  CHECK(a[0].min().item<float>() >= 0.0F);
+  CHECK(a[0].max().item<float>() < 1.0F);
+  CHECK(std::abs(b[0].mean().item<double>() - 0.5) < 0.05);
+}
+
+TEST_CASE("lazy capture: warm-ups, then a capture on first sight, then replays") {
+  fresh_seed();
+  auto net = small_mlp(torch::kCUDA, torch::kFloat);
+  replay::GraphedCallable graphed(net, {torch::randn({8, 64}, cuda())},
+                                  {.flags = replay::GraphedFlags::lazy_capture, .batch_buckets = {2, 8},
+                                   .warmup_runs = 2});
+  CHECK(graphed.graph_count() == 0);
+  std::vector<std::string> kinds;
+  for (int i = 0; i < 4; ++i) {
+    const at::Tensor x = torch::randn({5, 64}, cuda());
+    const auto out = graphed(x);
+    kinds.emplace_back(replay::to_string(out.route()));
+    CHECK(relative_l2(out[0], graphed.run_eager({x})[0]) < 1e-4);
+  }
+  const std::vector<std::string> expected_kinds{"warmup", "warmup", "captured", "replayed"};
+  CHECK(kinds == expected_kinds);
+  CHECK(graphed.graph_count() == 1);
+  CHECK(graphed.capture_all() == 2);
+}
+
+TEST_CASE("a batch above the largest bucket runs eagerly, or is refused when asked") {
+  fresh_seed();
+  auto net = small_mlp(torch::kCUDA, torch::kFloat);
+  replay::GraphedCallable eager(net, {torch::randn({8, 64}, cuda())});
+  const at::Tensor x = torch::randn({20, 64}, cuda());
+  const auto out = eager(x);
+  CHECK(out.route() == replay::RouteKind::eager_oversize);
+  CHECK(out[0].sizes() == at::IntArrayRef({20, 32}));
+  CHECK(relative_l2(out[0], eager.run_eager({x})[0]) < 1e-4);
+
+  replay::GraphedCallable strict(net, {torch::randn({8, 64}, cuda())}, {.oversize = replay::OversizePolicy::throw_error});
+  CHECK_THROWS_AS((void)strict(x), replay::usage_error);
+}
+
+TEST_CASE("inference mode by default; normal tensors under no_grad") {
+  auto net = small_mlp(torch::kCUDA, torch::kFloat);
+  replay::GraphedCallable inference(net, {torch::randn({4, 64}, cuda())});
+  CHECK(inference(torch::randn({4, 64}, cuda()))[0].is_inference());
+  replay::GraphedCallable no_grad(net, {torch::randn({4, 64}, cuda())}, {.flags = replay::GraphedFlags::no_grad});
+  const at::Tensor y = no_grad(torch::randn({4, 64}, cuda()))[0];
+  CHECK_FALSE(y.is_inference());
+  CHECK_FALSE(y.requires_grad());
+  // Constructed inside InferenceMode, used outside: still fine.
+  std::unique_ptr<replay::GraphedCallable> made_inside;
+  {
+    c10::InferenceMode guard;
+    made_inside = std::make_unique<replay::GraphedCallable>(net, std::vector<at::Tensor>{torch::randn({4, 64}, cuda())});
+  }
+  const at::Tensor x = torch::randn({4, 64}, cuda());
+  CHECK(relative_l2((*made_inside)(x)[0], made_inside->run_eager({x})[0]) < 1e-4);
+}
+
+TEST_CASE("calls alternating between two streams are ordered on the device") {
+  fresh_seed();
+  auto net = small_mlp(torch::kCUDA, torch::kFloat);
+  replay::GraphedCallable graphed(net, {torch::randn({16, 64}, cuda())}, {.batch_buckets = {16}});
+  const c10::cuda::CUDAStream s1 = c10::cuda::getStreamFromPool();
+  const c10::cuda::CUDAStream s2 = c10::cuda::getStreamFromPool();
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> results;
+  for (int i = 0; i < 20; ++i) {
+    const c10::cuda::CUDAStream& s = i % 2 == 0 ? s1 : s2;
+    c10::cuda::CUDAStreamGuard guard(s);
+    inputs.push_back(torch::randn({16, 64}, cuda()));
+    results.push_back(graphed(inputs.back())[0]);
+  }
+  torch::cuda::synchronize();
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    CAPTURE(i);
+    CHECK(relative_l2(results[i], graphed.run_eager({inputs[i]})[0]) < 1e-4);
+  }
+}
+
+TEST_CASE("a TorchScript module is graphed like any other callable") {
+  fresh_seed();
+  torch::jit::Module module("Affine");
+  module.register_parameter("w", torch::randn({64, 48}, cuda()), false);
+  module.define(R"(
+def forward(self, x):
+    return torch.relu(x @ self.w) * 0.5
+)");
+  // Under InferenceMode (the default) and under NoGradGuard (TorchScript's classic setting).
+  for (const replay::GraphedFlags flags : {replay::GraphedFlags::none, replay::GraphedFlags::no_grad}) {
+    CAPTURE(replay::to_underlying(flags));
+    replay::GraphedCallable graphed(module, {torch::randn({8, 64}, cuda())},
+                                    {.flags = flags, .batch_buckets = {2, 8}});
+    CHECK(graphed.graph_count() == 2);
+    for (const int64_t batch : {1, 2, 6, 8}) {
+      const at::Tensor x = torch::randn({batch, 64}, cuda());
+      const auto out = graphed(x);
+      CHECK(out.graphed());
+      CHECK(relative_l2(out[0], graphed.run_eager({x})[0]) < 1e-4);
+    }
+  }
+}
+
+TEST_CASE("10k replays: no growth in allocated or reserved memory, results stay right") {
+  fresh_seed();
+  const int replays = under_sanitizer() ? 200 : 10000;
+  auto net = small_mlp(torch::kCUDA, torch::kFloat);
+  replay::GraphedCallable graphed(net, {torch::randn({32, 64}, cuda())}, {.batch_buckets = {8, 16, 32}});
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> expected;
+  for (const int64_t batch : {5, 8, 16, 29, 32}) {
+    inputs.push_back(torch::randn({batch, 64}, cuda()));
+    expected.push_back(graphed.run_eager({inputs.back()})[0]);
+  }
+  for (int i = 0; i < 50; ++i) {  // steady state
+    (void)graphed(inputs[static_cast<std::size_t>(i) % inputs.size()]);
+  }
+  torch::cuda::synchronize();
+  const c10::DeviceIndex device = inputs[0].device().index();
+  const auto before = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+  std::size_t free_before = 0;
+  std::size_t total = 0;
+  REQUIRE(cudaMemGetInfo(&free_before, &total) == cudaSuccess);
+  int wrong = 0;
+  for (int i = 0; i < replays; ++i) {
+    const std::size_t k = static_cast<std::size_t>(i) % inputs.size();
+    const auto out = graphed(inputs[k]);
+    if (i % 997 == 0 && relative_l2(out[0], expected[k]) >= 1e-4) {
+      ++wrong;
+    }
+  }
+  torch::cuda::synchronize();
+  const auto after = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+  std::size_t free_after = 0;
+  REQUIRE(cudaMemGetInfo(&free_after, &total) == cudaSuccess);
+  constexpr auto aggregate = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  CHECK(wrong == 0);
+  CHECK(after.allocated_bytes[aggregate].current == before.allocated_bytes[aggregate].current);
+  CHECK(after.reserved_bytes[aggregate].current == before.reserved_bytes[aggregate].current);
+  CHECK(free_after == free_before);
+  CHECK(graphed.stats().hits >= static_cast<std::uint64_t>(replays));
+}
+
+TEST_CASE("a moved-from GraphedCallable refuses to run") {
+  auto net = small_mlp(torch::kCUDA, torch::kFloat);
+  replay::GraphedCallable a(net, {torch::randn({4, 64}, cuda())});
+  replay::GraphedCallable b = std::move(a);
+  const at::Tensor x = torch::randn({4, 64}, cuda());
+  CHECK(relative_l2(b(x)[0], b.run_eager({x})[0]) < 1e-4);
+  CHECK_THROWS_AS((void)a(x), replay::usage_error);  // NOLINT(bugprone-use-after-move): the point of the test
+}
+
+}  // TEST_SUITE("gpu")

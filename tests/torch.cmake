@@ -1,0 +1,13 @@
+# The libtorch adapter's tests (replay/torch.hpp): only where Torch was found
+# (cmake/ReplayTorch.cmake). Compiled by the host C++ compiler: libtorch code
+# is not meant for nvcc. The ResNet-50 definition is shared with the example.
+if(TARGET replay_torch)
+  replay_add_test(NAME torch SOURCES gpu/torch_test.cpp SUITES host gpu LIBRARIES replay::torch)
+  target_include_directories(test_torch PRIVATE ${PROJECT_SOURCE_DIR}/examples/torch_resnet)
+endif()
+# GCC 12/13 warn about members left to their default initializers in a
+# designated initializer ({.batch_buckets = ...}), the idiom the options are
+# made for.
+if(TARGET test_torch AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  target_compile_options(test_torch PRIVATE -Wno-missing-field-initializers)
+endif()
