@@ -6,8 +6,10 @@
 # runs the benchmarks briefly and prints the target ratios (bench/*.ratios),
 # runs the examples and scripts/gpu-check.d/*.sh, and prints a summary last.
 #
-#   scripts/gpu-check.sh [--quick]   --quick: memcheck only (no racecheck/synccheck)
-#   OUT=dir                          logs and JSON (default build/gpu-check)
+#   scripts/gpu-check.sh [--quick | --tests-only]
+#                                    --quick: memcheck only (no racecheck/synccheck)
+#                                    --tests-only: build and run the test programs only
+#   REPLAY_CHECK_OUT=dir             logs and JSON (default build/gpu-check)
 #   REPLAY_CHECK_DEADLINE_S=n        stop starting steps after n seconds; steps
 #                                    cut short count as failures (default 3000)
 #   REPLAY_BENCH_FILTER=regex        only these benchmarks
@@ -22,8 +24,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 quick=false
+tests_only=false
 [ "${1:-}" = "--quick" ] && quick=true
-OUT=${OUT:-$PWD/build/gpu-check}
+[ "${1:-}" = "--tests-only" ] && tests_only=true
+OUT=${REPLAY_CHECK_OUT:-$PWD/build/gpu-check}
 export OUT
 mkdir -p "$OUT"
 rm -f "$OUT"/*.log "$OUT"/*.txt "$OUT"/*.json "$OUT"/lane-*
@@ -88,7 +92,8 @@ run_sanitizer() {
   local rc=$? errs
   unset REPLAY_UNDER_SANITIZER
   errs=$(grep -Eo '(ERROR SUMMARY|RACECHECK SUMMARY): [0-9]+' "$OUT/san-$lane.tmp" | grep -Eo '[0-9]+$' | awk '{s+=$1} END {print s+0}')
-  { echo "=== $tool $name rc=$rc errors=$errs"; grep -E 'SUMMARY|test cases:|^=========' "$OUT/san-$lane.tmp" | head -60; } >>"$OUT/sanitizer.log"
+  { echo "=== $tool $name rc=$rc errors=$errs"
+    grep -E 'SUMMARY|test cases:|^========= [A-Z]|TEST CASE:|ERROR:|FATAL|THREW|values:' "$OUT/san-$lane.tmp" | head -80; } >>"$OUT/sanitizer.log"
   printf '%s\n' "$errs" >>"$OUT/lane-$lane.sanitizer"
   [ "$rc" -eq 0 ] || fail "  sanitizer $tool $name: rc=$rc, $errs errors"
   rm -f "$OUT/san-$lane.tmp"
@@ -130,6 +135,7 @@ heavy_lane() {
   [ -n "${heavy_wait_for:-}" ] && while [ ! -f "$heavy_wait_for" ]; do sleep 2; done
   if [ -x build/gpu/tests/test_torch ]; then
     run_test_program build/gpu/tests/test_torch
+    $tests_only && return
     command -v compute-sanitizer >/dev/null && run_sanitizer memcheck build/gpu/tests/test_torch
   elif [ -n "$torch_prefix" ]; then
     fail "  test_torch was not built although PyTorch is installed"
@@ -161,7 +167,9 @@ for exe in build/gpu/tests/test_*; do
   case "$(basename "$exe")" in test_torch) continue ;; esac
   run_test_program "$exe"
 done
-if command -v compute-sanitizer >/dev/null 2>&1; then
+if $tests_only; then
+  note "tests only: sanitizer, benchmarks and examples not run"
+elif command -v compute-sanitizer >/dev/null 2>&1; then
   tools="memcheck"
   $quick || tools="memcheck racecheck synccheck"
   start=$SECONDS
@@ -177,8 +185,10 @@ else
   fail "compute-sanitizer NOT FOUND"
 fi
 filter=${REPLAY_BENCH_FILTER:-.}
+$tests_only && filter='^$'
 mkdir -p "$OUT/bench"
 for exe in build/gpu/bench/*; do
+  $tests_only && break
   [ -x "$exe" ] && [ -f "$exe" ] || continue
   name=$(basename "$exe")
   log "bench $name"
@@ -201,11 +211,11 @@ json.dump(merged, open(os.path.join(out, "bench.json"), "w"), indent=1)
 PY
 rm -rf "$OUT/bench"
 : >"$OUT/examples.log"
-if [ -x build/gpu/examples/kernel_chain/kernel_chain ]; then
+if ! $tests_only && [ -x build/gpu/examples/kernel_chain/kernel_chain ]; then
   log "example kernel_chain"
   run_bounded 60 build/gpu/examples/kernel_chain/kernel_chain >>"$OUT/examples.log" 2>&1 || fail "  example kernel_chain FAILED"
 fi
-if [ -f scripts/gpu-check.d/examples.sh ]; then
+if ! $tests_only && [ -f scripts/gpu-check.d/examples.sh ]; then
   log "examples.sh"
   run_bounded 120 bash scripts/gpu-check.d/examples.sh >>"$OUT/examples.log" 2>&1 || fail "  examples.sh FAILED"
 fi
@@ -232,7 +242,7 @@ ls "$OUT"/lane-*.failed >/dev/null 2>&1 && status=1
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/device: /'
   echo "wall time: ${SECONDS} s"
   echo "tests: $total_pass passed, $total_fail failed, $total_skip skipped"
-  echo "sanitizer: $sanitizer_errors errors ($($quick && echo memcheck || echo memcheck, racecheck, synccheck))"
+  $tests_only || echo "sanitizer: $sanitizer_errors errors ($($quick && echo memcheck || echo memcheck, racecheck, synccheck))"
   cat "$OUT"/lane-main.notes "$OUT"/lane-light.notes "$OUT"/lane-heavy.notes 2>/dev/null
   echo "---- benchmark ratios ----"
   cat "$OUT/ratios.txt"

@@ -212,16 +212,33 @@ class GraphExec {
     if (const char* reason = invalid_flags_reason(flags)) {
       throw usage_error(reason, where);
     }
-    ::cudaGraphInstantiateParams params{};
-    params.flags = to_underlying(flags);
-    params.uploadStream = upload_stream.get();
+    // cudaGraphInstantiate with every flag but upload (which only it accepts
+    // through the params form), then an explicit upload: the same effect, and
+    // the flags are the ones cudaGraphExecGetFlags reports back.
+    const auto exec_flags = flags & ~InstantiateFlags::upload;
     ::cudaGraphExec_t exec = nullptr;
-    const ::cudaError_t status = ::cudaGraphInstantiateWithParams(&exec, graph.handle(where), &params);
+    const ::cudaError_t status = ::cudaGraphInstantiate(&exec, graph.handle(where), to_underlying(exec_flags));
     if (status != ::cudaSuccess) {
-      throw cuda_error(status, "cudaGraphInstantiateWithParams", where,
+      // Ask again through the params form, which says why and at which node.
+      ::cudaGraphInstantiateParams params{};
+      params.flags = to_underlying(exec_flags);
+      ::cudaGraphExec_t retry = nullptr;
+      (void)::cudaGraphInstantiateWithParams(&retry, graph.get(), &params);
+      if (retry != nullptr) {
+        (void)::cudaGraphExecDestroy(retry);
+      }
+      (void)::cudaGetLastError();
+      throw cuda_error(status, "cudaGraphInstantiate", where,
                        "instantiate result " + ::std::to_string(static_cast<int>(params.result_out)) +
                            (params.errNode_out != nullptr ? ", at " + describe_node(params.errNode_out)
                                                           : ::std::string()));
+    }
+    if (has_flag(flags, InstantiateFlags::upload)) {
+      const ::cudaError_t uploaded = ::cudaGraphUpload(exec, upload_stream.get());
+      if (uploaded != ::cudaSuccess) {
+        (void)::cudaGraphExecDestroy(exec);
+        check(uploaded, "cudaGraphUpload", where);
+      }
     }
     return exec;
   }

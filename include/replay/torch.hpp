@@ -512,6 +512,19 @@ class TorchCaptureContext {
     } catch (const ::c10::Error&) {
       holds_pool_ = false;  // an allocator backend without private pools (cudaMallocAsync)
     }
+    // The pinned host allocator keeps its own private pool per graph pool id,
+    // with the same rule: once its use count reached 0 (the last graph
+    // evicted), a new capture into that id trips an internal assertion. Hold a
+    // reference there too: begin routing (which creates the pool, or takes a
+    // reference) with a filter that routes nothing, and end it at once.
+    try {
+      ::at::HostAllocator* host = ::at::getHostAllocator(::at::kCUDA);
+      host->begin_allocate_to_pool(pool_, [](::c10::Stream) { return false; });
+      host->end_allocate_to_pool(pool_);
+      holds_host_pool_ = true;
+    } catch (const ::c10::Error&) {
+      holds_host_pool_ = false;
+    }
   }
 
   TorchCaptureContext(const TorchCaptureContext&) = delete;
@@ -532,6 +545,9 @@ class TorchCaptureContext {
       ::c10::cuda::CUDAGuard guard(device_);
       if (holds_pool_) {
         ::c10::cuda::CUDACachingAllocator::releasePool(device_.index(), pool_);
+      }
+      if (holds_host_pool_) {
+        ::at::getHostAllocator(::at::kCUDA)->release_pool(pool_);
       }
       if (pool_touched_ || holds_pool_) {
         ::c10::cuda::CUDACachingAllocator::emptyCache(pool_);
@@ -601,6 +617,7 @@ class TorchCaptureContext {
   ::std::shared_ptr<::std::atomic<::std::uint64_t>> generation_;
   bool pool_touched_ = false;
   bool holds_pool_ = false;
+  bool holds_host_pool_ = false;
 };
 
 // One captured torch graph: the executable graph, and the static outputs its

