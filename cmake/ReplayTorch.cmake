@@ -2,7 +2,8 @@
 # replay::torch) = replay::replay + Torch, for include/replay/torch.hpp.
 #
 #   -DREPLAY_WITH_TORCH=ON                   Torch is required (configure fails without it)
-#   -DCMAKE_PREFIX_PATH=<torch cmake prefix> Torch is used when found (the default looks quietly)
+#   -DCMAKE_PREFIX_PATH=<torch cmake prefix> Torch is used when found (the default looks quietly;
+#                                            as a subproject only if the parent already found Torch)
 #   -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON    never look for Torch
 #
 # With a pip wheel the prefix is `python3 -c 'import torch;print(torch.utils.cmake_prefix_path)'`.
@@ -20,6 +21,13 @@
 set(REPLAY_TORCH_FOUND FALSE)
 
 if(CMAKE_DISABLE_FIND_PACKAGE_Torch AND NOT REPLAY_WITH_TORCH)
+  return()
+endif()
+# As a subproject (FetchContent, add_subdirectory) replay looks for Torch only
+# when asked (REPLAY_WITH_TORCH) or when the parent has already found it:
+# finding it on its own would add Torch's targets and CUDA settings to a
+# parent that never asked for them.
+if(NOT PROJECT_IS_TOP_LEVEL AND NOT REPLAY_WITH_TORCH AND NOT TARGET torch)
   return()
 endif()
 
