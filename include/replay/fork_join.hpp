@@ -31,12 +31,16 @@ inline void fork(StreamRef origin, ::std::span<const StreamRef> branches,
   if (branches.empty()) {
     return;
   }
-  Event marker(EventFlags::disable_timing, where);
-  marker.record(origin, where);
+  // Validate everything before the first CUDA call: a half-done fork inside a
+  // capture would leave the branches already forked unjoined.
   for (StreamRef branch : branches) {
     if (branch == origin) {
       throw usage_error("fork(): a branch stream equals the origin stream", where);
     }
+  }
+  Event marker(EventFlags::disable_timing, where);
+  marker.record(origin, where);
+  for (StreamRef branch : branches) {
     marker.wait_on(branch, where);
   }
 }
@@ -78,8 +82,8 @@ class ScopedFork {
 
   void join(::std::source_location where = ::std::source_location::current()) {
     if (!joined_) {
-      joined_ = true;
       replay::join(origin_, branches_, where);
+      joined_ = true;  // only now: if a join threw, the destructor joins them all again (harmless)
     }
   }
   bool joined() const noexcept { return joined_; }

@@ -111,7 +111,7 @@ class GraphExec {
   explicit GraphExec(const Graph& graph, InstantiateFlags flags = InstantiateFlags::none,
                      StreamRef upload_stream = cudaStreamPerThread,
                      ::std::source_location where = ::std::source_location::current())
-      : exec_(instantiate(graph, flags, upload_stream, where)), flags_(flags), upload_stream_(upload_stream) {}
+      : exec_(instantiate(graph, flags, upload_stream, where)), flags_(flags) {}
 
   [[nodiscard]] static GraphExec from_native_handle(::cudaGraphExec_t exec,
                                                     InstantiateFlags flags = InstantiateFlags::none) noexcept {
@@ -120,14 +120,12 @@ class GraphExec {
 
   GraphExec(const GraphExec&) = delete;
   GraphExec& operator=(const GraphExec&) = delete;
-  GraphExec(GraphExec&& other) noexcept
-      : exec_(::std::exchange(other.exec_, nullptr)), flags_(other.flags_), upload_stream_(other.upload_stream_) {}
+  GraphExec(GraphExec&& other) noexcept : exec_(::std::exchange(other.exec_, nullptr)), flags_(other.flags_) {}
   GraphExec& operator=(GraphExec&& other) noexcept {
     if (this != &other) {
       reset();
       exec_ = ::std::exchange(other.exec_, nullptr);
       flags_ = other.flags_;
-      upload_stream_ = other.upload_stream_;
     }
     return *this;
   }
@@ -157,13 +155,17 @@ class GraphExec {
 
   // Makes this executable graph run `graph` instead: in place when CUDA allows
   // it (same topology, changed parameters such as pointers), otherwise by
-  // instantiating `graph` afresh with the same flags. The old executable graph
-  // must not be running when it is replaced: the caller orders that, as for
-  // any graph update.
-  UpdateResult update(const Graph& graph, ::std::source_location where = ::std::source_location::current()) {
+  // instantiating `graph` afresh with the same flags. An in-place update takes
+  // effect for launches made after it; launches already enqueued run the old
+  // parameters. A replaced executable graph is destroyed at once, and CUDA
+  // frees it when its enqueued launches complete. A re-instantiated graph is
+  // uploaded on `upload_stream` when the flags ask for upload (no stream is
+  // kept from construction: it might not outlive this object).
+  UpdateResult update(const Graph& graph, StreamRef upload_stream = cudaStreamPerThread,
+                      ::std::source_location where = ::std::source_location::current()) {
     UpdateResult result = try_update_in_place(graph, where);
     if (!result.in_place()) {
-      GraphExec fresh(graph, flags_, upload_stream_, where);
+      GraphExec fresh(graph, flags_, upload_stream, where);
       *this = ::std::move(fresh);
     }
     return result;
@@ -252,7 +254,6 @@ class GraphExec {
 
   ::cudaGraphExec_t exec_ = nullptr;
   InstantiateFlags flags_ = InstantiateFlags::none;
-  StreamRef upload_stream_ = cudaStreamPerThread;
 };
 
 }  // namespace replay

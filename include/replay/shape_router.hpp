@@ -403,7 +403,7 @@ class CudaGraphBackend {
     result.memory.alloc_bytes = graph_alloc_bytes(graph, where);
     const ::std::size_t free_before = detail::free_device_bytes(where);
     try {
-      result.path = exec.update(graph, where).path;
+      result.path = exec.update(graph, stream, where).path;
     } catch (const cuda_error& e) {
       // Some node kinds (e.g. memory nodes on some drivers) are refused with
       // an error status rather than cudaErrorGraphExecUpdateFailure: that is

@@ -54,6 +54,7 @@
 #include "replay/capture_scope.hpp"
 #include "replay/error.hpp"
 #include "replay/event.hpp"
+#include "replay/fork_join.hpp"
 #include "replay/flags.hpp"
 #include "replay/shape_router.hpp"
 #include "replay/stream.hpp"
@@ -995,6 +996,65 @@ struct GraphedState {
 
 }  // namespace detail
 
+namespace detail {
+
+// The GraphedCallable whose run() is on this thread's stack, if any: a
+// callable or failure handler calling back into the same object gets a
+// usage_error instead of re-locking its mutex (a deadlock).
+inline const void*& active_graphed() noexcept {
+  thread_local const void* active = nullptr;
+  return active;
+}
+class ActiveGraphedScope {
+ public:
+  ActiveGraphedScope(const void* state, const char* what, const ::std::source_location& where) {
+    if (active_graphed() == state) {
+      throw usage_error(::std::string("GraphedCallable::") + what +
+                            " called from inside the same GraphedCallable (its callable or its capture-failure "
+                            "handler); that would deadlock",
+                        where);
+    }
+    previous_ = ::std::exchange(active_graphed(), state);
+  }
+  ActiveGraphedScope(const ActiveGraphedScope&) = delete;
+  ActiveGraphedScope& operator=(const ActiveGraphedScope&) = delete;
+  ~ActiveGraphedScope() { active_graphed() = previous_; }
+
+ private:
+  const void* previous_ = nullptr;
+};
+
+// Once work for a call may be in flight on `stream` (its inputs staged), later
+// calls must be ordered after it even if this call throws: records the
+// state's "done" event on `stream` and drops the caller's tensors at scope
+// exit, unless disarmed by the success path (which records it itself).
+class SettleOnThrow {
+ public:
+  SettleOnThrow(GraphedState& s, ::cudaStream_t stream) noexcept : s_(s), stream_(stream) {}
+  SettleOnThrow(const SettleOnThrow&) = delete;
+  SettleOnThrow& operator=(const SettleOnThrow&) = delete;
+  void disarm() noexcept { armed_ = false; }
+  ~SettleOnThrow() {
+    if (!armed_) {
+      return;
+    }
+    try {
+      s_.oversize_inputs.clear();
+      s_.done->record(StreamRef(stream_));
+      s_.last_stream = stream_;
+      s_.has_last = true;
+    } catch (...) {  // the original exception is the one to report
+    }
+  }
+
+ private:
+  GraphedState& s_;
+  ::cudaStream_t stream_;
+  bool armed_ = true;
+};
+
+}  // namespace detail
+
 // A torch callable with CUDA graphs: one per batch-size bucket, all in one
 // private memory pool, replayed on the caller's current torch stream.
 //
@@ -1037,6 +1097,7 @@ class GraphedCallable {
   GraphedOutputs run(const ::std::vector<::at::Tensor>& inputs,
                      ::std::source_location where = ::std::source_location::current()) {
     detail::GraphedState& s = state(where);
+    const detail::ActiveGraphedScope active(&s, "run()", where);
     ::std::lock_guard<::std::mutex> lock(s.mutex);
     const ::std::int64_t batch = s.check_inputs(inputs, where);
     const ::std::int64_t padded = s.router->padded_shape(batch, where);
@@ -1045,6 +1106,7 @@ class GraphedCallable {
     if (s.has_last && s.last_stream != stream) {
       s.done->wait_on(StreamRef(stream), where);
     }
+    detail::SettleOnThrow settle(s, stream);
     if (padded <= s.capacity) {
       s.stage_inputs(inputs, batch, padded, stream, where);
     } else {
@@ -1060,7 +1122,11 @@ class GraphedCallable {
     s.done->record(StreamRef(stream), where);
     s.last_stream = stream;
     s.has_last = true;
+    settle.disarm();
     if (!s.failure.empty() && has_flag(s.flags, GraphedFlags::no_fallback)) {
+      // The router marked the bucket eager; under no_fallback it must try
+      // (and fail loudly) again next time instead of silently running eagerly.
+      (void)s.router->invalidate(batch, where);
       throw capture_failed_error("replay: GraphedCallable (GraphedFlags::no_fallback): batch " +
                                  ::std::to_string(route.shape) + ": " + s.failure);
     }
@@ -1079,6 +1145,7 @@ class GraphedCallable {
   ::std::vector<::at::Tensor> run_eager(const ::std::vector<::at::Tensor>& inputs,
                                         ::std::source_location where = ::std::source_location::current()) {
     detail::GraphedState& s = state(where);
+    const detail::ActiveGraphedScope active(&s, "run_eager()", where);
     ::std::lock_guard<::std::mutex> lock(s.mutex);
     ::c10::cuda::CUDAGuard device_guard(s.device);
     detail::GradScope grad(s.flags);
@@ -1100,6 +1167,7 @@ class GraphedCallable {
   // largest first; returns how many buckets have a graph.
   ::std::size_t capture_all(::std::source_location where = ::std::source_location::current()) {
     detail::GraphedState& s = state(where);
+    const detail::ActiveGraphedScope active(&s, "capture_all()", where);
     ::std::lock_guard<::std::mutex> lock(s.mutex);
     return capture_buckets(s, where);
   }
@@ -1219,7 +1287,26 @@ class GraphedCallable {
       s.done->wait_on(side, where);
     }
     s.failure.clear();
+    // If capturing throws (say, a warm-up runs out of memory), the side
+    // stream's work must still be ordered before later calls.
+    struct JoinSide {
+      StreamRef side, current;
+      detail::GraphedState& s;
+      bool armed = true;
+      ~JoinSide() {
+        if (armed) {
+          try {
+            stream_wait(current, side);
+            s.done->record(current);
+            s.last_stream = current.get();
+            s.has_last = true;
+          } catch (...) {
+          }
+        }
+      }
+    } join_side{side, current, s};
     const ::std::size_t with_graph = s.router->capture_all(side, where);
+    join_side.armed = false;
     Event warmed;
     warmed.record(side, where);
     warmed.wait_on(current, where);
@@ -1227,6 +1314,11 @@ class GraphedCallable {
     s.last_stream = current.get();
     s.has_last = true;
     if (!s.failure.empty() && has_flag(s.flags, GraphedFlags::no_fallback)) {
+      for (const ::std::int64_t bucket : s.buckets) {  // try again (and fail loudly) next time
+        if (s.router->is_eager(bucket)) {
+          (void)s.router->invalidate(bucket, where);
+        }
+      }
       throw capture_failed_error("replay: GraphedCallable (GraphedFlags::no_fallback): " + s.failure);
     }
     return with_graph;

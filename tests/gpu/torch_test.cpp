@@ -530,6 +530,53 @@ TEST_CASE("lazy capture: warm-ups, then a capture on first sight, then replays")
   CHECK(graphed.capture_all() == 2);
 }
 
+TEST_CASE("lazy capture under no_fallback fails loudly every time, not just the first") {
+  fresh_seed();
+  const at::Tensor w = torch::randn({16, 8}, cuda());
+  auto fn = [w](const at::Tensor& x) {
+    at::Tensor y = at::matmul(x, w);
+    if (x.size(0) == 4) {
+      const float peak = y.abs().max().item<float>();  // synchronizes: not capturable
+      y = y + (peak > 1e30F ? 1.0 : 0.0);
+    }
+    return y;
+  };
+  replay::GraphedCallable graphed(fn, {torch::randn({8, 16}, cuda())},
+                                  {.flags = replay::GraphedFlags::lazy_capture | replay::GraphedFlags::no_fallback,
+                                   .batch_buckets = {4, 8}, .warmup_runs = 1});
+  const at::Tensor x = torch::randn({3, 16}, cuda());
+  CHECK(graphed(x).route() == replay::RouteKind::warmup);
+  CHECK_THROWS_AS((void)graphed(x), replay::capture_failed_error);
+  CHECK_THROWS_AS((void)graphed(x), replay::capture_failed_error);  // still refused, not silently eager
+  const at::Tensor y = torch::randn({8, 16}, cuda());
+  CHECK(graphed(y).route() == replay::RouteKind::warmup);
+  const auto out = graphed(y);
+  CHECK(out.route() == replay::RouteKind::captured);
+  CHECK(relative_l2(out[0], at::matmul(y, w)) < 1e-4);
+}
+
+TEST_CASE("a callable that calls back into its own GraphedCallable is refused, not deadlocked") {
+  fresh_seed();
+  const at::Tensor w = torch::randn({16, 8}, cuda());
+  replay::GraphedCallable* self = nullptr;
+  bool reenter = false;
+  auto fn = [w, &self, &reenter](const at::Tensor& x) {
+    if (reenter && self != nullptr) {
+      (void)self->run({x});
+    }
+    return at::matmul(x, w);
+  };
+  replay::GraphedCallable graphed(fn, {torch::randn({8, 16}, cuda())},
+                                  {.flags = replay::GraphedFlags::lazy_capture, .batch_buckets = {8}, .warmup_runs = 1});
+  self = &graphed;
+  reenter = true;
+  const at::Tensor x = torch::randn({8, 16}, cuda());
+  CHECK_THROWS_WITH_AS((void)graphed(x), doctest::Contains("inside the same GraphedCallable"), replay::usage_error);
+  reenter = false;
+  const auto out = graphed(x);  // the object is still usable
+  CHECK(relative_l2(out[0], at::matmul(x, w)) < 1e-4);
+}
+
 TEST_CASE("a batch above the largest bucket runs eagerly, or is refused when asked") {
   fresh_seed();
   auto net = small_mlp(torch::kCUDA, torch::kFloat);

@@ -300,6 +300,14 @@ TEST_SUITE("host") {
                          replay::usage_error);
     const std::vector<std::vector<int>> batch{random_item(2), random_item(12)};
     CHECK_THROWS_AS((void)pipeline.run(batch), replay::usage_error);  // checked as a whole, before submitting
+    // A batch into destinations: every (input, destination) pair is checked
+    // before the first submission, so no earlier item can still be writing
+    // into destinations the caller frees while the exception unwinds.
+    const std::vector<std::vector<int>> pairs_in{random_item(2), random_item(2), random_item(3)};
+    std::vector<std::vector<long long>> pairs_out{std::vector<long long>(4), std::vector<long long>(4),
+                                                  std::vector<long long>(5)};
+    CHECK_THROWS_WITH_AS((void)pipeline.run(pairs_in, pairs_out), doctest::Contains("destination holds 5"),
+                         replay::usage_error);
     CHECK(pipeline.stats().submitted == 0);
     CHECK(control.started_ids.empty());
     std::vector<long long> exact(6);

@@ -76,6 +76,16 @@ TEST_SUITE("host") {
     CHECK_THROWS_AS(zero.zero(replay::StreamRef(cudaStreamPerThread)), replay::usage_error);
   }
 
+  TEST_CASE("fork() refuses a branch equal to the origin before any CUDA call") {
+    // No device is needed: the refusal must come before the event is created,
+    // so that a capture is never left half-forked.
+    const replay::StreamRef origin = cudaStreamPerThread;
+    CHECK_THROWS_WITH_AS(replay::fork(origin, {origin}), doctest::Contains("equals the origin"),
+                         replay::usage_error);
+    CHECK_THROWS_AS(replay::ScopedFork(origin, {replay::StreamRef(cudaStreamLegacy), origin}),
+                    replay::usage_error);
+  }
+
   TEST_CASE("views check their ranges") {
     float storage[8] = {};
     replay::BufferView<float, replay::MemorySpace::pinned_host> view(storage, 8);

@@ -116,12 +116,15 @@ class PipelineTicket {
 
 // A stage runner issues the stages of one item into one slot and awaits them.
 // The pipeline guarantees: start() is called for a slot only when the slot's
-// previous item was finished or settled (and delivered); producer calls are
+// previous item was finished or settled (and delivered); start() calls are
 // serialized; finish()/settle() run on the completion thread, one at a time,
 // in submission order.
 //   plan(input, destination, where): per-item checks that need the runner
 //       (e.g. memory kinds); throws usage_error to refuse the item. Called
-//       before a slot is taken; its result is handed to start().
+//       before a slot is taken and before producers are serialized, so it may
+//       run on several producer threads at once (it must not mutate the
+//       runner; PipelineOptions::output_count likewise); its result is
+//       handed to start().
 //   start(slot, id, input, destination, plan, where): issues the item's
 //       stages. May throw; whether it throws or not, everything it issued must
 //       be ordered before what finish()/settle() await.
@@ -257,17 +260,24 @@ class BasicStreamPipeline {
   // ---- run: a whole batch ---------------------------------------------------
 
   // Streams every input through the pipeline and returns the outputs in input
-  // order. Every item's size is checked before any is submitted. If items
-  // fail, the others still complete, and the first failure is rethrown once
-  // the whole batch is done (use the callback overload to keep partial results).
+  // order. Every item's size is checked before any is submitted; should a
+  // submission still throw (a CUDA error while issuing), the items already
+  // submitted are delivered before the exception leaves. If items fail, the
+  // others still complete, and the first failure is rethrown once the whole
+  // batch is done (use the callback overload to keep partial results).
   template <::std::ranges::forward_range Inputs>
     requires(::std::convertible_to<::std::ranges::range_reference_t<Inputs>, ::std::span<const input_type>>)
   ::std::vector<::std::vector<output_type>> run(Inputs&& inputs,
                                                 ::std::source_location where = ::std::source_location::current()) {
     check_batch(inputs, where);
     ::std::vector<PipelineTicket<::std::vector<output_type>>> tickets;
-    for (auto&& input : inputs) {
-      tickets.push_back(submit(::std::span<const input_type>(input), where));
+    try {
+      for (auto&& input : inputs) {
+        tickets.push_back(submit(::std::span<const input_type>(input), where));
+      }
+    } catch (...) {
+      settle_after_failed_submit(tickets.empty() ? ::std::nullopt : ::std::optional(tickets.back().id()));
+      throw;
     }
     wait_batch(tickets, where);
     ::std::vector<::std::vector<output_type>> outputs;
@@ -296,18 +306,33 @@ class BasicStreamPipeline {
              ::std::convertible_to<::std::ranges::range_reference_t<Outputs>, ::std::span<output_type>>)
   ::std::vector<::std::size_t> run(Inputs&& inputs, Outputs&& outputs,
                                    ::std::source_location where = ::std::source_location::current()) {
-    check_batch(inputs, where);
     if (::std::ranges::distance(inputs) != ::std::ranges::distance(outputs)) {
       throw usage_error("StreamPipeline::run: " + ::std::to_string(::std::ranges::distance(inputs)) +
                             " inputs but " + ::std::to_string(::std::ranges::distance(outputs)) +
                             " outputs; pass one output per input",
                         where);
     }
+    // Every (input, destination) pair is checked before the first submission:
+    // a refusal half-way would leave earlier items writing into destinations
+    // the caller frees while the exception unwinds.
+    {
+      State& s = state(where);
+      auto output = ::std::ranges::begin(outputs);
+      for (auto&& input : inputs) {
+        s.check_item(::std::span<const In>(input).size(), ::std::optional(::std::span<Out>(*output)), where);
+        ++output;
+      }
+    }
     ::std::vector<PipelineTicket<::std::size_t>> tickets;
-    auto output = ::std::ranges::begin(outputs);
-    for (auto&& input : inputs) {
-      tickets.push_back(submit(::std::span<const input_type>(input), ::std::span<output_type>(*output), where));
-      ++output;
+    try {
+      auto output = ::std::ranges::begin(outputs);
+      for (auto&& input : inputs) {
+        tickets.push_back(submit(::std::span<const input_type>(input), ::std::span<output_type>(*output), where));
+        ++output;
+      }
+    } catch (...) {
+      settle_after_failed_submit(tickets.empty() ? ::std::nullopt : ::std::optional(tickets.back().id()));
+      throw;
     }
     wait_batch(tickets, where);
     ::std::vector<::std::size_t> counts;
@@ -338,10 +363,15 @@ class BasicStreamPipeline {
     check_batch(inputs, where);
     auto shared = ::std::make_shared<OnComplete>(::std::move(on_complete));
     ::std::optional<::std::uint64_t> last;
-    for (auto&& input : inputs) {
-      last = submit(
-          ::std::span<const input_type>(input), [shared](const completion_type& done) { ::std::invoke(*shared, done); },
-          where);
+    try {
+      for (auto&& input : inputs) {
+        last = submit(
+            ::std::span<const input_type>(input),
+            [shared](const completion_type& done) { ::std::invoke(*shared, done); }, where);
+      }
+    } catch (...) {
+      settle_after_failed_submit(last);  // the callback may refer to the caller's frame
+      throw;
     }
     if (last) {
       state(where).wait_delivered(*last);
@@ -687,6 +717,19 @@ class BasicStreamPipeline {
       throw usage_error("StreamPipeline used after move", where);
     }
     return *state_;
+  }
+
+  // After a submission in a batch threw: waits until the items submitted
+  // before it are delivered, so that none still writes into the caller's
+  // memory (or calls its callback) once the exception has unwound the caller.
+  void settle_after_failed_submit(::std::optional<::std::uint64_t> last_submitted) noexcept {
+    if (!last_submitted || state_ == nullptr) {
+      return;
+    }
+    try {
+      state_->wait_delivered(*last_submitted);
+    } catch (...) {
+    }
   }
 
   template <::std::ranges::forward_range Inputs>
