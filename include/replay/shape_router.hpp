@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "replay/capture_scope.hpp"
+#include "replay/detail/reentry_guard.hpp"
 #include "replay/detail/shape_router_keys.hpp"
 #include "replay/device.hpp"
 #include "replay/error.hpp"
@@ -447,23 +448,9 @@ static_assert(ReportsPoolMemory<CudaGraphBackend>);
 namespace detail {
 
 // The router whose lock this thread holds (to refuse re-entry from the work
-// callable, which would deadlock).
-inline const void*& active_shape_router() noexcept {
-  thread_local const void* router = nullptr;
-  return router;
-}
-class ActiveRouterScope {
- public:
-  explicit ActiveRouterScope(const void* router) noexcept : previous_(active_shape_router()) {
-    active_shape_router() = router;
-  }
-  ActiveRouterScope(const ActiveRouterScope&) = delete;
-  ActiveRouterScope& operator=(const ActiveRouterScope&) = delete;
-  ~ActiveRouterScope() { active_shape_router() = previous_; }
-
- private:
-  const void* previous_;
-};
+// callable, which would deadlock). One slot for routers of every type.
+struct ShapeRouterKind {};
+using ActiveRouterScope = ReentryGuard<ShapeRouterKind>;
 
 inline ::std::string describe_current_exception() {
   try {
@@ -962,7 +949,7 @@ class ShapeRouter {
   }
 
   void refuse_reentry(const ::std::source_location& where) const {
-    if (detail::active_shape_router() == this) [[unlikely]] {
+    if (detail::ActiveRouterScope::inside(this)) [[unlikely]] {
       throw usage_error("ShapeRouter called from inside its own work callable (or failure handler); that "
                         "would deadlock. Issue nested work directly on the stream",
                         where);

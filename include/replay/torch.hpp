@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "replay/capture_scope.hpp"
+#include "replay/detail/reentry_guard.hpp"
 #include "replay/error.hpp"
 #include "replay/event.hpp"
 #include "replay/fork_join.hpp"
@@ -998,30 +999,25 @@ struct GraphedState {
 
 namespace detail {
 
-// The GraphedCallable whose run() is on this thread's stack, if any: a
-// callable or failure handler calling back into the same object gets a
-// usage_error instead of re-locking its mutex (a deadlock).
-inline const void*& active_graphed() noexcept {
-  thread_local const void* active = nullptr;
-  return active;
-}
-class ActiveGraphedScope {
+// The GraphedCallable whose lock this thread holds, if any: a callable or
+// failure handler calling back into the same object gets a usage_error
+// instead of re-locking its mutex (a deadlock).
+class ActiveGraphedScope : ReentryGuard<GraphedState> {
  public:
-  ActiveGraphedScope(const void* state, const char* what, const ::std::source_location& where) {
-    if (active_graphed() == state) {
+  ActiveGraphedScope(const GraphedState* state, const char* what, const ::std::source_location& where)
+      : ReentryGuard<GraphedState>(refuse_reentry(state, what, where)) {}
+
+ private:
+  static const GraphedState* refuse_reentry(const GraphedState* state, const char* what,
+                                            const ::std::source_location& where) {
+    if (inside(state)) {
       throw usage_error(::std::string("GraphedCallable::") + what +
                             " called from inside the same GraphedCallable (its callable or its capture-failure "
                             "handler); that would deadlock",
                         where);
     }
-    previous_ = ::std::exchange(active_graphed(), state);
+    return state;
   }
-  ActiveGraphedScope(const ActiveGraphedScope&) = delete;
-  ActiveGraphedScope& operator=(const ActiveGraphedScope&) = delete;
-  ~ActiveGraphedScope() { active_graphed() = previous_; }
-
- private:
-  const void* previous_ = nullptr;
 };
 
 // Once work for a call may be in flight on `stream` (its inputs staged), later

@@ -280,23 +280,7 @@ class BasicStreamPipeline {
       throw;
     }
     wait_batch(tickets, where);
-    ::std::vector<::std::vector<output_type>> outputs;
-    outputs.reserve(tickets.size());
-    ::std::exception_ptr first_error;
-    for (auto& ticket : tickets) {
-      try {
-        outputs.push_back(ticket.get(where));
-      } catch (...) {
-        if (first_error == nullptr) {
-          first_error = ::std::current_exception();
-        }
-        outputs.emplace_back();
-      }
-    }
-    if (first_error != nullptr) {
-      ::std::rethrow_exception(first_error);
-    }
-    return outputs;
+    return collect_batch(tickets, where);
   }
 
   // Streams inputs[i] into outputs[i]; returns how many elements each output
@@ -335,23 +319,7 @@ class BasicStreamPipeline {
       throw;
     }
     wait_batch(tickets, where);
-    ::std::vector<::std::size_t> counts;
-    counts.reserve(tickets.size());
-    ::std::exception_ptr first_error;
-    for (auto& ticket : tickets) {
-      try {
-        counts.push_back(ticket.get(where));
-      } catch (...) {
-        if (first_error == nullptr) {
-          first_error = ::std::current_exception();
-        }
-        counts.push_back(0);
-      }
-    }
-    if (first_error != nullptr) {
-      ::std::rethrow_exception(first_error);
-    }
-    return counts;
+    return collect_batch(tickets, where);
   }
 
   // Streams every input; `on_complete` receives each item's output or error,
@@ -717,6 +685,29 @@ class BasicStreamPipeline {
       throw usage_error("StreamPipeline used after move", where);
     }
     return *state_;
+  }
+
+  // The results of a delivered batch, in order; a failed item leaves a
+  // value-initialized result, and the first failure is rethrown at the end.
+  template <class T>
+  static ::std::vector<T> collect_batch(::std::vector<PipelineTicket<T>>& tickets, const ::std::source_location& where) {
+    ::std::vector<T> results;
+    results.reserve(tickets.size());
+    ::std::exception_ptr first_error;
+    for (auto& ticket : tickets) {
+      try {
+        results.push_back(ticket.get(where));
+      } catch (...) {
+        if (first_error == nullptr) {
+          first_error = ::std::current_exception();
+        }
+        results.emplace_back();
+      }
+    }
+    if (first_error != nullptr) {
+      ::std::rethrow_exception(first_error);
+    }
+    return results;
   }
 
   // After a submission in a batch threw: waits until the items submitted
