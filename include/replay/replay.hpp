@@ -13,5 +13,6 @@
 #include "replay/graph.hpp"
 #include "replay/capture_scope.hpp"
 #include "replay/graph_exec.hpp"
+#include "replay/graph_builder.hpp"
 #include "replay/shape_router.hpp"
 #include "replay/stream_pipeline.hpp"

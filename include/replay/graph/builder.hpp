@@ -1,0 +1,697 @@
+#pragma once
+#include <replay/detail/require_cxx20.hpp>
+// GraphBuilder: adds typed nodes with explicit dependencies to a graph, a
+// conditional node's body, or any cudaGraph_t it is given (it does not own
+// it). Each add_* returns a handle to the new node, valid through
+// instantiation for updates on the executable graph. Capture mixes in two
+// ways: a captured Graph as a child node (add_child), or capture straight
+// into this graph or body (capture(), cudaStreamBeginCaptureToGraph).
+//
+//   replay::Graph graph = replay::make_graph();
+//   replay::GraphBuilder b(graph);
+//   auto fill = b.add_fill(std::span(x, n), 0.0f, {});
+//   auto step = b.add_kernel(scale, grid, block, 0, {fill}, x, n, 2.0f);   // checked against scale's parameters
+//   replay::GraphExec exec(graph);
+//   step.set_args(exec, x, n, 3.0f);                                        // in place, typed
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <source_location>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "replay/capture_scope.hpp"
+#include "replay/detail/capture_state.hpp"
+#include "replay/error.hpp"
+#include "replay/event.hpp"
+#include "replay/graph.hpp"
+#include "replay/graph/child_graph_node.hpp"
+#include "replay/graph/conditional.hpp"
+#include "replay/graph/event_nodes.hpp"
+#include "replay/graph/host_node.hpp"
+#include "replay/graph/kernel_node.hpp"
+#include "replay/graph/memcpy_node.hpp"
+#include "replay/graph/memory_nodes.hpp"
+#include "replay/graph/memset_node.hpp"
+#include "replay/graph/node.hpp"
+#include "replay/stream_ref.hpp"
+
+namespace replay {
+
+// A new, empty graph to build into.
+[[nodiscard]] inline Graph make_graph(::std::source_location where = ::std::source_location::current()) {
+  ::cudaGraph_t graph = nullptr;
+  check(::cudaGraphCreate(&graph, 0), "cudaGraphCreate", where);
+  return Graph::from_native_handle(graph);
+}
+
+class ConditionalNode;
+
+namespace detail {
+
+// Node types CUDA allows inside a conditional body (and, recursively, inside
+// the child graphs and conditionals there).
+constexpr bool allowed_in_conditional_body(NodeType type) noexcept {
+  switch (type) {
+    case NodeType::kernel:
+    case NodeType::empty:
+    case NodeType::memcpy:
+    case NodeType::memset:
+    case NodeType::child_graph:
+    case NodeType::conditional:
+      return true;
+    default:
+      return false;
+  }
+}
+inline constexpr const char* conditional_body_rule =
+    "a conditional node's body may hold only kernel, empty, memcpy, memset, child graph and conditional nodes";
+
+inline ::std::vector<::cudaGraphNode_t> graph_nodes(::cudaGraph_t graph, const ::std::source_location& where) {
+  ::std::size_t count = 0;
+  check(::cudaGraphGetNodes(graph, nullptr, &count), "cudaGraphGetNodes", where);
+  ::std::vector<::cudaGraphNode_t> out(count);
+  if (count != 0) {
+    check(::cudaGraphGetNodes(graph, out.data(), &count), "cudaGraphGetNodes", where);
+    out.resize(count);
+  }
+  return out;
+}
+inline NodeType node_type(::cudaGraphNode_t node, const ::std::source_location& where) {
+  ::cudaGraphNodeType type{};
+  check(::cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType", where);
+  return static_cast<NodeType>(type);
+}
+
+// The first node of `nodes` (and of the child graphs among them, recursively)
+// for which `bad(type)` holds; null when none does.
+template <class Bad>
+::cudaGraphNode_t find_node(const ::std::vector<::cudaGraphNode_t>& nodes, const Bad& bad,
+                            const ::std::source_location& where) {
+  for (::cudaGraphNode_t node : nodes) {
+    const NodeType type = node_type(node, where);
+    if (bad(type)) {
+      return node;
+    }
+    if (type == NodeType::child_graph) {
+      ::cudaGraph_t child = nullptr;
+      check(::cudaGraphChildGraphNodeGetGraph(node, &child), "cudaGraphChildGraphNodeGetGraph", where);
+      if (::cudaGraphNode_t inner = find_node(graph_nodes(child, where), bad, where)) {
+        return inner;
+      }
+    }
+  }
+  return nullptr;
+}
+
+// Per-thread capture bookkeeping, as a CaptureScope keeps it, for a capture
+// into a graph the builder does not own.
+class BorrowedCapture {
+ public:
+  BorrowedCapture(::cudaStream_t stream, ::cudaGraph_t graph, const Deps& deps, CaptureMode mode,
+                  const ::std::source_location& where)
+      : stream_(stream), relaxed_(mode == CaptureMode::relaxed) {
+    if (stream == nullptr || stream == cudaStreamLegacy) {
+      throw usage_error("GraphBuilder::capture: cannot capture the legacy default stream; capture a replay::Stream",
+                        where);
+    }
+    if (StreamRef(stream).capture_status(where) != CaptureStatus::none) {
+      throw usage_error("GraphBuilder::capture: the stream is already capturing", where);
+    }
+    check(::cudaStreamBeginCaptureToGraph(stream, graph, deps.data(), nullptr, deps.size(),
+                                          static_cast<::cudaStreamCaptureMode>(mode)),
+          "cudaStreamBeginCaptureToGraph", where);
+    if (open_capture_scopes()++ == 0) {
+      capture_break() = {};
+    }
+    if (relaxed_) {
+      ++open_relaxed_capture_scopes();
+    }
+    active_ = true;
+  }
+  BorrowedCapture(const BorrowedCapture&) = delete;
+  BorrowedCapture& operator=(const BorrowedCapture&) = delete;
+  ~BorrowedCapture() {
+    if (active_) {
+      ::cudaGraph_t ignored = nullptr;
+      (void)end(ignored);
+      if (is_capture_error(::cudaPeekAtLastError())) {
+        (void)::cudaGetLastError();
+      }
+    }
+  }
+
+  // Ends the capture; the status of cudaStreamEndCapture and the break seen, if any.
+  ::cudaError_t end(::cudaGraph_t& captured) noexcept {
+    const ::cudaError_t status = ::cudaStreamEndCapture(stream_, &captured);
+    broken_ = capture_break();
+    active_ = false;
+    if (relaxed_) {
+      --open_relaxed_capture_scopes();
+    }
+    if (--open_capture_scopes() == 0) {
+      capture_break() = {};
+    }
+    flush_deferred_frees();
+    return status;
+  }
+  const CaptureBreak& broken() const noexcept { return broken_; }
+
+ private:
+  ::cudaStream_t stream_;
+  bool relaxed_;
+  bool active_ = false;
+  CaptureBreak broken_;
+};
+
+}  // namespace detail
+
+class GraphBuilder {
+ public:
+  // Builds into `graph` (which must outlive the builder and the node handles).
+  explicit GraphBuilder(Graph& graph, ::std::source_location where = ::std::source_location::current())
+      : graph_(graph.handle(where)) {}
+  // Builds into a graph owned elsewhere.
+  [[nodiscard]] static GraphBuilder from_native_handle(::cudaGraph_t graph, bool conditional_body = false) noexcept {
+    return GraphBuilder(graph, conditional_body);
+  }
+
+  ::cudaGraph_t get() const noexcept { return graph_; }
+  // True when this builds a conditional node's body, where CUDA allows only
+  // kernel, empty, memcpy, memset, child graph and conditional nodes.
+  bool is_conditional_body() const noexcept { return body_; }
+
+  // ---- inspection (what Graph offers, for bodies too) ----
+  ::std::size_t node_count(::std::source_location where = ::std::source_location::current()) const {
+    return detail::graph_nodes(handle(where), where).size();
+  }
+  ::std::map<NodeType, ::std::size_t> node_counts(
+      ::std::source_location where = ::std::source_location::current()) const {
+    ::std::map<NodeType, ::std::size_t> counts;
+    for (::cudaGraphNode_t node : detail::graph_nodes(handle(where), where)) {
+      ++counts[detail::node_type(node, where)];
+    }
+    return counts;
+  }
+  ::std::size_t count(NodeType type, ::std::source_location where = ::std::source_location::current()) const {
+    const auto counts = node_counts(where);
+    const auto it = counts.find(type);
+    return it == counts.end() ? 0 : it->second;
+  }
+  void write_dot(const ::std::filesystem::path& path, DotFlags flags = DotFlags::verbose,
+                 ::std::source_location where = ::std::source_location::current()) const {
+    check(::cudaGraphDebugDotPrint(handle(where), path.string().c_str(), to_underlying(flags)),
+          "cudaGraphDebugDotPrint", where);
+  }
+
+  // ---- nodes ----
+  Node add_empty(const Deps& deps = {}, ::std::source_location where = ::std::source_location::current()) {
+    prepare(NodeType::empty, deps, "add_empty", where);
+    ::cudaGraphNode_t node = nullptr;
+    check(::cudaGraphAddEmptyNode(&node, graph_, deps.data(), deps.size()), "cudaGraphAddEmptyNode", where);
+    return Node::from_native_handle(node);
+  }
+
+  // A kernel node launching kernel<<<grid, block, shared_bytes>>>(args...).
+  // The arguments are checked against the kernel's parameters at compile time
+  // and copied into the node.
+  template <class... Params, class... Args>
+    requires(kernel_signature<Params...>::template accepts<Args...>)
+  KernelNode<Params...> add_kernel(void (*kernel)(Params...), ::dim3 grid, ::dim3 block, unsigned int shared_bytes,
+                                   const Deps& deps, Args&&... args) {
+    return add_kernel(kernel, LaunchConfig{grid, block, shared_bytes}, deps, ::std::forward<Args>(args)...);
+  }
+  template <class... Params, class... Args>
+    requires(kernel_signature<Params...>::template accepts<Args...>)
+  KernelNode<Params...> add_kernel(void (*kernel)(Params...), const LaunchConfig& config, const Deps& deps,
+                                   Args&&... args) {
+    const ::std::source_location& where = deps.where();
+    if (kernel == nullptr) {
+      throw usage_error("add_kernel: the kernel is a null function pointer", where);
+    }
+    detail::validate_launch(config, "add_kernel", where);
+    prepare(NodeType::kernel, deps, "add_kernel", where);
+    detail::KernelArgPack<Params...> pack(::std::forward<Args>(args)...);
+    const ::cudaKernelNodeParams params = detail::kernel_node_params(kernel, config, pack);
+    ::cudaGraphNode_t node = nullptr;
+    check(::cudaGraphAddKernelNode(&node, graph_, deps.data(), deps.size(), &params), "cudaGraphAddKernelNode",
+          where);
+    return KernelNode<Params...>(node, kernel, config);
+  }
+
+  // A 1-D copy of `bytes` bytes (kind cudaMemcpyDefault: CUDA infers it).
+  MemcpyNode add_memcpy(void* dst, const void* src, ::std::size_t bytes, const Deps& deps = {},
+                        ::cudaMemcpyKind kind = ::cudaMemcpyDefault,
+                        ::std::source_location where = ::std::source_location::current()) {
+    prepare(NodeType::memcpy, deps, "add_memcpy", where);
+    if (bytes == 0) {
+      throw usage_error("add_memcpy: nothing to copy (zero bytes); CUDA refuses an empty memcpy node", where);
+    }
+    ::cudaGraphNode_t node = nullptr;
+    check(::cudaGraphAddMemcpyNode1D(&node, graph_, deps.data(), deps.size(), dst, src, bytes, kind),
+          "cudaGraphAddMemcpyNode1D", where);
+    return MemcpyNode(node);
+  }
+  // Typed copy: element counts must match.
+  template <class T>
+    requires ::std::is_trivially_copyable_v<T>
+  MemcpyNode add_copy(::std::span<T> dst, ::std::span<const T> src, const Deps& deps = {},
+                      ::std::source_location where = ::std::source_location::current()) {
+    detail::check_copy_spans(dst, src, "add_copy", where);
+    return add_memcpy(dst.data(), src.data(), dst.size_bytes(), deps, ::cudaMemcpyDefault, where);
+  }
+
+  // Fills device memory `dst` with `value` (elements of 1, 2 or 4 bytes).
+  template <memset_element T>
+  MemsetNode add_fill(::std::span<T> dst, ::std::type_identity_t<T> value, const Deps& deps = {},
+                      ::std::source_location where = ::std::source_location::current()) {
+    prepare(NodeType::memset, deps, "add_fill", where);
+    detail::refuse_empty_fill(dst.size(), "add_fill", where);
+    const ::cudaMemsetParams params = detail::memset_params(dst, value);
+    ::cudaGraphNode_t node = nullptr;
+    check(::cudaGraphAddMemsetNode(&node, graph_, deps.data(), deps.size(), &params), "cudaGraphAddMemsetNode",
+          where);
+    return MemsetNode(node);
+  }
+  // Byte fill, like cudaMemset.
+  MemsetNode add_memset(void* dst, unsigned char value, ::std::size_t bytes, const Deps& deps = {},
+                        ::std::source_location where = ::std::source_location::current()) {
+    return add_fill(::std::span<unsigned char>(static_cast<unsigned char*>(dst), bytes), value, deps, where);
+  }
+
+  // A node calling `fn()` on a CUDA host thread. The graph owns a copy of
+  // `fn` (see host_node.hpp): it lives as long as the graph and every
+  // executable graph made from it. `fn`, and its destructor, must not call CUDA.
+  template <class F>
+    requires ::std::invocable<::std::decay_t<F>&> && ::std::move_constructible<::std::decay_t<F>>
+  HostNode add_host(F&& fn, const Deps& deps = {}, ::std::source_location where = ::std::source_location::current()) {
+    prepare(NodeType::host, deps, "add_host", where);
+    using Holder = detail::HostCallable<::std::decay_t<F>>;
+    auto failure = ::std::make_shared<detail::HostCallFailure>();
+    auto holder = ::std::make_unique<Holder>(Holder{::std::forward<F>(fn), failure});
+    ::cudaUserObject_t object = nullptr;
+    check(::cudaUserObjectCreate(&object, holder.get(), &Holder::destroy, 1, ::cudaUserObjectNoDestructorSync),
+          "cudaUserObjectCreate", where);
+    Holder* raw = holder.release();  // the user object owns it now
+    const ::cudaError_t retained = ::cudaGraphRetainUserObject(graph_, object, 1, ::cudaGraphUserObjectMove);
+    if (retained != ::cudaSuccess) {
+      (void)::cudaUserObjectRelease(object, 1);
+      check(retained, "cudaGraphRetainUserObject", where);
+    }
+    // From here the graph holds the only reference: it frees the callable.
+    ::cudaHostNodeParams params{};
+    params.fn = &Holder::call;
+    params.userData = raw;
+    ::cudaGraphNode_t node = nullptr;
+    check(::cudaGraphAddHostNode(&node, graph_, deps.data(), deps.size(), &params), "cudaGraphAddHostNode", where);
+    return HostNode(node, ::std::move(failure));
+  }
+
+  // A node running a copy of `child` (a captured section, say). CUDA refuses
+  // child graphs holding conditional or memory nodes; so does this, by name.
+  ChildGraphNode add_child(const Graph& child, const Deps& deps = {},
+                           ::std::source_location where = ::std::source_location::current()) {
+    prepare(NodeType::child_graph, deps, "add_child", where);
+    const auto nodes = detail::graph_nodes(child.handle(where), where);
+    if (::cudaGraphNode_t bad = detail::find_node(
+            nodes,
+            [](NodeType t) {
+              return t == NodeType::conditional || t == NodeType::mem_alloc || t == NodeType::mem_free;
+            },
+            where)) {
+      throw usage_error("add_child: the child graph holds a " + describe_node(bad) +
+                            "; CUDA does not allow conditional, memory-allocation or memory-free nodes in a child "
+                            "graph (add them to the parent instead)",
+                        where);
+    }
+    if (body_) {
+      refuse_in_body(nodes, "add_child", where);
+    }
+    ::cudaGraphNode_t node = nullptr;
+    check(::cudaGraphAddChildGraphNode(&node, graph_, deps.data(), deps.size(), child.get()),
+          "cudaGraphAddChildGraphNode", where);
+    return ChildGraphNode(node);
+  }
+
+  // Records `event` when the node runs. The event must outlive the launches.
+  EventRecordNode add_event_record(const Event& event, const Deps& deps = {},
+                                   ::std::source_location where = ::std::source_location::current()) {
+    prepare(NodeType::event_record, deps, "add_event_record", where);
+    ::cudaGraphNode_t node = nullptr;
+    check(::cudaGraphAddEventRecordNode(&node, graph_, deps.data(), deps.size(),
+                                        detail::event_handle(event, "add_event_record", where)),
+          "cudaGraphAddEventRecordNode", where);
+    return EventRecordNode(node);
+  }
+  // Waits, on the device, for the last record of `event` before the launch.
+  EventWaitNode add_event_wait(const Event& event, const Deps& deps = {},
+                               ::std::source_location where = ::std::source_location::current()) {
+    prepare(NodeType::wait_event, deps, "add_event_wait", where);
+    ::cudaGraphNode_t node = nullptr;
+    check(::cudaGraphAddEventWaitNode(&node, graph_, deps.data(), deps.size(),
+                                      detail::event_handle(event, "add_event_wait", where)),
+          "cudaGraphAddEventWaitNode", where);
+    return EventWaitNode(node);
+  }
+
+  // Allocates `bytes` of device memory on the current device, in graph order.
+  MemAllocNode add_mem_alloc(::std::size_t bytes, const Deps& deps = {},
+                             ::std::source_location where = ::std::source_location::current()) {
+    prepare(NodeType::mem_alloc, deps, "add_mem_alloc", where);
+    if (bytes == 0) {
+      throw usage_error("add_mem_alloc: zero bytes requested", where);
+    }
+    int device = 0;
+    check(::cudaGetDevice(&device), "cudaGetDevice", where);
+    ::cudaMemAllocNodeParams params{};
+    params.poolProps.allocType = ::cudaMemAllocationTypePinned;
+    params.poolProps.handleTypes = ::cudaMemHandleTypeNone;
+    params.poolProps.location.type = ::cudaMemLocationTypeDevice;
+    params.poolProps.location.id = device;
+    params.accessDescs = nullptr;
+    params.accessDescCount = 0;
+    params.bytesize = bytes;
+    ::cudaGraphNode_t node = nullptr;
+    check(::cudaGraphAddMemAllocNode(&node, graph_, deps.data(), deps.size(), &params), "cudaGraphAddMemAllocNode",
+          where);
+    return MemAllocNode(node, params.dptr, bytes);
+  }
+  // Frees memory a memory-allocation node (of this or an earlier-launched graph) made.
+  MemFreeNode add_mem_free(void* ptr, const Deps& deps = {},
+                           ::std::source_location where = ::std::source_location::current()) {
+    prepare(NodeType::mem_free, deps, "add_mem_free", where);
+    if (ptr == nullptr) {
+      throw usage_error("add_mem_free: null pointer", where);
+    }
+    ::cudaGraphNode_t node = nullptr;
+    check(::cudaGraphAddMemFreeNode(&node, graph_, deps.data(), deps.size(), ptr), "cudaGraphAddMemFreeNode", where);
+    return MemFreeNode(node);
+  }
+  MemFreeNode add_mem_free(const MemAllocNode& allocation, const Deps& deps = {},
+                           ::std::source_location where = ::std::source_location::current()) {
+    return add_mem_free(allocation.ptr(), deps, where);
+  }
+
+  // An edge from `from` to `to` (both of this graph).
+  void add_dependency(const Node& from, const Node& to,
+                      ::std::source_location where = ::std::source_location::current()) {
+    const ::cudaGraphNode_t a = from.handle(where);
+    const ::cudaGraphNode_t b = to.handle(where);
+#if CUDART_VERSION >= 13000
+    check(::cudaGraphAddDependencies(handle(where), &a, &b, nullptr, 1), "cudaGraphAddDependencies", where);
+#else
+    check(::cudaGraphAddDependencies(handle(where), &a, &b, 1), "cudaGraphAddDependencies", where);
+#endif
+  }
+
+  // Captures what `work(stream)` issues on `stream` straight into this graph
+  // (or body), after `deps` (cudaStreamBeginCaptureToGraph). Returns the new
+  // nodes that nothing else among them depends on: depend on those to run
+  // after the captured section. If `work` throws or the capture breaks, the
+  // nodes it added are removed again and the error propagates; in a
+  // conditional body, capturing a node type CUDA does not allow there is a
+  // usage_error naming the node.
+  template <class Work>
+    requires(::std::invocable<Work&, StreamRef>)
+  ::std::vector<Node> capture(StreamRef stream, Work&& work, const Deps& deps = {},
+                              CaptureMode mode = CaptureMode::this_thread,
+                              ::std::source_location where = ::std::source_location::current()) {
+    deps.validate("capture", where);
+    const auto before = detail::graph_nodes(handle(where), where);
+    {
+      detail::BorrowedCapture scope(stream.get(), graph_, deps, mode, where);
+      try {
+        ::std::invoke(work, stream);
+      } catch (...) {
+        ::cudaGraph_t ignored = nullptr;
+        if (scope.end(ignored) != ::cudaSuccess || is_capture_error(::cudaPeekAtLastError())) {
+          (void)::cudaGetLastError();  // the capture's own failure; the exception says what happened
+        }
+        remove_new_nodes(before);
+        throw;
+      }
+      ::cudaGraph_t captured = nullptr;
+      const ::cudaError_t status = scope.end(captured);
+      if (status != ::cudaSuccess) {
+        (void)::cudaGetLastError();
+        remove_new_nodes(before);
+        const detail::CaptureBreak& broken = scope.broken();
+        throw cuda_error(status, "cudaStreamEndCapture", where,
+                         broken.seen ? "the capture into the graph was broken by " + broken.api + " at " +
+                                           replay::to_string(broken.where)
+                                     : ::std::string("the capture into the graph was broken"));
+      }
+    }
+    ::std::vector<::cudaGraphNode_t> added = new_nodes(before, where);
+    if (body_) {
+      if (::cudaGraphNode_t bad = detail::find_node(
+              added, [](NodeType t) { return !detail::allowed_in_conditional_body(t); }, where)) {
+        const ::std::string name = describe_node(bad);
+        remove_new_nodes(before);
+        throw usage_error(::std::string("capture: ") + detail::conditional_body_rule + "; the capture made a " + name,
+                          where);
+      }
+    }
+    ::std::vector<Node> sinks;
+    for (::cudaGraphNode_t node : added) {
+      ::std::size_t dependents = 0;
+#if CUDART_VERSION >= 13000
+      check(::cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &dependents), "cudaGraphNodeGetDependentNodes",
+            where);
+#else
+      check(::cudaGraphNodeGetDependentNodes(node, nullptr, &dependents), "cudaGraphNodeGetDependentNodes", where);
+#endif
+      if (dependents == 0) {
+        sinks.push_back(Node::from_native_handle(node));
+      }
+    }
+    return sinks;
+  }
+
+#if CUDART_VERSION >= 12040
+  // ---- conditional nodes ----
+
+  // A handle for a conditional node of this graph, reset to `default_value`
+  // at the start of every launch; set on the device with handle.set(v).
+  ConditionalHandle make_condition(unsigned int default_value = 0,
+                                   ::std::source_location where = ::std::source_location::current()) {
+    ::cudaGraphConditionalHandle handle_out = 0;
+    check(::cudaGraphConditionalHandleCreate(&handle_out, handle(where), default_value, ::cudaGraphCondAssignDefault),
+          "cudaGraphConditionalHandleCreate", where);
+    return ConditionalHandle::from_native_handle(handle_out);
+  }
+
+  // IF: body(0) runs when the value is non-zero.
+  ConditionalNode add_if(ConditionalHandle condition, const Deps& deps = {},
+                         ::std::source_location where = ::std::source_location::current());
+  // WHILE: body(0) runs as long as the value is non-zero (tested before each pass).
+  ConditionalNode add_while(ConditionalHandle condition, const Deps& deps = {},
+                            ::std::source_location where = ::std::source_location::current());
+#if CUDART_VERSION >= 12080
+  // IF/ELSE: body(0) runs when the value is non-zero, body(1) when it is zero.
+  ConditionalNode add_if_else(ConditionalHandle condition, const Deps& deps = {},
+                              ::std::source_location where = ::std::source_location::current());
+  // SWITCH: body(v) runs for value v; for v >= cases no body runs (CUDA's rule).
+  ConditionalNode add_switch(ConditionalHandle condition, unsigned int cases, const Deps& deps = {},
+                             ::std::source_location where = ::std::source_location::current());
+#else
+  template <class Handle = ConditionalHandle>
+  ConditionalNode add_if_else(Handle, const Deps& = {}) {
+    static_assert(sizeof(Handle) == 0, "replay: IF/ELSE conditional nodes need CUDA 12.8 or newer");
+  }
+  template <class Handle = ConditionalHandle>
+  ConditionalNode add_switch(Handle, unsigned int, const Deps& = {}) {
+    static_assert(sizeof(Handle) == 0, "replay: SWITCH conditional nodes need CUDA 12.8 or newer");
+  }
+#endif
+#endif  // CUDART_VERSION >= 12040
+
+ private:
+  GraphBuilder(::cudaGraph_t graph, bool body) noexcept : graph_(graph), body_(body) {}
+
+  ::cudaGraph_t handle(const ::std::source_location& where) const {
+    if (graph_ == nullptr) [[unlikely]] {
+      throw usage_error("GraphBuilder: no graph (built from a null cudaGraph_t)", where);
+    }
+    return graph_;
+  }
+
+  void prepare(NodeType type, const Deps& deps, const char* adding, const ::std::source_location& where) const {
+    (void)handle(where);
+    deps.validate(adding, where);
+    if (body_ && !detail::allowed_in_conditional_body(type)) {
+      throw usage_error(::std::string(adding) + ": " + detail::conditional_body_rule + "; cannot add a " +
+                            ::std::string(to_string(type)) + " node",
+                        where);
+    }
+  }
+  void refuse_in_body(const ::std::vector<::cudaGraphNode_t>& nodes, const char* adding,
+                      const ::std::source_location& where) const {
+    if (::cudaGraphNode_t bad = detail::find_node(
+            nodes, [](NodeType t) { return !detail::allowed_in_conditional_body(t); }, where)) {
+      throw usage_error(::std::string(adding) + ": " + detail::conditional_body_rule + "; the child graph holds a " +
+                            describe_node(bad),
+                        where);
+    }
+  }
+
+  ::std::vector<::cudaGraphNode_t> new_nodes(const ::std::vector<::cudaGraphNode_t>& before,
+                                             const ::std::source_location& where) const {
+    auto after = detail::graph_nodes(graph_, where);
+    auto old = before;
+    ::std::sort(old.begin(), old.end());
+    ::std::erase_if(after, [&](::cudaGraphNode_t n) { return ::std::binary_search(old.begin(), old.end(), n); });
+    return after;
+  }
+  void remove_new_nodes(const ::std::vector<::cudaGraphNode_t>& before) const noexcept {
+    try {
+      for (::cudaGraphNode_t node : new_nodes(before, ::std::source_location::current())) {
+        (void)::cudaGraphDestroyNode(node);
+      }
+    } catch (...) {
+      (void)::cudaGetLastError();
+    }
+  }
+
+#if CUDART_VERSION >= 12040
+  ConditionalNode add_conditional(ConditionalKind kind, ConditionalHandle condition, unsigned int bodies,
+                                  const Deps& deps, const ::std::source_location& where);
+#endif
+
+  ::cudaGraph_t graph_ = nullptr;
+  bool body_ = false;
+};
+
+#if CUDART_VERSION >= 12040
+
+// A conditional node and its bodies. The bodies are graphs CUDA owns (for the
+// node's lifetime); fill them with body(i) (a GraphBuilder that refuses node
+// types CUDA does not allow there) or by capture (body(i).capture(...)).
+class ConditionalNode : public Node {
+ public:
+  ConditionalNode() noexcept = default;
+
+  ConditionalKind kind() const noexcept { return kind_; }
+  unsigned int body_count() const noexcept { return count_; }
+
+  // Body `index`: IF and WHILE have body 0; IF/ELSE has 0 (then) and 1 (else);
+  // SWITCH has one per case.
+  GraphBuilder body(unsigned int index = 0, ::std::source_location where = ::std::source_location::current()) const {
+    return GraphBuilder::from_native_handle(body_graph(index, where), true);
+  }
+  GraphBuilder then_body(::std::source_location where = ::std::source_location::current()) const {
+    return body(0, where);
+  }
+  GraphBuilder else_body(::std::source_location where = ::std::source_location::current()) const {
+    if (kind_ != ConditionalKind::if_then_else) {
+      throw usage_error("ConditionalNode::else_body: only an IF/ELSE node (add_if_else) has an else body", where);
+    }
+    return body(1, where);
+  }
+  ::cudaGraph_t body_graph(unsigned int index, ::std::source_location where = ::std::source_location::current()) const {
+    (void)handle(where);
+    if (index >= count_) {
+      throw usage_error("ConditionalNode: body " + ::std::to_string(index) + " requested of a " +
+                            ::std::string(to_string(kind_)) + " node with " + ::std::to_string(count_) + " bodies",
+                        where);
+    }
+    return bodies_[index];
+  }
+
+ private:
+  friend class GraphBuilder;
+  ConditionalNode(::cudaGraphNode_t node, ConditionalKind kind, const ::cudaGraph_t* bodies,
+                  unsigned int count) noexcept
+      : Node(node), kind_(kind), bodies_(bodies), count_(count) {}
+
+  ConditionalKind kind_ = ConditionalKind::if_then;
+  const ::cudaGraph_t* bodies_ = nullptr;  // CUDA's array, valid while the node lives
+  unsigned int count_ = 0;
+};
+
+inline ConditionalNode GraphBuilder::add_conditional(ConditionalKind kind, ConditionalHandle condition,
+                                                     unsigned int bodies, const Deps& deps,
+                                                     const ::std::source_location& where) {
+  prepare(NodeType::conditional, deps, "add_conditional", where);
+  if (!condition) {
+    throw usage_error(::std::string("add ") + ::std::string(to_string(kind)) +
+                          " node: the ConditionalHandle is empty; make it with make_condition() on this graph",
+                      where);
+  }
+  ::cudaGraphNodeParams params{};
+  params.type = ::cudaGraphNodeTypeConditional;
+  params.conditional.handle = condition.get();
+  switch (kind) {
+    case ConditionalKind::if_then:
+    case ConditionalKind::if_then_else:
+      params.conditional.type = ::cudaGraphCondTypeIf;
+      break;
+    case ConditionalKind::while_loop:
+      params.conditional.type = ::cudaGraphCondTypeWhile;
+      break;
+    case ConditionalKind::switch_case:
+#if CUDART_VERSION >= 12080
+      params.conditional.type = ::cudaGraphCondTypeSwitch;
+#endif
+      break;
+  }
+  params.conditional.size = bodies;
+  params.conditional.phGraph_out = nullptr;
+  ::cudaGraphNode_t node = nullptr;
+#if CUDART_VERSION >= 13000
+  const ::cudaError_t status = ::cudaGraphAddNode(&node, graph_, deps.data(), nullptr, deps.size(), &params);
+#else
+  const ::cudaError_t status = ::cudaGraphAddNode(&node, graph_, deps.data(), deps.size(), &params);
+#endif
+  if (status != ::cudaSuccess) {
+    (void)::cudaGetLastError();
+    int driver = 0;
+    (void)::cudaDriverGetVersion(&driver);
+    (void)::cudaGetLastError();
+    ::std::string context = ::std::string("adding a ") + ::std::string(to_string(kind)) + " node with " +
+                            ::std::to_string(bodies) + " bodies";
+    if (driver < required_cuda_version(kind)) {
+      context += "; " + ::std::string(to_string(kind)) + " nodes need a CUDA " +
+                 ::std::to_string(required_cuda_version(kind) / 1000) + "." +
+                 ::std::to_string(required_cuda_version(kind) % 1000 / 10) + " driver, this one is " +
+                 ::std::to_string(driver / 1000) + "." + ::std::to_string(driver % 1000 / 10);
+    }
+    throw cuda_error(status, "cudaGraphAddNode", where, context);
+  }
+  return ConditionalNode(node, kind, params.conditional.phGraph_out, bodies);
+}
+
+inline ConditionalNode GraphBuilder::add_if(ConditionalHandle condition, const Deps& deps,
+                                            ::std::source_location where) {
+  return add_conditional(ConditionalKind::if_then, condition, 1, deps, where);
+}
+inline ConditionalNode GraphBuilder::add_while(ConditionalHandle condition, const Deps& deps,
+                                               ::std::source_location where) {
+  return add_conditional(ConditionalKind::while_loop, condition, 1, deps, where);
+}
+#if CUDART_VERSION >= 12080
+inline ConditionalNode GraphBuilder::add_if_else(ConditionalHandle condition, const Deps& deps,
+                                                 ::std::source_location where) {
+  return add_conditional(ConditionalKind::if_then_else, condition, 2, deps, where);
+}
+inline ConditionalNode GraphBuilder::add_switch(ConditionalHandle condition, unsigned int cases, const Deps& deps,
+                                                ::std::source_location where) {
+  if (cases == 0) {
+    throw usage_error("add_switch: a SWITCH node needs at least one case (body)", where);
+  }
+  return add_conditional(ConditionalKind::switch_case, condition, cases, deps, where);
+}
+#endif
+
+#endif  // CUDART_VERSION >= 12040
+
+}  // namespace replay

@@ -1,0 +1,161 @@
+#pragma once
+#include <replay/detail/require_cxx20.hpp>
+// Node: a non-owning handle to one node of a graph, valid for as long as the
+// graph holds the node, and usable on every executable graph instantiated from
+// that graph (the node names its counterpart there). Deps: the explicit
+// dependencies of a node being added. LaunchConfig: grid, block and dynamic
+// shared memory of a kernel node.
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <initializer_list>
+#include <source_location>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "replay/error.hpp"
+#include "replay/graph.hpp"
+#include "replay/graph_exec.hpp"
+
+namespace replay {
+
+struct LaunchConfig {
+  ::dim3 grid{1, 1, 1};
+  ::dim3 block{1, 1, 1};
+  unsigned int shared_bytes = 0;
+};
+
+namespace detail {
+
+// Throws cuda_error for a failed node call, naming the node ("kernel node
+// jacobi_step(...)"), and leaves no copy of the failure in the last-error slot.
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_node_error(::cudaError_t status, const char* api,
+                                                                   ::cudaGraphNode_t node, const char* doing,
+                                                                   const ::std::source_location& where) {
+  (void)::cudaGetLastError();
+  throw cuda_error(status, api, where, ::std::string(doing) + " " + describe_node(node));
+}
+inline void check_node(::cudaError_t status, const char* api, ::cudaGraphNode_t node, const char* doing,
+                       const ::std::source_location& where) {
+  if (status != ::cudaSuccess) [[unlikely]] {
+    throw_node_error(status, api, node, doing, where);
+  }
+}
+
+}  // namespace detail
+
+// The executable graph a variadic update applies to, with the caller's source
+// line (a variadic call cannot take a defaulted source_location last, so it
+// rides on the conversion from GraphExec&).
+class ExecSite {
+ public:
+  ExecSite(GraphExec& exec, ::std::source_location where = ::std::source_location::current()) noexcept  // NOLINT
+      : exec_(&exec), where_(where) {}
+  GraphExec& exec() const noexcept { return *exec_; }
+  const ::std::source_location& where() const noexcept { return where_; }
+
+ private:
+  GraphExec* exec_;
+  ::std::source_location where_;
+};
+
+class Node {
+ public:
+  Node() noexcept = default;
+  // Wraps a node made elsewhere (a captured graph's node, say).
+  [[nodiscard]] static Node from_native_handle(::cudaGraphNode_t node) noexcept { return Node(node); }
+
+  ::cudaGraphNode_t get() const noexcept { return node_; }
+  explicit operator bool() const noexcept { return node_ != nullptr; }
+
+  ::cudaGraphNode_t handle(::std::source_location where = ::std::source_location::current()) const {
+    if (node_ == nullptr) [[unlikely]] {
+      throw usage_error("Node: an empty node handle was used (default-constructed, or not from a graph)", where);
+    }
+    return node_;
+  }
+
+  NodeType type(::std::source_location where = ::std::source_location::current()) const {
+    ::cudaGraphNodeType type{};
+    check(::cudaGraphNodeGetType(handle(where), &type), "cudaGraphNodeGetType", where);
+    return static_cast<NodeType>(type);
+  }
+  // "kernel node scale(float*, int)", "memset node": what error messages call it.
+  ::std::string describe() const { return describe_node(node_); }
+
+  // Turns this node off (or back on) in `exec` without touching its
+  // parameters; a disabled node runs as an empty node. CUDA allows it for
+  // kernel, memcpy and memset nodes.
+  void set_enabled(GraphExec& exec, bool enabled,
+                   ::std::source_location where = ::std::source_location::current()) const {
+    detail::check_node(::cudaGraphNodeSetEnabled(exec.handle(where), handle(where), enabled ? 1U : 0U),
+                       "cudaGraphNodeSetEnabled", node_, enabled ? "enabling" : "disabling", where);
+  }
+  bool enabled(const GraphExec& exec, ::std::source_location where = ::std::source_location::current()) const {
+    unsigned int on = 0;
+    detail::check_node(::cudaGraphNodeGetEnabled(exec.handle(where), handle(where), &on), "cudaGraphNodeGetEnabled",
+                       node_, "querying", where);
+    return on != 0;
+  }
+
+  friend bool operator==(const Node& a, const Node& b) noexcept { return a.node_ == b.node_; }
+
+ protected:
+  explicit Node(::cudaGraphNode_t node) noexcept : node_(node) {}
+
+ private:
+  ::cudaGraphNode_t node_ = nullptr;
+};
+
+// The nodes a new node depends on: none, one node, a braced list of nodes, or
+// a span/vector of them (any node handle type slices to Node).
+// A Deps also carries the caller's source line, for variadic calls such as
+// GraphBuilder::add_kernel that cannot take a defaulted source_location last.
+class Deps {
+ public:
+  Deps(::std::source_location where = ::std::source_location::current()) noexcept : where_(where) {}  // NOLINT
+  Deps(const Node& node, ::std::source_location where = ::std::source_location::current())  // NOLINT
+      : nodes_{node.get()}, where_(where) {}
+  Deps(::std::initializer_list<Node> nodes, ::std::source_location where = ::std::source_location::current())
+      : where_(where) {
+    append(nodes);
+  }
+  Deps(::std::span<const Node> nodes, ::std::source_location where = ::std::source_location::current())  // NOLINT
+      : where_(where) {
+    append(nodes);
+  }
+  Deps(const ::std::vector<Node>& nodes, ::std::source_location where = ::std::source_location::current())  // NOLINT
+      : where_(where) {
+    append(::std::span<const Node>(nodes));
+  }
+
+  const ::std::source_location& where() const noexcept { return where_; }
+
+  const ::cudaGraphNode_t* data() const noexcept { return nodes_.empty() ? nullptr : nodes_.data(); }
+  ::std::size_t size() const noexcept { return nodes_.size(); }
+  bool empty() const noexcept { return nodes_.empty(); }
+
+  // usage_error for an empty handle in the list, before CUDA sees it.
+  void validate(const char* adding, const ::std::source_location& where) const {
+    for (::cudaGraphNode_t node : nodes_) {
+      if (node == nullptr) {
+        throw usage_error(::std::string(adding) + ": a dependency is an empty node handle", where);
+      }
+    }
+  }
+
+ private:
+  template <class Range>
+  void append(const Range& nodes) {
+    nodes_.reserve(nodes.size());
+    for (const Node& node : nodes) {
+      nodes_.push_back(node.get());
+    }
+  }
+  ::std::vector<::cudaGraphNode_t> nodes_;
+  ::std::source_location where_;
+};
+
+}  // namespace replay
