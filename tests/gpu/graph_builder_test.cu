@@ -83,18 +83,28 @@ bool near_all(const std::vector<float>& got, const std::vector<float>& want) {
 }
 void host_marker(void* flag) { static_cast<std::atomic<int>*>(flag)->fetch_add(1); }
 
+// What most cases start from: a stream and an empty graph with its builder.
+struct Built {
+  replay::Stream stream;
+  replay::Graph graph = replay::make_graph();
+  replay::GraphBuilder b{graph};
+};
+
+// x = a * x + c over kN elements, as a node of `b`.
+replay::KernelNode<float*, int, float, float> add_axpb(replay::GraphBuilder& b, float* x, float a, float c,
+                                                      const replay::Deps& deps) {
+  return b.add_kernel(axpb_kernel, blocks_for(kN), 256, 0, deps, x, kN, a, c);
+}
+
 int random_int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(replay_test::rng()); }
 }  // namespace
 
 TEST_SUITE("gpu" * replay_test::needs_device()) {
-  TEST_CASE("kernel nodes: typed arguments, explicit dependencies, in-place set_args and set_params") {
-    replay::Stream stream;
+  TEST_CASE_FIXTURE(Built, "kernel nodes: typed arguments, explicit dependencies, in-place set_args and set_params") {
     replay::DeviceBuffer<float> x(kN);
     replay::DeviceBuffer<float> y(kN);
-    replay::Graph graph = replay::make_graph();
-    replay::GraphBuilder b(graph);
-    auto first = b.add_kernel(axpb_kernel, blocks_for(kN), 256, 0, {}, x.data(), kN, 2.0F, 1.0F);
-    auto second = b.add_kernel(axpb_kernel, blocks_for(kN), 256, 0, {first}, x.data(), kN, 0.5F, -3.0F);
+    auto first = add_axpb(b, x.data(), 2.0F, 1.0F, {});
+    auto second = add_axpb(b, x.data(), 0.5F, -3.0F, {first});
     CHECK(graph.count(replay::NodeType::kernel) == 2);
     CHECK(first.config().block.x == 256);
     replay::GraphExec exec(graph);
@@ -137,8 +147,8 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     replay::Graph other = replay::make_graph();
     replay::GraphBuilder b(graph);
     replay::GraphBuilder ob(other);
-    (void)b.add_kernel(axpb_kernel, blocks_for(kN), 256, 0, {}, x.data(), kN, 1.0F, 0.0F);
-    auto foreign = ob.add_kernel(axpb_kernel, blocks_for(kN), 256, 0, {}, x.data(), kN, 1.0F, 0.0F);
+    (void)add_axpb(b, x.data(), 1.0F, 0.0F, {});
+    auto foreign = add_axpb(ob, x.data(), 1.0F, 0.0F, {});
     replay::GraphExec exec(graph);
     try {
       foreign.set_args(exec, x.data(), kN, 2.0F, 0.0F);
@@ -154,14 +164,11 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
                     replay::usage_error);
   }
 
-  TEST_CASE("memcpy and memset nodes, updated in place; typed spans are size-checked") {
-    replay::Stream stream;
+  TEST_CASE_FIXTURE(Built, "memcpy and memset nodes, updated in place; typed spans are size-checked") {
     replay::DeviceBuffer<float> src(kN);
     replay::DeviceBuffer<float> dst(kN);
     replay::DeviceBuffer<float> src2(kN);
     replay::DeviceBuffer<int> flags(kN);
-    replay::Graph graph = replay::make_graph();
-    replay::GraphBuilder b(graph);
     const int fill_value = random_int(-1000, 1000);
     auto fill = b.add_fill(flags.span(), fill_value, {});
     auto copy = b.add_copy(dst.span(), std::span<const float>(src.span()), {fill});
@@ -198,13 +205,10 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
                     replay::usage_error);
   }
 
-  TEST_CASE("enable and disable a node on an executable graph") {
-    replay::Stream stream;
+  TEST_CASE_FIXTURE(Built, "enable and disable a node on an executable graph") {
     replay::DeviceBuffer<float> x(kN);
-    replay::Graph graph = replay::make_graph();
-    replay::GraphBuilder b(graph);
-    auto scale = b.add_kernel(axpb_kernel, blocks_for(kN), 256, 0, {}, x.data(), kN, 2.0F, 0.0F);
-    auto shift = b.add_kernel(axpb_kernel, blocks_for(kN), 256, 0, {scale}, x.data(), kN, 1.0F, 5.0F);
+    auto scale = add_axpb(b, x.data(), 2.0F, 0.0F, {});
+    auto shift = add_axpb(b, x.data(), 1.0F, 5.0F, {scale});
     replay::GraphExec exec(graph);
     CHECK(scale.enabled(exec));
     scale.set_enabled(exec, false);
@@ -232,7 +236,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     {
       replay::Graph graph = replay::make_graph();
       replay::GraphBuilder b(graph);
-      auto k = b.add_kernel(axpb_kernel, blocks_for(kN), 256, 0, {}, x.data(), kN, 2.0F, 1.0F);
+      auto k = add_axpb(b, x.data(), 2.0F, 1.0F, {});
       auto back = b.add_memcpy(seen.data(), x.data(), kN * sizeof(float), {k});
       host = b.add_host(
           [counter = std::move(calls), out = copied.data(), in = seen.data()] {
@@ -267,10 +271,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(watch.expired());
   }
 
-  TEST_CASE("a host node's exception is kept and rethrown on the host") {
-    replay::Stream stream;
-    replay::Graph graph = replay::make_graph();
-    replay::GraphBuilder b(graph);
+  TEST_CASE_FIXTURE(Built, "a host node's exception is kept and rethrown on the host") {
     auto host = b.add_host([] { throw std::runtime_error("host node boom"); });
     replay::GraphExec exec(graph);
     exec.launch(stream);
@@ -279,17 +280,14 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK_NOTHROW(host.rethrow_if_failed());  // reported once
   }
 
-  TEST_CASE("child graphs: a captured section as a node") {
-    replay::Stream stream;
+  TEST_CASE_FIXTURE(Built, "child graphs: a captured section as a node") {
     replay::DeviceBuffer<float> x(kN);
     auto section = replay::capture(stream, [&](replay::StreamRef s) {
       axpb_kernel<<<blocks_for(kN), 256, 0, s.get()>>>(x.data(), kN, 3.0F, 1.0F);
       axpb_kernel<<<blocks_for(kN), 256, 0, s.get()>>>(x.data(), kN, 1.0F, -2.0F);
       replay::check_last_launch();
     });
-    replay::Graph graph = replay::make_graph();
-    replay::GraphBuilder b(graph);
-    auto before = b.add_kernel(axpb_kernel, blocks_for(kN), 256, 0, {}, x.data(), kN, 0.5F, 0.0F);
+    auto before = add_axpb(b, x.data(), 0.5F, 0.0F, {});
     auto child = b.add_child(section, {before});
     CHECK(child.child_graph() != nullptr);
     CHECK(graph.count(replay::NodeType::child_graph) == 1);
@@ -300,13 +298,10 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(near_all(read(x, stream), axpb_host(axpb_host(axpb_host(input, 0.5F, 0.0F), 3.0F, 1.0F), 1.0F, -2.0F)));
   }
 
-  TEST_CASE("capture into a graph after given nodes; the section's sinks order later nodes") {
-    replay::Stream stream;
+  TEST_CASE_FIXTURE(Built, "capture into a graph after given nodes; the section's sinks order later nodes") {
     replay::DeviceBuffer<float> x(kN);
     replay::DeviceBuffer<float> out(kN);
-    replay::Graph graph = replay::make_graph();
-    replay::GraphBuilder b(graph);
-    auto first = b.add_kernel(axpb_kernel, blocks_for(kN), 256, 0, {}, x.data(), kN, 2.0F, 0.0F);
+    auto first = add_axpb(b, x.data(), 2.0F, 0.0F, {});
     auto sinks = b.capture(
         stream,
         [&](replay::StreamRef s) {
@@ -338,17 +333,14 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(near_all(read(out, stream), axpb_host(axpb_host(axpb_host(input, 2.0F, 0.0F), 1.0F, 1.0F), -1.0F, 0.0F)));
   }
 
-  TEST_CASE("event record and wait nodes") {
-    replay::Stream stream;
+  TEST_CASE_FIXTURE(Built, "event record and wait nodes") {
     replay::Stream producer;
     replay::DeviceBuffer<float> x(kN);
     replay::DeviceBuffer<float> y(kN);
     replay::Event produced;
     replay::Event done;
-    replay::Graph graph = replay::make_graph();
-    replay::GraphBuilder b(graph);
     auto wait = b.add_event_wait(produced);
-    auto k = b.add_kernel(axpb_kernel, blocks_for(kN), 256, 0, {wait}, x.data(), kN, 4.0F, -1.0F);
+    auto k = add_axpb(b, x.data(), 4.0F, -1.0F, {wait});
     auto copy = b.add_copy(y.span(), std::span<const float>(x.span()), {k});
     (void)b.add_event_record(done, {copy});
     CHECK(graph.count(replay::NodeType::wait_event) == 1);
@@ -373,12 +365,9 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     stream.synchronize();
   }
 
-  TEST_CASE("memory allocation and free nodes") {
-    replay::Stream stream;
+  TEST_CASE_FIXTURE(Built, "memory allocation and free nodes") {
     replay::DeviceBuffer<float> in(kN);
     replay::DeviceBuffer<float> out(kN);
-    replay::Graph graph = replay::make_graph();
-    replay::GraphBuilder b(graph);
     auto scratch = b.add_mem_alloc(kN * sizeof(float));
     REQUIRE(scratch.ptr() != nullptr);
     auto load = b.add_memcpy(scratch.ptr(), in.data(), kN * sizeof(float), {scratch}, cudaMemcpyDeviceToDevice);
@@ -397,12 +386,9 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     }
   }
 
-  TEST_CASE("IF: the body runs when the device-set value is non-zero") {
-    replay::Stream stream;
+  TEST_CASE_FIXTURE(Built, "IF: the body runs when the device-set value is non-zero") {
     replay::DeviceBuffer<unsigned> value(1);
     replay::DeviceBuffer<int> out(1);
-    replay::Graph graph = replay::make_graph();
-    replay::GraphBuilder b(graph);
     auto cond = b.make_condition(0);
     auto reset = b.add_fill(out.span(), -1, {});
     auto set = b.add_kernel(set_from_kernel, 1, 1, 0, {reset}, cond, static_cast<const unsigned*>(value.data()));
@@ -422,12 +408,9 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     }
   }
 
-  TEST_CASE("IF/ELSE: one of two bodies, the else body filled by capture") {
-    replay::Stream stream;
+  TEST_CASE_FIXTURE(Built, "IF/ELSE: one of two bodies, the else body filled by capture") {
     replay::DeviceBuffer<unsigned> value(1);
     replay::DeviceBuffer<int> out(1);
-    replay::Graph graph = replay::make_graph();
-    replay::GraphBuilder b(graph);
     auto cond = b.make_condition(0);
     auto set = b.add_kernel(set_from_kernel, 1, 1, 0, {}, cond, static_cast<const unsigned*>(value.data()));
     auto node = b.add_if_else(cond, {set});
@@ -446,12 +429,9 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     }
   }
 
-  TEST_CASE("WHILE: the loop runs on the device until the body clears the value") {
-    replay::Stream stream;
+  TEST_CASE_FIXTURE(Built, "WHILE: the loop runs on the device until the body clears the value") {
     replay::DeviceBuffer<int> remaining(1);
     replay::DeviceBuffer<int> passes(1);
-    replay::Graph graph = replay::make_graph();
-    replay::GraphBuilder b(graph);
     auto cond = b.make_condition(1);  // enter the loop; the body decides after each pass
     auto zero = b.add_fill(passes.span(), 0, {});
     auto loop = b.add_while(cond, {zero});
@@ -466,13 +446,10 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     }
   }
 
-  TEST_CASE("WHILE with a zero value runs no pass; a captured body works too") {
-    replay::Stream stream;
+  TEST_CASE_FIXTURE(Built, "WHILE with a zero value runs no pass; a captured body works too") {
     replay::DeviceBuffer<int> remaining(1);
     replay::DeviceBuffer<int> passes(1);
     replay::DeviceBuffer<unsigned> start(1);
-    replay::Graph graph = replay::make_graph();
-    replay::GraphBuilder b(graph);
     auto cond = b.make_condition(0);
     auto zero = b.add_fill(passes.span(), 0, {});
     auto set = b.add_kernel(set_from_kernel, 1, 1, 0, {zero}, cond, static_cast<const unsigned*>(start.data()));
@@ -491,13 +468,10 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(read_one(passes.data(), stream) == 9);
   }
 
-  TEST_CASE("SWITCH: the device picks one body; a value past the last case runs none") {
-    replay::Stream stream;
+  TEST_CASE_FIXTURE(Built, "SWITCH: the device picks one body; a value past the last case runs none") {
     constexpr unsigned kCases = 4;
     replay::DeviceBuffer<unsigned> value(1);
     replay::DeviceBuffer<int> out(1);
-    replay::Graph graph = replay::make_graph();
-    replay::GraphBuilder b(graph);
     auto cond = b.make_condition(0);
     auto reset = b.add_fill(out.span(), -1, {});
     auto set = b.add_kernel(set_from_kernel, 1, 1, 0, {reset}, cond, static_cast<const unsigned*>(value.data()));
@@ -562,12 +536,9 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(cudaGetLastError() == cudaSuccess);
   }
 
-  TEST_CASE("inspection covers the new node types; DOT output is written") {
-    replay::Stream stream;
+  TEST_CASE_FIXTURE(Built, "inspection covers the new node types; DOT output is written") {
     replay::DeviceBuffer<float> x(64);
     replay::Event event;
-    replay::Graph graph = replay::make_graph();
-    replay::GraphBuilder b(graph);
     auto alloc = b.add_mem_alloc(256);
     auto k = b.add_kernel(axpb_kernel, 1, 64, 0, {alloc}, x.data(), 64, 1.0F, 0.0F);
     auto free_node = b.add_mem_free(alloc, {k});
