@@ -10,8 +10,8 @@
 //                    residual after every launch;
 //   ReplayNodeUpdate the same graph built with replay::GraphBuilder, the
 //                    arguments swapped through the typed node handle;
-//   DeviceLoop       the whole solve in one launch: a WHILE node whose body
-//                    sweeps and tests convergence on the GPU.
+//   DeviceLoop       the whole solve in one launch: a WHILE node whose body,
+//                    one kernel, sweeps and tests convergence on the GPU.
 // Shared by examples/device_loop and bench/graph_builder_bench.cu.
 #include <cuda_runtime.h>
 
@@ -84,8 +84,9 @@ inline Result solve_on_cpu(const System& s) {
   return Result{k + 1, error_of(x)};
 }
 
-// One sweep: x_new = x + (b - A x) / diag(A); residual += sum |dx|.
-__global__ void sweep(const float* a, const double* b, const double* x, double* x_new, double* residual) {
+// One sweep over this block's rows: x_new = x + (b - A x) / diag(A), and the
+// block's sum of |dx| added to *residual. One warp per row.
+__device__ inline void sweep_rows(const float* a, const double* b, const double* x, double* x_new, double* residual) {
   __shared__ double partial[kRowsPerBlock];
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -103,6 +104,7 @@ __global__ void sweep(const float* a, const double* b, const double* x, double* 
     x_new[row] = x[row] + dx;
     partial[warp] = fabs(dx);
   }
+  __threadfence();  // x_new visible device-wide before this block reports (see sweep_and_test)
   __syncthreads();
   if (threadIdx.x == 0) {
     double sum = 0.0;
@@ -113,19 +115,37 @@ __global__ void sweep(const float* a, const double* b, const double* x, double* 
   }
 }
 
-// The convergence test on the GPU, after each sweep of the device loop:
-// x = x_new, count the iteration, clear the residual, and keep looping while
-// it is above the threshold.
-__global__ void test_convergence(replay::ConditionalHandle keep_going, double* x, const double* x_new,
-                                 double* residual, int* iterations, float threshold, int max_iterations) {
-  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (i < kRows) {
-    x[i] = x_new[i];
+// The sweep as the sample's method 0 launches it.
+__global__ void sweep(const float* a, const double* b, const double* x, double* x_new, double* residual) {
+  sweep_rows(a, b, x, x_new, residual);
+}
+
+// The device loop's body: one sweep, then the convergence test on the GPU in
+// the block that finishes last (every other block has read x by then): x =
+// x_new, count the iteration, clear the residual, and keep looping while it
+// is above the threshold.
+__global__ void sweep_and_test(replay::ConditionalHandle keep_going, const float* a, const double* b, double* x,
+                               double* x_new, double* residual, unsigned* arrived, int* iterations, float threshold,
+                               int max_iterations) {
+  sweep_rows(a, b, x, x_new, residual);
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(arrived, 1U) == gridDim.x - 1;
   }
-  if (i == 0) {
+  __syncthreads();
+  if (!last) {
+    return;
+  }
+  __threadfence();
+  for (int i = static_cast<int>(threadIdx.x); i < kRows; i += static_cast<int>(blockDim.x)) {
+    x[i] = __ldcg(&x_new[i]);
+  }
+  if (threadIdx.x == 0) {
+    *arrived = 0;
     const int done = *iterations + 1;
     *iterations = done;
-    const double r = *residual;
+    const double r = __ldcg(residual);
     *residual = 0.0;
     keep_going.set(r > threshold && done < max_iterations ? 1U : 0U);
   }
@@ -139,6 +159,7 @@ struct DeviceSystem {
   replay::DeviceBuffer<double> x_new{kRows};
   replay::DeviceBuffer<double> residual{1};
   replay::DeviceBuffer<int> iterations{1};
+  replay::DeviceBuffer<unsigned> arrived{1};
   replay::PinnedBuffer<double> residual_host{1};
 
   DeviceSystem(const System& s, replay::StreamRef stream) {
@@ -287,7 +308,7 @@ class ReplayNodeUpdate {
   int last_ = 0;
 };
 
-// The whole solve in one graph launch: clear, then WHILE (sweep; test on the GPU).
+// The whole solve in one graph launch: clear, then WHILE (sweep and test on the GPU).
 class DeviceLoop {
  public:
   explicit DeviceLoop(DeviceSystem& d) : d_(d), graph_(build(d)), exec_(graph_) {}
@@ -312,13 +333,11 @@ class DeviceLoop {
     const replay::Deps cleared{g.add_memset(d.x.data(), 0, kRows * sizeof(double)),
                                g.add_memset(d.x_new.data(), 0, kRows * sizeof(double)),
                                g.add_memset(d.residual.data(), 0, sizeof(double)),
-                               g.add_fill(d.iterations.span(), 0)};
+                               g.add_fill(d.iterations.span(), 0), g.add_fill(d.arrived.span(), 0U)};
     auto loop = g.add_while(keep_going, cleared);
-    auto body = loop.body();
-    auto step = body.add_kernel(sweep, kSweepBlocks, kSweepThreads, 0, {}, d.a.data(), d.b.data(), d.x.data(),
-                                d.x_new.data(), d.residual.data());
-    (void)body.add_kernel(test_convergence, (kRows + 255) / 256, 256, 0, {step}, keep_going, d.x.data(),
-                          d.x_new.data(), d.residual.data(), d.iterations.data(), kThreshold, kMaxIterations);
+    (void)loop.body().add_kernel(sweep_and_test, kSweepBlocks, kSweepThreads, 0, {}, keep_going, d.a.data(),
+                                 d.b.data(), d.x.data(), d.x_new.data(), d.residual.data(), d.arrived.data(),
+                                 d.iterations.data(), kThreshold, kMaxIterations);
     return graph;
   }
 
