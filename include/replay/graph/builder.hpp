@@ -416,10 +416,10 @@ class GraphBuilder {
   // Captures what `work(stream)` issues on `stream` straight into this graph
   // (or body), after `deps` (cudaStreamBeginCaptureToGraph). Returns the new
   // nodes that nothing else among them depends on: depend on those to run
-  // after the captured section. If `work` throws or the capture breaks, the
-  // nodes it added are removed again and the error propagates; in a
-  // conditional body, capturing a node type CUDA does not allow there is a
-  // usage_error naming the node.
+  // after the captured section (`deps` again when nothing was captured).
+  // If `work` throws or the capture breaks, the nodes it added are removed
+  // again and the error propagates; in a conditional body, capturing a node
+  // type CUDA does not allow there is a usage_error naming the node.
   template <class Work>
     requires(::std::invocable<Work&, StreamRef>)
   ::std::vector<Node> capture(StreamRef stream, Work&& work, const Deps& deps = {},
@@ -462,6 +462,12 @@ class GraphBuilder {
       }
     }
     ::std::vector<Node> sinks;
+    if (added.empty()) {  // nothing captured: what comes next still follows `deps`
+      for (::std::size_t i = 0; i < deps.size(); ++i) {
+        sinks.push_back(Node::from_native_handle(deps.data()[i]));
+      }
+      return sinks;
+    }
     for (::cudaGraphNode_t node : added) {
       ::std::size_t dependents = 0;
 #if CUDART_VERSION >= 13000
@@ -505,11 +511,11 @@ class GraphBuilder {
                              ::std::source_location where = ::std::source_location::current());
 #else
   template <class Handle = ConditionalHandle>
-  ConditionalNode add_if_else(Handle, const Deps& = {}) {
+  void add_if_else(Handle, const Deps& = {}) {
     static_assert(sizeof(Handle) == 0, "replay: IF/ELSE conditional nodes need CUDA 12.8 or newer");
   }
   template <class Handle = ConditionalHandle>
-  ConditionalNode add_switch(Handle, unsigned int, const Deps& = {}) {
+  void add_switch(Handle, unsigned int, const Deps& = {}) {
     static_assert(sizeof(Handle) == 0, "replay: SWITCH conditional nodes need CUDA 12.8 or newer");
   }
 #endif
