@@ -271,6 +271,23 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(watch.expired());
   }
 
+  TEST_CASE_FIXTURE(Built, "a host node inside a child graph outlives the child graph it was added to") {
+    std::atomic<int> calls{0};
+    {
+      replay::Graph child = replay::make_graph();
+      replay::GraphBuilder cb(child);
+      (void)cb.add_host([&calls] { calls.fetch_add(1); });
+      (void)b.add_child(child);
+    }  // the original child is gone; the parent's copy keeps the callable
+    replay::GraphExec exec(graph);
+    const int launches = random_int(2, 5);
+    for (int i = 0; i < launches; ++i) {
+      exec.launch(stream);
+    }
+    stream.synchronize();
+    CHECK(calls.load() == launches);
+  }
+
   TEST_CASE_FIXTURE(Built, "a host node's exception is kept and rethrown on the host") {
     auto host = b.add_host([] { throw std::runtime_error("host node boom"); });
     replay::GraphExec exec(graph);
