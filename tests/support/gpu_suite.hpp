@@ -17,6 +17,13 @@ namespace replay_test {
 
 inline auto needs_device() { return doctest::skip(!replay::has_device()); }
 
+// Cases that need two GPUs or more go in
+//   TEST_SUITE("gpu_multi" * replay_test::needs_devices(2)) { ... }
+// skipped on a machine with fewer. scripts/gpu-check.sh leaves that suite out
+// of its one-GPU runs (a skip there is a failure) and runs it, with every GPU
+// visible, only where two or more exist (scripts/gpu-check.d/nccl.sh).
+inline auto needs_devices(int count) { return doctest::skip(replay::device_count() < count); }
+
 // True when scripts/gpu-check.sh runs the program under compute-sanitizer,
 // where every kernel launch is instrumented and tens of times slower.
 inline bool under_sanitizer() { return std::getenv("REPLAY_UNDER_SANITIZER") != nullptr; }
