@@ -87,6 +87,14 @@ if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")
     set_target_properties(NCCL::nccl PROPERTIES
       IMPORTED_LOCATION "${NCCL_LIBRARY}"
       INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
+    # Not a system include folder (-I, not -isystem): the header must be found
+    # before any other nccl.h, such as one a CUDA toolkit folder may hold,
+    # which would otherwise shadow it and not match the library.
+    if(CMAKE_VERSION VERSION_GREATER_EQUAL 3.25)
+      set_property(TARGET NCCL::nccl PROPERTY SYSTEM FALSE)
+    else()
+      set_property(TARGET NCCL::nccl PROPERTY IMPORTED_NO_SYSTEM TRUE)
+    endif()
     if(TARGET CUDA::cudart)
       set_property(TARGET NCCL::nccl APPEND PROPERTY INTERFACE_LINK_LIBRARIES CUDA::cudart)
     endif()

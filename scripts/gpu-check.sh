@@ -57,13 +57,12 @@ run_bounded() {
   return "$rc"
 }
 
-# run_test_program EXE: all suites but gpu_multi; parses doctest's summary.
+# run_test_program EXE: all suites; parses doctest's summary.
 run_test_program() {
   local exe=$1 name
   name=$(basename "$exe")
   log "test $name"
-  # gpu_multi (two GPUs or more) runs in gpu-check.d/nccl.sh, with every GPU visible.
-  run_bounded 400 "$exe" --no-version --test-suite-exclude=gpu_multi >"$OUT/$name.log" 2>&1
+  run_bounded 400 "$exe" --no-version >"$OUT/$name.log" 2>&1
   local rc=$?
   cat "$OUT/$name.log" >>"$OUT/tests-$lane.log"
   local line p f s
@@ -165,7 +164,8 @@ lane=light
 [ "$gpus" -ge 2 ] && export CUDA_VISIBLE_DEVICES=0
 for exe in build/gpu/tests/test_*; do
   [ -x "$exe" ] || continue
-  case "$(basename "$exe")" in test_torch) continue ;; esac
+  # test_*_multi (suite gpu_multi, two GPUs or more): gpu-check.d/nccl.sh, with every GPU.
+  case "$(basename "$exe")" in test_torch | test_*_multi) continue ;; esac
   run_test_program "$exe"
 done
 if $tests_only; then
@@ -177,7 +177,7 @@ elif command -v compute-sanitizer >/dev/null 2>&1; then
   for tool in $tools; do
     for exe in build/gpu/tests/test_*; do
       [ -x "$exe" ] || continue
-      case "$(basename "$exe")" in *_host | test_torch) continue ;; esac
+      case "$(basename "$exe")" in *_host | *_multi | test_torch) continue ;; esac
       run_sanitizer "$tool" "$exe"
     done
   done

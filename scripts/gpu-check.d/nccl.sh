@@ -5,8 +5,8 @@
 #   1. the tensor_parallel_mlp example with one rank: one thread per GPU
 #      (ncclCommInitAll) and one process per GPU (unique id through a file),
 #      each with --steps (random batch sizes, same bucket every step, no hang);
-#   2. with two GPUs or more: the same with every GPU, and test_nccl's
-#      gpu_multi suite. gpu-check.sh gives each of its lanes one GPU, so this
+#   2. with two GPUs or more: the same with every GPU, and test_nccl_multi
+#      (suite gpu_multi). gpu-check.sh gives each of its lanes one GPU, so this
 #      part waits for the CUDA-only lane to finish ($OUT/lane-light.done) and
 #      then uses every GPU.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 unless set; docs/nccl.md).
@@ -17,7 +17,7 @@ build=${REPLAY_BUILD_DIR:-build/gpu}
 OUT=${OUT:-build/gpu-check}
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 example=$build/examples/tensor_parallel_mlp/tensor_parallel_mlp
-tests=$build/tests/test_nccl
+tests=$build/tests/test_nccl_multi
 step() { printf '[nccl %s] %s\n' "$(date +%T)" "$*"; }
 
 if grep -q '^NCCL_LIBRARY:FILEPATH=.*NOTFOUND' "$build/CMakeCache.txt" 2>/dev/null; then
@@ -25,7 +25,7 @@ if grep -q '^NCCL_LIBRARY:FILEPATH=.*NOTFOUND' "$build/CMakeCache.txt" 2>/dev/nu
   exit 0
 fi
 if [ ! -x "$example" ] || [ ! -x "$tests" ]; then
-  echo "nccl: FAILED: NCCL was found but tensor_parallel_mlp or test_nccl was not built (see build.log)"
+  echo "nccl: FAILED: NCCL was found but tensor_parallel_mlp or test_nccl_multi was not built (see build.log)"
   exit 1
 fi
 status=0
@@ -70,12 +70,12 @@ if [ "${gpus:-0}" -ge 2 ]; then
   fi
   run_mlp 300 --steps 100000
   run_processes "$gpus" 240 20000
-  step "test_nccl --test-suite=gpu_multi"
-  timeout 240 "$tests" --test-suite=gpu_multi --no-version
+  step "test_nccl_multi"
+  timeout 240 "$tests" --no-version
   rc=$?
-  [ "$rc" -eq 0 ] || { echo "nccl: test_nccl gpu_multi FAILED (rc=$rc)"; status=1; }
+  [ "$rc" -eq 0 ] || { echo "nccl: test_nccl_multi FAILED (rc=$rc)"; status=1; }
 else
-  echo "nccl: one GPU here: the multi-GPU runs (tensor_parallel_mlp over every GPU, gpu_multi) were not made"
+  echo "nccl: one GPU here: the multi-GPU runs (tensor_parallel_mlp over every GPU, test_nccl_multi) were not made"
 fi
 echo "nccl step: $([ "$status" -eq 0 ] && echo ok || echo FAILED)"
 exit "$status"

@@ -72,8 +72,16 @@ inline constexpr ::ncclDataType_t nccl_data_type_v = nccl_data_type<T>::value;
 
 namespace detail {
 
+// Checked when the collective runs eagerly (its warm-up, before any capture);
+// during a capture only cudaStreamIsCapturing is called, which every driver
+// accepts there.
 inline void check_collective_stream(const Communicator& comm, StreamRef stream, const char* what,
                                     const ::std::source_location& where) {
+  ::cudaStreamCaptureStatus status = ::cudaStreamCaptureStatusNone;
+  check(::cudaStreamIsCapturing(stream.get(), &status), "cudaStreamIsCapturing", where);
+  if (status != ::cudaStreamCaptureStatusNone) {
+    return;
+  }
   const int device = stream_device(stream, where);
   if (device != comm.device()) [[unlikely]] {
     throw usage_error(::std::string(what) + ": the stream is on device " + ::std::to_string(device) +

@@ -19,16 +19,18 @@ namespace replay {
 
 // The device of `stream`. For the special handles (cudaStreamLegacy,
 // cudaStreamPerThread) that is the calling thread's current device.
+//
+// Read from the stream's context (cuStreamGetCtx, made current for one
+// cuCtxGetDevice, then popped), which drivers accept while the stream is
+// capturing. cudaStreamGetDevice is not used: whether a driver permits it
+// during capture varies (CUDA 13.0 on driver 580 refuses it with
+// cudaErrorStreamCaptureUnsupported, which invalidates the capture).
 inline int stream_device(StreamRef stream, ::std::source_location where = ::std::source_location::current()) {
   int device = 0;
-#if CUDART_VERSION >= 12080
-  check(::cudaStreamGetDevice(stream.get(), &device), "cudaStreamGetDevice", where);
-#else
   if (stream.get() == nullptr || stream.get() == cudaStreamLegacy || stream.get() == cudaStreamPerThread) {
     check(::cudaGetDevice(&device), "cudaGetDevice", where);
     return device;
   }
-  // Before CUDA 12.8: the stream's context, made current for one query.
   using GetCtxFn = CUresult (*)(CUstream, CUcontext*);
   using PushFn = CUresult (*)(CUcontext);
   using PopFn = CUresult (*)(CUcontext*);
@@ -46,7 +48,6 @@ inline int stream_device(StreamRef stream, ::std::source_location where = ::std:
   (void)pop(&popped);
   detail::check_driver(got, "cuCtxGetDevice", where);
   device = static_cast<int>(dev);
-#endif
   return device;
 }
 
