@@ -78,18 +78,18 @@ class agreement_error : public ::std::runtime_error {
   int failed_rank_;
 };
 
-// The bucket shape every rank runs: the element-wise maximum over the ranks
-// of router.padded_shape(key). Collective: every rank calls it once per step.
-// `refuse`, when set, is called first and may throw to keep this rank out of
-// the step (a stuck replay): the rank still takes part, flagged, and rethrows.
-// A rank whose own key or `refuse` failed rethrows its own exception; the
-// others throw agreement_error naming it.
 namespace detail {
 struct NoRefusal {
   void operator()() const noexcept {}
 };
 }  // namespace detail
 
+// The bucket shape every rank runs: the element-wise maximum over the ranks
+// of router.padded_shape(key). Collective: every rank calls it once per step.
+// `refuse`, when set, is called first and may throw to keep this rank out of
+// the step (a stuck replay): the rank still takes part, flagged, and rethrows.
+// A rank whose own key or `refuse` failed rethrows its own exception; the
+// others throw agreement_error naming it.
 template <ShapeKey Key, class Router, class Agreement, class Stream, class Refuse = detail::NoRefusal>
   requires AgreementBackend<Agreement, Stream>
 Key agree_on_shape(const Router& router, const Key& key, Agreement& agreement, Stream stream,
