@@ -114,6 +114,43 @@ TEST_SUITE("gpu_multi" * replay_test::needs_devices(2)) {
     }
   }
 
+  TEST_CASE("one thread drives every GPU: each collective for all ranks inside one NcclGroup") {
+    const int ranks = replay::device_count();
+    replay::CommunicatorGroup group = replay::CommunicatorGroup::first_devices(ranks);
+    constexpr std::size_t n = 4096;
+    std::vector<replay::Stream> streams;
+    std::vector<replay::DeviceBuffer<float>> data;
+    std::vector<float> sum(n, 0.0F);
+    for (int r = 0; r < ranks; ++r) {
+      replay::ScopedDevice on(group[static_cast<std::size_t>(r)].device());
+      streams.emplace_back();
+      data.emplace_back(n);
+      const std::vector<float> in = replay_test::random_floats(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        sum[i] += in[i];
+      }
+      data.back().copy_from(in, streams.back());
+    }
+    {
+      replay::NcclGroup calls;
+      for (std::size_t r = 0; r < group.size(); ++r) {
+        replay::all_reduce(group[r], data[r].view(), replay::ReduceOp::sum, streams[r]);
+      }
+      calls.end();
+    }
+    for (std::size_t r = 0; r < group.size(); ++r) {
+      CAPTURE(r);
+      std::vector<float> out(n);
+      data[r].copy_to(out, streams[r]);
+      streams[r].synchronize();
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        bad += std::fabs(out[i] - sum[i]) <= 1e-4F ? 0 : 1;
+      }
+      CHECK(bad == 0);
+    }
+  }
+
   TEST_CASE("ranks with different random batch sizes agree on the same bucket every step, and no step hangs") {
     const int ranks = replay::device_count();
     replay::CommunicatorGroup group = replay::CommunicatorGroup::first_devices(ranks);

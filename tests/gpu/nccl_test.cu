@@ -188,6 +188,31 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK_FALSE(comm.failed());
   }
 
+  TEST_CASE("NcclGroup: collectives issued inside a group run when it ends") {
+    replay::Communicator comm = one_rank_communicator();
+    replay::Stream stream;
+    constexpr std::size_t n = 1000;
+    replay::DeviceBuffer<float> x(n);
+    replay::DeviceBuffer<float> y(n);
+    replay::DeviceBuffer<float> z(n);
+    const std::vector<float> in = replay_test::random_floats(n);
+    x.copy_from(in, stream);
+    {
+      replay::NcclGroup group;
+      replay::all_reduce(comm, x.view(), y.view(), replay::ReduceOp::sum, stream);
+      replay::all_gather(comm, x.view(), z.view(), stream);
+      group.end();
+      CHECK_THROWS_AS(group.end(), replay::usage_error);
+    }
+    std::vector<float> out_y(n);
+    std::vector<float> out_z(n);
+    y.copy_to(out_y, stream);
+    z.copy_to(out_z, stream);
+    stream.synchronize();
+    check_all_near(out_y, in);
+    CHECK(out_z == in);
+  }
+
   TEST_CASE("MultiRankRouter on one rank: NCCL agreement, captured buckets with a collective, the stream's device") {
     replay::Communicator comm = one_rank_communicator();
     replay::Stream stream;
