@@ -26,6 +26,8 @@ endif()
 
 # The adapter headers go with the torch component only.
 set(_replay_torch_header_regex "/replay/(torch\\.hpp|torch/.*|detail/torch[^/]*)$")
+# The NCCL headers go with the nccl component only.
+set(_replay_nccl_header_regex "/replay/(nccl\\.hpp|nccl/.*)$")
 
 install(TARGETS replay EXPORT replayTargets)
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/"
@@ -34,7 +36,8 @@ install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/"
         FILES_MATCHING
           PATTERN "*.hpp"
           PATTERN "*.cuh"
-          REGEX "${_replay_torch_header_regex}" EXCLUDE)
+          REGEX "${_replay_torch_header_regex}" EXCLUDE
+          REGEX "${_replay_nccl_header_regex}" EXCLUDE)
 install(EXPORT replayTargets
         NAMESPACE replay::
         DESTINATION "${REPLAY_INSTALL_CMAKEDIR}"
@@ -55,6 +58,26 @@ if(TARGET replay_torch)
           NAMESPACE replay::
           DESTINATION "${REPLAY_INSTALL_CMAKEDIR}"
           COMPONENT replay_Torch)
+endif()
+
+# replay_nccl (cmake/ReplayNccl.cmake, when NCCL was found): its own export
+# set too; replayConfig.cmake finds NCCL with the installed
+# replayFindNccl.cmake (which defines NCCL::nccl) only for the nccl component.
+if(TARGET replay_nccl)
+  set_target_properties(replay_nccl PROPERTIES EXPORT_NAME nccl)  # replay::nccl
+  install(TARGETS replay_nccl EXPORT replayNcclTargets)
+  install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/"
+          DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
+          COMPONENT replay_Nccl
+          FILES_MATCHING
+            REGEX "${_replay_nccl_header_regex}")
+  install(EXPORT replayNcclTargets
+          NAMESPACE replay::
+          DESTINATION "${REPLAY_INSTALL_CMAKEDIR}"
+          COMPONENT replay_Nccl)
+  install(FILES "${PROJECT_SOURCE_DIR}/cmake/ReplayFindNccl.cmake"
+          DESTINATION "${REPLAY_INSTALL_CMAKEDIR}" RENAME replayFindNccl.cmake
+          COMPONENT replay_Nccl)
 endif()
 
 configure_package_config_file(

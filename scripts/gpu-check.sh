@@ -164,7 +164,8 @@ lane=light
 [ "$gpus" -ge 2 ] && export CUDA_VISIBLE_DEVICES=0
 for exe in build/gpu/tests/test_*; do
   [ -x "$exe" ] || continue
-  case "$(basename "$exe")" in test_torch) continue ;; esac
+  # test_*_multi (suite gpu_multi, two GPUs or more): gpu-check.d/nccl.sh, with every GPU.
+  case "$(basename "$exe")" in test_torch | test_*_multi) continue ;; esac
   run_test_program "$exe"
 done
 if $tests_only; then
@@ -176,7 +177,7 @@ elif command -v compute-sanitizer >/dev/null 2>&1; then
   for tool in $tools; do
     for exe in build/gpu/tests/test_*; do
       [ -x "$exe" ] || continue
-      case "$(basename "$exe")" in *_host | test_torch) continue ;; esac
+      case "$(basename "$exe")" in *_host | *_multi | test_torch) continue ;; esac
       run_sanitizer "$tool" "$exe"
     done
   done

@@ -61,6 +61,12 @@ if(TARGET replay_torch)
 else()
   string(APPEND _pkg_install_args "|-DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON")
 endif()
+if(TARGET replay_nccl)
+  get_filename_component(_pkg_nccl_root "${NCCL_INCLUDE_DIR}/.." ABSOLUTE)
+  string(APPEND _pkg_install_args "|-DREPLAY_WITH_NCCL=ON|-DNCCL_ROOT=${_pkg_nccl_root}")
+else()
+  string(APPEND _pkg_install_args "|-DCMAKE_DISABLE_FIND_PACKAGE_NCCL=ON")
+endif()
 replay_package_test(NAME install SOURCE ${PROJECT_SOURCE_DIR} INSTALL_PREFIX ${_pkg_prefix}
                     ARGS "${_pkg_common}|${_pkg_install_args}")
 set_tests_properties(package.install PROPERTIES FIXTURES_SETUP replay_package_installed)
@@ -122,6 +128,16 @@ else()
                       EXPECT_ERROR "the torch component was not installed")
   replay_package_test(NAME optional_torch_absent SOURCE ${_pkg_src}/find_errors NEEDS_INSTALL
                       ARGS "${_pkg_common}|-DCMAKE_PREFIX_PATH=${_pkg_prefix}|-DREPLAY_CASE=optional_torch")
+endif()
+
+if(TARGET replay_nccl)
+  # The NCCL component was built: it must load, find NCCL and link it.
+  replay_package_test(NAME nccl_component SOURCE ${_pkg_src}/nccl NEEDS_INSTALL RUN nccl_consumer
+                      ARGS "${_pkg_common}|-DCMAKE_PREFIX_PATH=${_pkg_prefix}|-DNCCL_ROOT=${_pkg_nccl_root}")
+else()
+  replay_package_test(NAME bad.nccl_not_installed SOURCE ${_pkg_src}/find_errors NEEDS_INSTALL
+                      ARGS "${_pkg_common}|-DCMAKE_PREFIX_PATH=${_pkg_prefix}|-DREPLAY_CASE=nccl_missing"
+                      EXPECT_ERROR "the nccl component was not installed")
 endif()
 
 # Conan 2: conan create . -nr, offline, in a Conan home of its own.

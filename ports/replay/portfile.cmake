@@ -17,6 +17,7 @@ vcpkg_cmake_configure(
         -DREPLAY_INSTALL=ON
         -DREPLAY_WITH_TORCH=OFF
         -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON
+        -DCMAKE_DISABLE_FIND_PACKAGE_NCCL=ON
 )
 
 vcpkg_cmake_install()

@@ -17,6 +17,14 @@ namespace replay_test {
 
 inline auto needs_device() { return doctest::skip(!replay::has_device()); }
 
+// Cases that need two GPUs or more go in
+//   TEST_SUITE("gpu_multi" * replay_test::needs_devices(2)) { ... }
+// skipped on a machine with fewer, in a test program of their own named
+// test_<area>_multi: scripts/gpu-check.sh, which counts any skip as a
+// failure and gives each lane one GPU, leaves those programs out, and
+// scripts/gpu-check.d/nccl.sh runs them with every GPU where two or more exist.
+inline auto needs_devices(int count) { return doctest::skip(replay::device_count() < count); }
+
 // True when scripts/gpu-check.sh runs the program under compute-sanitizer,
 // where every kernel launch is instrumented and tens of times slower.
 inline bool under_sanitizer() { return std::getenv("REPLAY_UNDER_SANITIZER") != nullptr; }
