@@ -15,3 +15,4 @@
 #include "replay/graph_exec.hpp"
 #include "replay/shape_router.hpp"
 #include "replay/stream_pipeline.hpp"
+#include "replay/batcher.hpp"
