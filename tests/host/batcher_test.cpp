@@ -124,29 +124,26 @@ replay::BatcherOptions options_with(std::chrono::microseconds delay, std::vector
 }  // namespace
 
 TEST_SUITE("host") {
-  TEST_CASE("plan_batch: waits, leaves when full, trims to a preferred size when due") {
+  TEST_CASE("plan_batch: waits until full or due, then takes every request that fits") {
     const std::array<std::size_t, 4> preferred{1, 2, 4, 8};
     const replay::BatchPlanLimits limits{8, 0, preferred};
     using rows = std::vector<std::size_t>;
-    auto plan = [&](const rows& waiting, std::size_t overdue, const replay::BatchPlanLimits& l) {
+    auto plan = [](const rows& waiting, std::size_t overdue, const replay::BatchPlanLimits& l) {
       return replay::plan_batch(waiting, overdue, l);
     };
     CHECK(plan({}, 0, limits) == 0);
     CHECK(plan({1, 1, 1}, 0, limits) == 0);                  // not full, nobody due: wait
-    CHECK(plan({1, 1, 1}, 1, limits) == 2);                  // due: longest exact prefix (2 rows)
-    CHECK(plan({1, 1, 1}, 3, limits) == 3);                  // every due request goes: 3 rows, padded
-    CHECK(plan({1, 1, 1, 1, 1}, 1, limits) == 4);            // 4 of 5 (exact), one young one stays
-    CHECK(plan({3, 3}, 1, limits) == 2);                     // no exact prefix holds the due one: all that fit
+    CHECK(plan({1, 1, 1}, 1, limits) == 3);                  // due: all that fit (3 rows, padded to 4)
     CHECK(plan({2, 2, 2, 2, 1}, 0, limits) == 4);            // full at the largest preferred size
     CHECK(plan({4, 3, 2}, 0, limits) == 2);                  // the next does not fit: leaves at once
     CHECK(plan({1, 1, 1, 1, 1, 1, 1, 1, 1}, 0, limits) == 8);
-    CHECK(plan({5, 1, 1, 1}, 0, limits) == 4);               // full (8 rows): 5+1+1+1
+    CHECK(plan({5, 1, 1, 1}, 0, limits) == 4);               // 5+1+1+1 = 8 rows: full
 
     const std::array<std::size_t, 1> only4{4};
     const replay::BatchPlanLimits prefer4{8, 0, only4};
-    CHECK(plan({1, 1, 1, 1, 1}, 0, prefer4) == 4);           // reached the largest preferred size
     CHECK(plan({1, 1, 1}, 0, prefer4) == 0);
-    CHECK(plan({1, 1, 1}, 2, prefer4) == 3);                 // no exact prefix: all that fit
+    CHECK(plan({1, 1, 1, 1, 1}, 0, prefer4) == 5);           // reached the largest preferred size: all that fit
+    CHECK(plan({1, 1, 1}, 2, prefer4) == 3);
 
     const replay::BatchPlanLimits one_each{8, 1, preferred};
     CHECK(plan({1}, 0, one_each) == 1);                      // batching off: never waits
@@ -156,6 +153,23 @@ TEST_SUITE("host") {
     CHECK(plan({2, 2}, 0, no_preferred) == 0);
     CHECK(plan({2, 2, 2}, 0, no_preferred) == 3);            // max_batch_rows reached
     CHECK(plan({2, 2}, 1, no_preferred) == 2);
+  }
+
+  TEST_CASE("plan_batch with trim_to_preferred: exactly a preferred size, never leaving an overdue request") {
+    const std::array<std::size_t, 4> preferred{1, 2, 4, 8};
+    const replay::BatchPlanLimits limits{8, 0, preferred, true};
+    using rows = std::vector<std::size_t>;
+    auto plan = [&](const rows& waiting, std::size_t overdue) { return replay::plan_batch(waiting, overdue, limits); };
+    CHECK(plan({1, 1, 1}, 0) == 0);
+    CHECK(plan({1, 1, 1}, 1) == 2);               // the longest exact prefix (2 rows); one young request stays
+    CHECK(plan({1, 1, 1}, 3) == 3);               // every due request goes, padded
+    CHECK(plan({1, 1, 1, 1, 1}, 1) == 4);         // 4 of 5
+    CHECK(plan({3, 3}, 1) == 2);                  // no exact prefix holds the due one: all that fit
+    CHECK(plan({4, 3, 2}, 0) == 1);               // leaves at once (2 does not fit), cut back to 4 rows
+    CHECK(plan({4, 3, 2}, 2) == 2);               // ... but not below the overdue ones
+    const std::array<std::size_t, 1> only4{4};
+    const replay::BatchPlanLimits prefer4{8, 0, only4, true};
+    CHECK(replay::plan_batch(std::vector<std::size_t>{1, 1, 1, 1, 1}, 0, prefer4) == 4);
   }
 
   TEST_CASE("padded_batch_rows rounds up to the executor's sizes") {
@@ -228,34 +242,47 @@ TEST_SUITE("host") {
     }
   }
 
-  TEST_CASE("Batcher: preferred sizes shape the batches; padding is counted") {
-    StandInExecutor executor;
-    auto state = executor.state;
-    replay::Batcher batcher(std::move(executor), options_with(0us, {4}));
-    state->close();
-    auto first = batcher.submit(rows_of(100.0F));  // runs alone and holds the worker
-    state->wait_entered(1);
-    std::vector<std::future<replay::BatchResult<float>>> futures;
-    for (int i = 0; i < 7; ++i) {
-      futures.push_back(batcher.submit(rows_of(static_cast<float>(i))));
+  TEST_CASE("Batcher: preferred sizes and trimming shape the batches; padding is counted") {
+    for (const bool trim : {false, true}) {
+      CAPTURE(trim);
+      StandInExecutor executor;
+      auto state = executor.state;
+      // Requests younger than the delay may be left behind by trimming; overdue ones never.
+      replay::BatcherOptions options = options_with(200ms, {4});
+      options.trim_to_preferred = trim;
+      replay::Batcher batcher(std::move(executor), options);
+      state->close();
+      auto first = batcher.submit(rows_of(100.0F));  // runs alone and holds the worker
+      state->wait_entered(1);
+      std::vector<std::future<replay::BatchResult<float>>> futures;
+      for (int i = 0; i < 7; ++i) {
+        futures.push_back(batcher.submit(rows_of(static_cast<float>(i))));
+      }
+      state->release();
+      CHECK(first.get().ok());
+      for (int i = 0; i < 7; ++i) {
+        auto r = futures[i].get();
+        CHECK(r.ok());
+        CHECK(r.output == expected_of(rows_of(static_cast<float>(i))));
+      }
+      const auto stats = batcher.stats();
+      CHECK(stats.rows == 8);
+      CHECK(stats.completed == 8);
+      if (trim) {
+        // 7 waiting, none due: exactly 4 leave at once, then 3 (padded to 4) when due.
+        CHECK(state->batches == std::vector<std::size_t>{1, 4, 3});
+        CHECK(stats.padded_rows == 9);
+        CHECK(stats.batch_rows_histogram[4] == 1);
+        CHECK(stats.batch_rows_histogram[3] == 1);
+        CHECK(stats.padding_waste() == doctest::Approx(1.0 / 8.0));
+      } else {
+        // 7 waiting reach the largest preferred size (4): all 7 leave, padded to 8.
+        CHECK(state->batches == std::vector<std::size_t>{1, 7});
+        CHECK(stats.padded_rows == 9);
+        CHECK(stats.batch_rows_histogram[7] == 1);
+        CHECK(stats.batch_requests_histogram[7] == 1);
+      }
     }
-    state->release();
-    CHECK(first.get().ok());
-    for (int i = 0; i < 7; ++i) {
-      auto r = futures[i].get();
-      CHECK(r.ok());
-      CHECK(r.output == expected_of(rows_of(static_cast<float>(i))));
-    }
-    // 7 waiting: a full preferred batch of 4 leaves, then 3 (padded to 4).
-    CHECK(state->batches == std::vector<std::size_t>{1, 4, 3});
-    const auto stats = batcher.stats();
-    CHECK(stats.batches == 3);
-    CHECK(stats.rows == 8);
-    CHECK(stats.padded_rows == 9);
-    CHECK(stats.batch_rows_histogram[4] == 1);
-    CHECK(stats.batch_rows_histogram[3] == 1);
-    CHECK(stats.padding_waste() == doctest::Approx(1.0 / 8.0));
-    CHECK(stats.completed == 8);
   }
 
   TEST_CASE("Batcher: a full queue makes try_submit refuse and submit wait") {
@@ -319,7 +346,9 @@ TEST_SUITE("host") {
   TEST_CASE("Batcher: a failing batch fails exactly its own requests") {
     StandInExecutor executor;
     auto state = executor.state;
-    replay::Batcher batcher(std::move(executor), options_with(0us, {4}));
+    replay::BatcherOptions options = options_with(0us);
+    options.max_batch_rows = 4;
+    replay::Batcher batcher(std::move(executor), options);
     state->close();
     auto first = batcher.submit(rows_of(50.0F));
     state->wait_entered(1);

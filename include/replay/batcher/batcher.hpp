@@ -362,7 +362,7 @@ class Batcher {
         }
       }
       const BatchPlanLimits limits{options_.max_batch_rows, options_.max_batch_requests,
-                                   options_.preferred_batch_rows};
+                                   options_.preferred_batch_rows, options_.trim_to_preferred};
       const ::std::size_t take = plan_batch(waiting_rows, overdue, limits);
       if (take == 0) {
         // Wait for more, for the oldest to fall due, or for the first deadline.

@@ -15,10 +15,14 @@ struct BatcherOptions {
   // Batch sizes worth forming (strictly ascending, each <= max_batch_rows).
   // Empty: the executor's batch sizes (for a ShapeRouter, its buckets), cut at
   // max_batch_rows. A batch leaves at once when its rows reach the largest
-  // preferred size; when the delay runs out, the longest run of waiting
-  // requests whose rows are a preferred size leaves (no padding), see
-  // plan_batch().
+  // preferred size (a full bucket), else when its oldest request has waited
+  // max_queue_delay; see plan_batch().
   ::std::vector<::std::size_t> preferred_batch_rows{};
+  // When a batch leaves before it is full, cut it back to the longest run of
+  // requests whose rows are exactly a preferred size (no padding rows); the
+  // rest wait for the next batch. Off: the batch is padded instead, which
+  // costs little when a batch is one graph replay.
+  bool trim_to_preferred = false;
   // Longest a request waits for others to join it before its batch leaves
   // anyway. 0: never wait (a batch is whatever is queued when the executor is free).
   ::std::chrono::microseconds max_queue_delay{100};

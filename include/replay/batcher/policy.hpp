@@ -14,6 +14,7 @@ struct BatchPlanLimits {
   ::std::size_t max_batch_rows = 1;           // most rows in a batch
   ::std::size_t max_batch_requests = 0;       // most requests in a batch; 0: no limit
   ::std::span<const ::std::size_t> preferred;  // strictly ascending, each <= max_batch_rows; may be empty
+  bool trim_to_preferred = false;             // cut a batch back to exactly a preferred size (see below)
 };
 
 // How many of the waiting requests (their row counts in arrival order) leave
@@ -21,15 +22,16 @@ struct BatchPlanLimits {
 // oldest have waited the maximum queue delay (or must leave now: draining).
 //   - The batch is always a prefix: requests leave in arrival order.
 //   - It leaves at once when the requests that fit reach the largest
-//     preferred size (or max_batch_rows): then it is the longest prefix whose
-//     rows are exactly a preferred size, else all that fit.
-//   - It leaves at once, all that fit, when the next request does not fit or
-//     the request limit is reached.
-//   - Otherwise it waits until a request is overdue; then it takes the longest
-//     prefix whose rows are exactly a preferred size (no padding) and which
-//     holds every overdue request that fits, else every request that fits.
-//     Requests left behind are younger than the delay and wait at most their
-//     own delay.
+//     preferred size (a full bucket; max_batch_rows when none is given), when
+//     the next request does not fit, or when the request limit is reached.
+//   - Otherwise it waits until the oldest request is overdue.
+//   - It takes every request that fits. With trim_to_preferred it takes
+//     instead the longest prefix whose rows are exactly a preferred size (no
+//     padding) that still holds every overdue request, when there is one;
+//     the requests left behind are younger than the delay. Padding costs
+//     little when a batch is one CUDA-graph replay whatever its size, so
+//     trimming is off by default; it pays when compute grows with the padded
+//     size.
 inline ::std::size_t plan_batch(::std::span<const ::std::size_t> waiting_rows, ::std::size_t overdue,
                                 const BatchPlanLimits& limits) noexcept {
   const ::std::size_t request_limit =
@@ -55,15 +57,13 @@ inline ::std::size_t plan_batch(::std::span<const ::std::size_t> waiting_rows, :
     }
     return fit;
   };
-  if (fit_rows >= full_rows) {
-    return exact_prefix(1);  // a full preferred batch
-  }
   const bool limit_reached = limits.max_batch_requests != 0 && fit == limits.max_batch_requests;
-  if (fit < waiting_rows.size() || limit_reached) {
-    return fit;  // nothing more can join this batch
-  }
-  if (overdue == 0) {
+  const bool full = fit_rows >= full_rows || fit < waiting_rows.size() || limit_reached;
+  if (!full && overdue == 0) {
     return 0;
+  }
+  if (!limits.trim_to_preferred) {
+    return fit;
   }
   return exact_prefix(::std::max<::std::size_t>(1, ::std::min(overdue, fit)));
 }
