@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "replay/batcher/policy.hpp"
 #include "replay/detail/batcher_message.hpp"
 #include "replay/error.hpp"
 #include "replay/shape_router.hpp"
