@@ -176,7 +176,7 @@ finally:
     stop(proc, "first server")
 
 # ---- 503 (queue full), 504 (deadline), drain on SIGTERM -----------------------
-proc, port = start("--batching", "off", "--cpu-delay-us", "300000", "--queue-capacity", "1")
+proc, port = start("--batching", "off", "--cpu-delay-us", "1000000", "--queue-capacity", "1")
 try:
     answers = {}
 
@@ -185,10 +185,10 @@ try:
 
     running = threading.Thread(target=slow, args=("running",))
     running.start()
-    time.sleep(0.1)   # the first request is running (300 ms)
+    time.sleep(0.3)   # the first request is running (1 s)
     queued = threading.Thread(target=slow, args=("queued", {"X-Timeout-Ms": "100"}))
     queued.start()    # waits in the queue (capacity 1), and its deadline passes
-    time.sleep(0.05)
+    time.sleep(0.2)   # the queued one expires, but only the worker removes it, after the running one
     status, _, body = infer_raw(port, row_for(2))
     check(status == 503 and b"queue is full" in body, f"a full queue gets 503 ({status} {body!r})")
     running.join()
@@ -200,7 +200,7 @@ try:
     # SIGTERM while a request is in flight: it is answered, then the server exits 0.
     inflight = threading.Thread(target=slow, args=("inflight",))
     inflight.start()
-    time.sleep(0.1)
+    time.sleep(0.3)
     stop(proc, "second server")
     inflight.join()
     check(answers["inflight"][0] == 200, f"the request in flight at SIGTERM is answered ({answers['inflight'][0]})")

@@ -109,7 +109,7 @@ class Batcher {
   // Stops accepting (later submissions complete with BatchStatus::shut_down,
   // and so do submit() calls waiting for room), deals with the waiting
   // requests as `mode` says, and joins the worker. The batch running now
-  // completes normally. Idempotent; must not be called from a completion.
+  // completes normally. Idempotent.
   void shutdown(ShutdownMode mode = ShutdownMode::drain) noexcept {
     ::std::vector<Request> cancelled;
     {
@@ -131,8 +131,8 @@ class Batcher {
                               "the Batcher shut down (cancel) before this request ran; it was not run"));
     }
     ::std::lock_guard join_lock(join_mutex_);
-    if (worker_.joinable()) {
-      worker_.join();
+    if (worker_.joinable() && worker_.get_id() != ::std::this_thread::get_id()) {
+      worker_.join();  // (from a completion, i.e. the worker itself, it cannot be joined: it ends on its own)
     }
   }
 
@@ -144,11 +144,15 @@ class Batcher {
   // ---- introspection ---------------------------------------------------------
 
   BatcherStats stats() const {
-    ::std::lock_guard lock(mutex_);
-    BatcherStats out = stats_;
-    if (!delays_.empty()) {
-      ::std::vector<double> sorted = delays_;
-      ::std::sort(sorted.begin(), sorted.end());
+    BatcherStats out;
+    ::std::vector<double> sorted;
+    {
+      ::std::lock_guard lock(mutex_);
+      out = stats_;
+      sorted = delays_;
+    }
+    if (!sorted.empty()) {
+      ::std::sort(sorted.begin(), sorted.end());  // outside the lock: the worker goes on
       auto at = [&](double q) {
         const auto i = static_cast<::std::size_t>(q * static_cast<double>(sorted.size() - 1) + 0.5);
         return sorted[::std::min(i, sorted.size() - 1)];
