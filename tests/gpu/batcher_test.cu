@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "batcher_threads.hpp"
 #include "gpu_suite.hpp"
 #include "replay/batcher.hpp"
 #include "replay/replay.hpp"
@@ -89,7 +90,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     for (auto& in : inputs) {
       in = replay_test::random_floats(static_cast<std::size_t>(rows(replay_test::rng())) * kIn);
     }
-    std::vector<replay::BatchResult<float>> results(inputs.size());
+    std::vector<replay::BatchResult<float>> results;
     {
       replay::BatcherOptions options;
       options.max_queue_delay = std::chrono::microseconds(300);
@@ -97,18 +98,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       replay::Batcher batcher(
           replay::router_executor(router, model.input.view(), model.output.view(), kIn, kOut, stream), options);
       CHECK(batcher.batch_sizes() == buckets());
-      std::vector<std::thread> producers;
-      for (int t = 0; t < kThreads; ++t) {
-        producers.emplace_back([&, t] {
-          for (int i = 0; i < per_thread; ++i) {
-            const auto id = static_cast<std::size_t>(t * per_thread + i);
-            results[id] = batcher.submit(inputs[id]).get();
-          }
-        });
-      }
-      for (auto& p : producers) {
-        p.join();
-      }
+      results = replay_test::submit_from_threads(batcher, inputs, kThreads);
       const auto stats = batcher.stats();
       CHECK(stats.completed == inputs.size());
       CHECK(stats.batches < inputs.size());  // requests were gathered
