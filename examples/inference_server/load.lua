@@ -38,7 +38,7 @@ function init(args)
     end
     bodies[key] = ffi.string(row, width * 4)
   end
-  first_id = tid * 1000000000
+  first_id = tid * 100000000  -- ids stay below 2^31
   last_id = first_id
 end
 

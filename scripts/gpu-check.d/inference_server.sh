@@ -49,7 +49,12 @@ if [ ! -x "$server" ]; then
        "set REPLAY_HTTPLIB_INCLUDE_DIR; see docs/batching.md)"
   exit 1
 fi
-run_wrk() { LD_LIBRARY_PATH="${WRK_LD_LIBRARY_PATH:-${LD_LIBRARY_PATH:-}}" "$wrk" "$@"; }
+# with_library_path DIRS COMMAND...: COMMAND with LD_LIBRARY_PATH=DIRS when DIRS is not empty.
+with_library_path() {
+  local dirs=$1; shift
+  if [ -n "$dirs" ]; then LD_LIBRARY_PATH="$dirs" "$@"; else "$@"; fi
+}
+run_wrk() { with_library_path "${WRK_LD_LIBRARY_PATH:-${LD_LIBRARY_PATH:-}}" "$wrk" "$@"; }
 wrk_version=$(run_wrk --version 2>&1 || true)  # wrk --version exits 1
 if ! grep -q '^wrk' <<<"$wrk_version"; then
   echo "inference_server: FAILED: cannot run wrk ($wrk); set WRK and WRK_LD_LIBRARY_PATH"
@@ -91,8 +96,10 @@ measure() {
 serve() {  # serve MODE FLAGS...: start, warm up, measure at every concurrency, check, stop
   local mode=$1; shift
   local slog=$out/inference_server_$mode.log port pid answered=0 inflight=0
-  LD_LIBRARY_PATH="${SERVER_LD_LIBRARY_PATH:-${LD_LIBRARY_PATH:-}}" \
-    "$server" --model "$model" --layers $layers --width $width --outputs $outputs --port 0 --verify $keys \
+  : >"$slog"  # before the server starts: a port left in it from an earlier run must not be read
+  local dirs=${SERVER_LD_LIBRARY_PATH:-${LD_LIBRARY_PATH:-}} launch=()
+  [ -n "$dirs" ] && launch=(env LD_LIBRARY_PATH="$dirs")  # env execs the server: $! is the server
+  "${launch[@]}" "$server" --model "$model" --layers $layers --width $width --outputs $outputs --port 0 --verify $keys \
               --threads 160 "$@" >"$slog" 2>&1 &
   pid=$!
   for _ in $(seq 300); do
@@ -111,6 +118,7 @@ serve() {  # serve MODE FLAGS...: start, warm up, measure at every concurrency, 
   for c in "${conns[@]}"; do
     measure "$mode" "$c" "$seconds" "$port"; answered=$((answered + answers)); inflight=$((inflight + c))
   done
+  sleep 0.5  # the requests in flight when wrk stopped are answered
   curl_stats "$port" >"$out/inference_server_${mode}_stats.json"
   python3 - "$out/inference_server_${mode}_stats.json" "$answered" "$inflight" "$mode" <<'PY' || status=1
 import json, sys
@@ -200,7 +208,7 @@ try:
     ax.set_xlabel("requests/s")
     ax.set_ylabel("p99 latency (ms)")
     ax.set_yscale("log")
-    ax.set_title("inference_server, 20-layer MLP: throughput vs p99 (labels: connections)")
+    ax.set_title("inference_server: throughput vs p99 latency (labels: connections)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
