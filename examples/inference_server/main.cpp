@@ -1,4 +1,6 @@
 // inference_server: an HTTP inference server over replay::Batcher.
+// (inference_server_torch, built where libtorch is found, also serves
+// --model resnet50 through the libtorch adapter.)
 //
 // Requests from many connections are gathered into batches (up to the
 // model's batch buckets, waiting at most --max-queue-delay-us) and run as one
@@ -36,6 +38,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -66,7 +69,7 @@ struct Flags {
   std::fprintf(stderr,
                "inference_server: %s\n"
                "usage: inference_server [--port N (0: any free port)] [--host ADDR] [--batching on|off]\n"
-               "         [--max-queue-delay-us N] [--model mlp|cpu] [--eager] [--layers N] [--width N]\n"
+               "         [--max-queue-delay-us N] [--model mlp|cpu|resnet50] [--eager] [--layers N] [--width N]\n"
                "         [--outputs N] [--max-batch N] [--queue-capacity N] [--timeout-ms N] [--threads N]\n"
                "         [--verify K] [--cpu-delay-us N]\n",
                why.c_str());
@@ -108,8 +111,8 @@ Flags parse_flags(int argc, char** argv) {
       flags.max_queue_delay_us = to_int(flag, value(), 0);
     } else if (flag == "--model") {
       flags.model.kind = value();
-      if (flags.model.kind != "mlp" && flags.model.kind != "cpu") {
-        usage("--model takes mlp or cpu");
+      if (flags.model.kind != "mlp" && flags.model.kind != "cpu" && flags.model.kind != "resnet50") {
+        usage("--model takes mlp, cpu or resnet50");
       }
     } else if (flag == "--eager") {
       flags.model.graphs = false;
@@ -200,7 +203,7 @@ class Server {
  public:
   Server(Flags flags, std::unique_ptr<inference_server::Model> model)
       : flags_(std::move(flags)), model_(std::move(model)), row_(model_->input_row_elements()),
-        out_row_(model_->output_row_elements()) {
+        out_row_(model_->output_row_elements()), tolerance_(model_->tolerance()) {
     build_references();
     replay::BatcherOptions options;
     options.max_queue_delay = std::chrono::microseconds(flags_.batching ? flags_.max_queue_delay_us : 0);
@@ -356,8 +359,13 @@ class Server {
     }
     metrics_.verified.fetch_add(1, std::memory_order_relaxed);
     const std::vector<float>& expected = references_[key];
-    const bool same = expected.size() == output.size() &&
-                      std::memcmp(expected.data(), output.data(), output.size() * sizeof(float)) == 0;
+    bool same = expected.size() == output.size();
+    if (same && tolerance_ == 0.0F) {
+      same = std::memcmp(expected.data(), output.data(), output.size() * sizeof(float)) == 0;
+    }
+    for (std::size_t j = 0; same && tolerance_ > 0.0F && j < output.size(); ++j) {
+      same = std::fabs(expected[j] - output[j]) <= tolerance_ * (1.0F + std::fabs(expected[j]));
+    }
     if (!same) {
       metrics_.mismatches.fetch_add(1, std::memory_order_relaxed);
     }
@@ -473,6 +481,7 @@ class Server {
   std::unique_ptr<inference_server::Model> model_;
   std::size_t row_;
   std::size_t out_row_;
+  float tolerance_;
   std::vector<std::vector<float>> references_;
   Metrics metrics_;
   std::unique_ptr<replay::Batcher<inference_server::ModelExecutor>> batcher_;
@@ -494,8 +503,18 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<Server> server;
   try {
-    auto model = flags.model.kind == "cpu" ? inference_server::make_cpu_model(flags.model)
-                                           : inference_server::make_gpu_mlp(flags.model);
+    std::unique_ptr<inference_server::Model> model;
+    if (flags.model.kind == "cpu") {
+      model = inference_server::make_cpu_model(flags.model);
+    } else if (flags.model.kind == "resnet50") {
+#ifdef INFERENCE_SERVER_WITH_TORCH
+      model = inference_server::make_torch_resnet(flags.model);
+#else
+      throw std::runtime_error("--model resnet50 is served by inference_server_torch (built where libtorch is found)");
+#endif
+    } else {
+      model = inference_server::make_gpu_mlp(flags.model);
+    }
     std::printf("inference_server: %s\n", model->describe().c_str());
     server = std::make_unique<Server>(flags, std::move(model));
   } catch (const std::exception& e) {

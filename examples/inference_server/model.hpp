@@ -11,7 +11,7 @@
 namespace inference_server {
 
 struct ModelConfig {
-  std::string kind = "mlp";  // "mlp": CUDA kernels; "cpu": the CPU stand-in
+  std::string kind = "mlp";  // "mlp": CUDA kernels; "cpu": the CPU stand-in; "resnet50": libtorch
   int layers = 20;
   int width = 256;
   int outputs = 16;
@@ -31,6 +31,8 @@ class Model {
   // The output of one row computed alone, without batching or graphs. Only
   // while nothing else runs the model (before serving).
   virtual std::vector<float> reference(std::span<const float> row) = 0;
+  // How far an answer may be from reference() (relative, per element); 0: bitwise.
+  virtual float tolerance() const { return 0.0F; }
   // One line saying what this is.
   virtual std::string describe() const = 0;
   // The ShapeRouter's statistics as a JSON object, or "null".
@@ -52,6 +54,8 @@ struct ModelExecutor {
 std::unique_ptr<Model> make_cpu_model(const ModelConfig& config);
 // Throws when there is no CUDA device or a CUDA call fails.
 std::unique_ptr<Model> make_gpu_mlp(const ModelConfig& config);
+// ResNet-50 through the libtorch adapter; only in inference_server_torch.
+std::unique_ptr<Model> make_torch_resnet(const ModelConfig& config);
 
 // The input row the load test sends for request id `id` (also used by the
 // server to verify answers): deterministic, exact in float32.

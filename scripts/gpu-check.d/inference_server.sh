@@ -14,7 +14,9 @@
 # match wrk's (up to the requests in flight when wrk stops). Then the goals:
 #   batched >= 3.5x replay requests/s at 32 and 128 connections, p99 no worse;
 #   replay >= 2x eager requests/s at 8, 32 and 128 connections.
-# Prints a table, writes inference_server.{txt,md,png} and the servers' stats
+# Where inference_server_torch was built (libtorch), also ResNet-50 fp16
+# through a GraphedCallable at 32 connections, unbatched and batched (checked
+# answers, within fp16 tolerance; no goals). Prints a table, writes inference_server.{txt,md,png} and the servers' stats
 # JSON to $OUT_DIR (else $REPLAY_CHECK_OUT, else build/gpu-check).
 #
 # Environment:
@@ -22,7 +24,7 @@
 #   WRK_LD_LIBRARY_PATH=dir[:dir]   library path for wrk alone (e.g. an extracted libluajit-5.1-2)
 #   SERVER_LD_LIBRARY_PATH=dir      library path for the server alone (a split libcpp-httplib and its deps)
 #   REPLAY_BUILD_DIR                build tree (default build/gpu)
-#   REPLAY_LOAD_SECONDS             seconds per measurement (default 8); about 3 * (2 + 4 * that) s in all
+#   REPLAY_LOAD_SECONDS             seconds per MLP measurement (default 7); REPLAY_LOAD_RESNET_SECONDS (5)
 #   REPLAY_LOAD_DELAY_US            the batcher's --max-queue-delay-us (default 200)
 #   REPLAY_LOAD_MODEL, REPLAY_LOAD_LAYERS, REPLAY_LOAD_WIDTH   the model (default mlp, 20, 256)
 set -uo pipefail
@@ -32,13 +34,12 @@ mkdir -p "$out"
 build=${REPLAY_BUILD_DIR:-build/gpu}
 server=$build/examples/inference_server/inference_server
 wrk=${WRK:-wrk}
-seconds=${REPLAY_LOAD_SECONDS:-8}
+seconds=${REPLAY_LOAD_SECONDS:-7}
 delay_us=${REPLAY_LOAD_DELAY_US:-200}
 model=${REPLAY_LOAD_MODEL:-mlp}   # cpu: the CPU stand-in, to try the script without a GPU
 layers=${REPLAY_LOAD_LAYERS:-20}
 width=${REPLAY_LOAD_WIDTH:-256}
 outputs=16
-keys=512
 conns=(1 8 32 128)
 lua=examples/inference_server/load.lua
 results=$out/inference_server.tsv
@@ -73,7 +74,7 @@ measure() {
   local mode=$1 c=$2 d=$3 port=$4 t line
   t=$(( c < 4 ? c : 4 ))
   answers=0
-  line=$(REPLAY_LOAD_WIDTH=$width REPLAY_LOAD_OUTPUTS=$outputs REPLAY_LOAD_KEYS=$keys \
+  line=$(REPLAY_LOAD_WIDTH=$row REPLAY_LOAD_OUTPUTS=$out_row REPLAY_LOAD_KEYS=$keys \
          run_wrk -t"$t" -c"$c" -d"${d}s" --timeout 10s -s "$lua" "http://127.0.0.1:$port" 2>&1 |
          grep '^REPLAY_LOAD' | tail -1)
   if [ -z "$line" ]; then
@@ -99,10 +100,9 @@ serve() {  # serve MODE FLAGS...: start, warm up, measure at every concurrency, 
   : >"$slog"  # before the server starts: a port left in it from an earlier run must not be read
   local dirs=${SERVER_LD_LIBRARY_PATH:-${LD_LIBRARY_PATH:-}} launch=()
   [ -n "$dirs" ] && launch=(env LD_LIBRARY_PATH="$dirs")  # env execs the server: $! is the server
-  "${launch[@]}" "$server" --model "$model" --layers $layers --width $width --outputs $outputs --port 0 --verify $keys \
-              --threads 160 "$@" >"$slog" 2>&1 &
+  "${launch[@]}" "$bin" "${model_args[@]}" --port 0 --verify $keys --threads 160 "$@" >"$slog" 2>&1 &
   pid=$!
-  for _ in $(seq 300); do
+  for _ in $(seq 1200); do  # up to 2 minutes: CUDA and libtorch start, graphs are captured
     port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$slog")
     [ -n "$port" ] && break
     kill -0 "$pid" 2>/dev/null || break
@@ -115,7 +115,7 @@ serve() {  # serve MODE FLAGS...: start, warm up, measure at every concurrency, 
   fi
   log "$mode: $(head -1 "$slog" | sed 's/^inference_server: //') on port $port"
   measure warmup 32 2 "$port"; answered=$((answered + answers)); inflight=$((inflight + 32))
-  for c in "${conns[@]}"; do
+  for c in "${serve_conns[@]}"; do
     measure "$mode" "$c" "$seconds" "$port"; answered=$((answered + answers)); inflight=$((inflight + c))
   done
   sleep 0.5  # the requests in flight when wrk stopped are answered
@@ -155,9 +155,24 @@ curl_stats() {
 
 : >"$out/inference_server_wrk.log"
 log "wrk: $(head -1 <<<"$wrk_version"); $seconds s per point"
+bin=$server row=$width out_row=$outputs keys=512 serve_conns=("${conns[@]}")
+model_args=(--model "$model" --layers "$layers" --width "$width" --outputs "$outputs")
 serve eager --eager --batching off
 serve replay --batching off
 serve batched --batching on --max-queue-delay-us "$delay_us"
+
+# ResNet-50 fp16 through the libtorch adapter, where it was built: checked
+# answers at 32 connections, without and with batching (no goals).
+torch_server=$build/examples/inference_server/inference_server_torch
+if [ -x "$torch_server" ] && [ -z "${REPLAY_SKIP_TORCH:-}" ]; then
+  bin=$torch_server row=$((3 * 224 * 224)) out_row=1000 keys=8 serve_conns=(32)
+  model_args=(--model resnet50 --max-batch 32)
+  seconds=${REPLAY_LOAD_RESNET_SECONDS:-5}
+  serve resnet_replay --batching off
+  serve resnet_batched --batching on --max-queue-delay-us "$delay_us"
+else
+  log "ResNet-50: inference_server_torch not built (no libtorch), skipped"
+fi
 
 python3 - "$results" "$out" "$delay_us" <<'PY' || status=1
 import sys
@@ -165,15 +180,17 @@ results, out, delay = sys.argv[1], sys.argv[2], sys.argv[3]
 rows = [l.rstrip("\n").split("\t") for l in open(results)][1:]
 data = {(m, int(c)): (float(r), float(p50), float(p99)) for m, c, r, p50, p99 in rows}
 conns = sorted({c for _, c in data})
-names = {"eager": "eager, unbatched", "replay": "replay, unbatched", "batched": f"replay + Batcher ({delay} us)"}
+names = {"eager": "eager, unbatched", "replay": "replay, unbatched", "batched": f"replay + Batcher ({delay} us)",
+         "resnet_replay": "ResNet-50 fp16, GraphedCallable, unbatched",
+         "resnet_batched": f"ResNet-50 fp16, GraphedCallable + Batcher ({delay} us)"}
 lines = ["| server | connections | requests/s | p50 ms | p99 ms |", "|---|---:|---:|---:|---:|"]
-for m in ("eager", "replay", "batched"):
+for m in names:
     for c in conns:
         if (m, c) in data:
             r, p50, p99 = data[(m, c)]
             lines.append(f"| {names[m]} | {c} | {r:,.0f} | {p50:.2f} | {p99:.2f} |")
 goals, ok = [], True
-for c in conns:
+for c in sorted({c for m, c in data if m in ("eager", "replay", "batched")}):
     if ("replay", c) in data and ("batched", c) in data and ("eager", c) in data:
         rb, re_, rr = data[("batched", c)][0], data[("eager", c)][0], data[("replay", c)][0]
         pb, pr = data[("batched", c)][2], data[("replay", c)][2]
@@ -199,7 +216,7 @@ try:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for m, style in (("eager", "s-"), ("replay", "o-"), ("batched", "^-")):
+    for m, style in (("eager", "s-"), ("replay", "o-"), ("batched", "^-"), ("resnet_replay", "x"), ("resnet_batched", "D")):
         pts = [(data[(m, c)][0], data[(m, c)][2], c) for c in conns if (m, c) in data]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=names[m])
