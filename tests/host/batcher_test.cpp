@@ -194,6 +194,9 @@ TEST_SUITE("host") {
     StandInExecutor bad;
     bad.sizes = {4, 2};
     CHECK_THROWS_AS(replay::Batcher(std::move(bad)), replay::usage_error);
+    replay::Batcher batcher(StandInExecutor{}, options_with(0us));
+    CHECK_THROWS_WITH_AS(batcher.submit(rows_of(1.0F), replay::Batcher<StandInExecutor>::completion_type{}),
+                         doctest::Contains("empty completion"), replay::usage_error);
   }
 
   TEST_CASE("Batcher: too large and malformed requests get a clear status, never queued") {

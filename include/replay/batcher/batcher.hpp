@@ -259,6 +259,9 @@ class Batcher {
 
   void enqueue(::std::span<const input_type> rows, completion_type done, SubmitOptions submit_options,
                bool wait_for_room) {
+    if (!done) {
+      throw usage_error("Batcher: submit()/try_submit() got an empty completion; give a callable (or use the future)");
+    }
     Request request;
     request.done = ::std::move(done);
     request.arrival = clock::now();
