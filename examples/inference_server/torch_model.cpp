@@ -53,7 +53,7 @@ class TorchResnet final : public Model {
   }
   // fp16 convolutions pick different algorithms per batch size: answers agree
   // to fp16 precision, not bitwise.
-  float tolerance() const override { return 2e-2F; }
+  float tolerance() const override { return 5e-2F; }
   std::string describe() const override {
     return "ResNet-50 fp16 (random weights) through a GraphedCallable, " +
            std::to_string(graphed_.graph_count()) + " batch buckets up to " +
