@@ -2,6 +2,7 @@
 # Installs what building replay's tests, benchmarks and examples needs, when it
 # is missing: a CMake >= 3.25.2 and ninja (from PyPI: Debian's 3.25.1 cannot
 # hand C++20 to nvcc), doctest and Google Benchmark (Debian packages), and
+# cpp-httplib for the inference server example (Debian package), and
 # checks for nvcc; and Conan 2 (pinned, from PyPI) for the packaging test.
 # Safe to run again; does nothing when all is present.
 # Sourced by scripts/test.sh and scripts/example.sh.
@@ -28,6 +29,7 @@ export CUDACXX="${CUDACXX:-$(command -v nvcc)}"
 need_apt=()
 [ -f /usr/include/doctest/doctest.h ] || need_apt+=(doctest-dev)
 [ -f /usr/include/benchmark/benchmark.h ] || need_apt+=(libbenchmark-dev)
+[ -f /usr/include/httplib.h ] || need_apt+=(libcpp-httplib-dev)  # examples/inference_server
 if [ ${#need_apt[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=""
@@ -36,7 +38,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     $SUDO apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
   else
-    replay_log "missing ${need_apt[*]} and no apt-get: install doctest and Google Benchmark yourself"
+    replay_log "missing ${need_apt[*]} and no apt-get: install doctest, Google Benchmark and cpp-httplib yourself"
     exit 1
   fi
 fi

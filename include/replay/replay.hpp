@@ -16,3 +16,4 @@
 #include "replay/graph_builder.hpp"
 #include "replay/shape_router.hpp"
 #include "replay/stream_pipeline.hpp"
+#include "replay/batcher.hpp"

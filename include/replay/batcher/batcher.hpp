@@ -1,0 +1,527 @@
+#pragma once
+#include <replay/detail/require_cxx20.hpp>
+// Batcher: dynamic request batching in front of an executor (a ShapeRouter
+// through StagedCudaExecutor, or anything satisfying BatchExecutor).
+//
+//   replay::Batcher batcher(replay::router_executor(router, input, output, 256, 10, stream),
+//                           {.max_queue_delay = std::chrono::microseconds(200)});
+//   auto future = batcher.submit(rows);              // from any thread; waits while the queue is full
+//   replay::BatchResult<float> result = future.get();
+//   if (result) use(result.output); else report(result.status, result.message);
+//
+// Many producer threads submit requests of one or more rows; one worker
+// thread gathers them (plan_batch(): up to the largest batch, leaving at once
+// when a preferred size is full, at the latest when the oldest has waited
+// max_queue_delay), writes their rows into the executor's staging area, runs
+// the batch, and completes each request with its own rows. Every request is
+// completed exactly once, through a future or a callback, with a BatchResult
+// that carries the output or the reason it has none. See docs/batching.md.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <source_location>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "replay/batcher/executor.hpp"
+#include "replay/batcher/options.hpp"
+#include "replay/batcher/policy.hpp"
+#include "replay/batcher/stats.hpp"
+#include "replay/batcher/status.hpp"
+#include "replay/detail/batcher_message.hpp"
+#include "replay/error.hpp"
+
+namespace replay {
+
+// What shutdown() does with requests still waiting.
+enum class ShutdownMode : ::std::uint8_t {
+  drain,   // run them (deadlines still apply), then stop
+  cancel,  // complete them with BatchStatus::shut_down, then stop
+};
+
+template <BatchExecutor Executor>
+class Batcher {
+ public:
+  using executor_type = Executor;
+  using input_type = typename Executor::input_type;
+  using output_type = typename Executor::output_type;
+  using result_type = BatchResult<output_type>;
+  // Called exactly once per request, on the worker thread, or on the
+  // submitting thread when the request never enters the queue. Must not
+  // throw, and should be quick (it holds up the next batch).
+  using completion_type = ::std::function<void(result_type)>;
+  using clock = ::std::chrono::steady_clock;
+
+  explicit Batcher(Executor executor, BatcherOptions options = {},
+                   ::std::source_location where = ::std::source_location::current())
+      : executor_(::std::move(executor)), options_(::std::move(options)) {
+    in_row_ = executor_.input_row_elements();
+    out_row_ = executor_.output_row_elements();
+    sizes_ = executor_.batch_sizes();
+    validate(where);
+    stats_.batch_rows_histogram.assign(options_.max_batch_rows + 1, 0);
+    stats_.batch_requests_histogram.assign(options_.max_batch_rows + 1, 0);
+    delays_.reserve(delay_window);
+    worker_ = ::std::thread([this] { work(); });
+  }
+
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+  Batcher(Batcher&&) = delete;  // its worker points at it; keep it in a unique_ptr to move it
+  Batcher& operator=(Batcher&&) = delete;
+
+  // Drains: every waiting request runs (or expires) before the worker stops.
+  ~Batcher() { shutdown(ShutdownMode::drain); }
+
+  // ---- submission ------------------------------------------------------------
+
+  // Queues `rows` (a whole number of input rows, copied). When the queue is
+  // full, waits for room until the request's deadline.
+  void submit(::std::span<const input_type> rows, completion_type done, SubmitOptions submit_options = {}) {
+    enqueue(rows, ::std::move(done), submit_options, true);
+  }
+  ::std::future<result_type> submit(::std::span<const input_type> rows, SubmitOptions submit_options = {}) {
+    return with_future([&](completion_type done) { enqueue(rows, ::std::move(done), submit_options, true); });
+  }
+  // As submit(), but a full queue completes the request at once with
+  // BatchStatus::queue_full (back-pressure for callers that must not block,
+  // e.g. a server answering 503).
+  void try_submit(::std::span<const input_type> rows, completion_type done, SubmitOptions submit_options = {}) {
+    enqueue(rows, ::std::move(done), submit_options, false);
+  }
+  ::std::future<result_type> try_submit(::std::span<const input_type> rows, SubmitOptions submit_options = {}) {
+    return with_future([&](completion_type done) { enqueue(rows, ::std::move(done), submit_options, false); });
+  }
+
+  // ---- lifetime --------------------------------------------------------------
+
+  // Stops accepting (later submissions complete with BatchStatus::shut_down,
+  // and so do submit() calls waiting for room), deals with the waiting
+  // requests as `mode` says, and joins the worker. The batch running now
+  // completes normally. Idempotent.
+  void shutdown(ShutdownMode mode = ShutdownMode::drain) noexcept {
+    ::std::vector<Request> cancelled;
+    {
+      ::std::lock_guard lock(mutex_);
+      if (!stopping_) {
+        stopping_ = true;
+        if (mode == ShutdownMode::cancel) {
+          cancelled.assign(::std::make_move_iterator(queue_.begin()), ::std::make_move_iterator(queue_.end()));
+          queue_.clear();
+          stats_.cancelled += cancelled.size();
+          stats_.queue_depth = 0;
+        }
+      }
+    }
+    work_ready_.notify_all();
+    room_.notify_all();
+    for (Request& request : cancelled) {
+      finish(request, failure(BatchStatus::shut_down,
+                              "the Batcher shut down (cancel) before this request ran; it was not run"));
+    }
+    ::std::lock_guard join_lock(join_mutex_);
+    if (worker_.joinable() && worker_.get_id() != ::std::this_thread::get_id()) {
+      worker_.join();  // (from a completion, i.e. the worker itself, it cannot be joined: it ends on its own)
+    }
+  }
+
+  bool accepting() const {
+    ::std::lock_guard lock(mutex_);
+    return !stopping_;
+  }
+
+  // ---- introspection ---------------------------------------------------------
+
+  BatcherStats stats() const {
+    BatcherStats out;
+    ::std::vector<double> sorted;
+    {
+      ::std::lock_guard lock(mutex_);
+      out = stats_;
+      sorted = delays_;
+    }
+    if (!sorted.empty()) {
+      ::std::sort(sorted.begin(), sorted.end());  // outside the lock: the worker goes on
+      auto at = [&](double q) {
+        const auto i = static_cast<::std::size_t>(q * static_cast<double>(sorted.size() - 1) + 0.5);
+        return sorted[::std::min(i, sorted.size() - 1)];
+      };
+      out.queue_delay_p50_us = at(0.50);
+      out.queue_delay_p99_us = at(0.99);
+    }
+    return out;
+  }
+  void reset_stats() {
+    ::std::lock_guard lock(mutex_);
+    const ::std::size_t depth = stats_.queue_depth;
+    stats_ = BatcherStats{};
+    stats_.queue_depth = depth;
+    stats_.batch_rows_histogram.assign(options_.max_batch_rows + 1, 0);
+    stats_.batch_requests_histogram.assign(options_.max_batch_rows + 1, 0);
+    delays_.clear();
+    delay_next_ = 0;
+  }
+
+  // The options in force (max_batch_rows and preferred_batch_rows filled in).
+  const BatcherOptions& options() const noexcept { return options_; }
+  ::std::size_t input_row_elements() const noexcept { return in_row_; }
+  ::std::size_t output_row_elements() const noexcept { return out_row_; }
+  // The executor's batch sizes (what a batch is padded up to).
+  const ::std::vector<::std::size_t>& batch_sizes() const noexcept { return sizes_; }
+
+ private:
+  static constexpr ::std::size_t delay_window = 8192;
+
+  struct Request {
+    ::std::vector<input_type> input;
+    ::std::size_t rows = 0;
+    clock::time_point arrival;
+    clock::time_point deadline;
+    completion_type done;
+  };
+
+  void validate(const ::std::source_location& where) {
+    if (in_row_ == 0 || out_row_ == 0) {
+      throw usage_error(detail::batcher_message("Batcher: the executor's row sizes must be positive, got input ", in_row_,
+                                       " and output ", out_row_, " elements per row"),
+                        where);
+    }
+    if (sizes_.empty() || sizes_.front() == 0 || !::std::is_sorted(sizes_.begin(), sizes_.end()) ||
+        ::std::adjacent_find(sizes_.begin(), sizes_.end()) != sizes_.end()) {
+      throw usage_error("Batcher: the executor's batch_sizes() must be positive and strictly ascending", where);
+    }
+    const ::std::size_t largest = sizes_.back();
+    if (options_.max_batch_rows == 0) {
+      options_.max_batch_rows = largest;
+    }
+    if (options_.max_batch_rows > largest) {
+      throw usage_error(detail::batcher_message("Batcher: max_batch_rows is ", options_.max_batch_rows,
+                                       " but the executor's largest batch is ", largest, " rows"),
+                        where);
+    }
+    auto& preferred = options_.preferred_batch_rows;
+    if (preferred.empty()) {
+      for (::std::size_t size : sizes_) {
+        if (size <= options_.max_batch_rows) {
+          preferred.push_back(size);
+        }
+      }
+    }
+    if (preferred.front() == 0 || !::std::is_sorted(preferred.begin(), preferred.end()) ||
+        ::std::adjacent_find(preferred.begin(), preferred.end()) != preferred.end() ||
+        preferred.back() > options_.max_batch_rows) {
+      throw usage_error(detail::batcher_message("Batcher: preferred_batch_rows must be positive, strictly ascending and at "
+                                       "most max_batch_rows (",
+                                       options_.max_batch_rows, ")"),
+                        where);
+    }
+    if (options_.queue_capacity == 0) {
+      throw usage_error("Batcher: queue_capacity must be at least 1", where);
+    }
+    if (options_.max_queue_delay.count() < 0 || options_.default_timeout.count() < 0) {
+      throw usage_error("Batcher: max_queue_delay and default_timeout must not be negative", where);
+    }
+  }
+
+  template <class Enqueue>
+  static ::std::future<result_type> with_future(Enqueue&& enqueue_with) {
+    auto promise = ::std::make_shared<::std::promise<result_type>>();
+    ::std::future<result_type> future = promise->get_future();
+    enqueue_with([promise](result_type result) { promise->set_value(::std::move(result)); });
+    return future;
+  }
+
+  static result_type failure(BatchStatus status, ::std::string message) {
+    result_type result;
+    result.status = status;
+    result.message = ::std::move(message);
+    return result;
+  }
+
+  static void finish(Request& request, result_type result) noexcept {
+    try {
+      request.done(::std::move(result));
+    } catch (...) {
+      // A completion must not throw; the Batcher keeps serving the others.
+    }
+  }
+
+  void enqueue(::std::span<const input_type> rows, completion_type done, SubmitOptions submit_options,
+               bool wait_for_room) {
+    if (!done) {
+      throw usage_error("Batcher: submit()/try_submit() got an empty completion; give a callable (or use the future)");
+    }
+    Request request;
+    request.done = ::std::move(done);
+    request.arrival = clock::now();
+    request.deadline = submit_options.deadline;
+    if (request.deadline == clock::time_point::max() && options_.default_timeout.count() > 0) {
+      request.deadline = request.arrival + options_.default_timeout;
+    }
+    if (rows.empty() || rows.size() % in_row_ != 0) {
+      count(&BatcherStats::invalid);
+      finish(request, failure(BatchStatus::invalid_request,
+                              detail::batcher_message("a request of ", rows.size(), " elements is not a whole, positive number ",
+                                             "of rows of ", in_row_, " elements")));
+      return;
+    }
+    request.rows = rows.size() / in_row_;
+    if (request.rows > options_.max_batch_rows) {
+      count(&BatcherStats::too_large);
+      finish(request, failure(BatchStatus::too_large,
+                              detail::batcher_message("a request of ", request.rows, " rows is larger than the largest batch (",
+                                             options_.max_batch_rows, " rows)")));
+      return;
+    }
+    request.input.assign(rows.begin(), rows.end());
+
+    BatchStatus refusal = BatchStatus::ok;
+    {
+      ::std::unique_lock lock(mutex_);
+      auto has_room = [&] { return stopping_ || queue_.size() < options_.queue_capacity; };
+      if (!has_room()) {
+        if (!wait_for_room) {
+          refusal = BatchStatus::queue_full;
+        } else if (request.deadline == clock::time_point::max()) {
+          room_.wait(lock, has_room);
+        } else if (!room_.wait_until(lock, request.deadline, has_room)) {
+          refusal = BatchStatus::timed_out;
+        }
+      }
+      if (refusal == BatchStatus::ok && stopping_) {
+        refusal = BatchStatus::shut_down;
+      }
+      switch (refusal) {
+        case BatchStatus::ok:
+          queue_.push_back(::std::move(request));
+          ++stats_.enqueued;
+          stats_.queue_depth = queue_.size();
+          break;
+        case BatchStatus::queue_full: ++stats_.refused; break;
+        case BatchStatus::timed_out: ++stats_.timed_out; break;
+        default: ++stats_.rejected_shut_down; break;
+      }
+    }
+    switch (refusal) {
+      case BatchStatus::ok: work_ready_.notify_one(); break;
+      case BatchStatus::queue_full:
+        finish(request, failure(refusal, detail::batcher_message("the queue is full (", options_.queue_capacity,
+                                                        " requests waiting); try again later")));
+        break;
+      case BatchStatus::timed_out:
+        finish(request, failure(refusal, "the deadline passed while waiting for room in the queue; not run"));
+        break;
+      default:
+        finish(request, failure(BatchStatus::shut_down, "the Batcher is shutting down and accepts no requests"));
+        break;
+    }
+  }
+
+  void count(::std::uint64_t BatcherStats::*counter) {
+    ::std::lock_guard lock(mutex_);
+    ++(stats_.*counter);
+  }
+
+  // The worker: gather, run, complete; until stopped and (drain) empty.
+  void work() {
+    ::std::vector<Request> batch;
+    ::std::vector<Request> expired;
+    ::std::vector<::std::size_t> waiting_rows;
+    ::std::unique_lock lock(mutex_);
+    for (;;) {
+      work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) {
+        return;  // stopping, nothing left
+      }
+      const clock::time_point now = clock::now();
+      take_expired(now, expired);
+      if (!expired.empty()) {
+        lock.unlock();
+        room_.notify_all();
+        for (Request& request : expired) {
+          finish(request, expired_result(request, now));
+        }
+        expired.clear();
+        lock.lock();
+        continue;
+      }
+      // Requests arrive in order, so the overdue ones are a prefix.
+      waiting_rows.clear();
+      ::std::size_t overdue = 0;
+      for (const Request& request : queue_) {
+        if (waiting_rows.size() == options_.max_batch_rows + 1) {
+          break;  // enough to know whether the next one fits
+        }
+        waiting_rows.push_back(request.rows);
+        if (stopping_ || request.arrival + options_.max_queue_delay <= now) {
+          ++overdue;
+        }
+      }
+      const BatchPlanLimits limits{options_.max_batch_rows, options_.max_batch_requests,
+                                   options_.preferred_batch_rows, options_.trim_to_preferred};
+      const ::std::size_t take = plan_batch(waiting_rows, overdue, limits);
+      if (take == 0) {
+        // Wait for more, for the oldest to fall due, or for the first deadline.
+        clock::time_point wake = queue_.front().arrival + options_.max_queue_delay;
+        for (const Request& request : queue_) {
+          wake = ::std::min(wake, request.deadline);
+        }
+        work_ready_.wait_until(lock, wake);
+        continue;
+      }
+      batch.assign(::std::make_move_iterator(queue_.begin()),
+                   ::std::make_move_iterator(queue_.begin() + static_cast<::std::ptrdiff_t>(take)));
+      queue_.erase(queue_.begin(), queue_.begin() + static_cast<::std::ptrdiff_t>(take));
+      stats_.queue_depth = queue_.size();
+      lock.unlock();
+      room_.notify_all();
+      run_batch(batch, now);
+      batch.clear();
+      lock.lock();
+    }
+  }
+
+  // Moves the requests whose deadline has passed out of the queue (lock held).
+  void take_expired(clock::time_point now, ::std::vector<Request>& expired) {
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->deadline <= now) {
+        expired.push_back(::std::move(*it));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    stats_.timed_out += expired.size();
+    stats_.queue_depth = queue_.size();
+  }
+
+  static result_type expired_result(const Request& request, clock::time_point now) {
+    result_type result = failure(
+        BatchStatus::timed_out,
+        detail::batcher_message("the deadline passed after ",
+                       ::std::chrono::duration_cast<::std::chrono::microseconds>(now - request.arrival).count(),
+                       " us in the queue; not run"));
+    result.queue_delay = ::std::chrono::duration_cast<::std::chrono::microseconds>(now - request.arrival);
+    return result;
+  }
+
+  void run_batch(::std::vector<Request>& batch, clock::time_point dequeued) {
+    ::std::size_t rows = 0;
+    for (const Request& request : batch) {
+      rows += request.rows;
+    }
+    const ::std::size_t padded = padded_batch_rows(sizes_, rows);
+    ::std::vector<result_type> results(batch.size());
+    bool ok = true;
+    ::std::string error;
+    try {
+      const ::std::span<input_type> staging = executor_.input_staging();
+      if (staging.size() < rows * in_row_) {
+        throw usage_error(detail::batcher_message("Batcher: the executor's input_staging() holds ", staging.size(),
+                                         " elements, a batch of ", rows, " rows needs ", rows * in_row_));
+      }
+      ::std::size_t offset = 0;
+      for (const Request& request : batch) {
+        ::std::copy(request.input.begin(), request.input.end(), staging.begin() + static_cast<::std::ptrdiff_t>(offset));
+        offset += request.input.size();
+      }
+      const ::std::span<const output_type> output = executor_.run(rows);
+      if (output.size() < rows * out_row_) {
+        throw usage_error(detail::batcher_message("Batcher: the executor's run(", rows, ") returned ", output.size(),
+                                         " elements, expected ", rows * out_row_));
+      }
+      offset = 0;
+      for (::std::size_t i = 0; i < batch.size(); ++i) {
+        const ::std::size_t n = batch[i].rows * out_row_;
+        results[i].output.assign(output.begin() + static_cast<::std::ptrdiff_t>(offset),
+                                 output.begin() + static_cast<::std::ptrdiff_t>(offset + n));
+        offset += n;
+      }
+    } catch (const ::std::exception& e) {
+      ok = false;
+      error = detail::batcher_message("the batch of ", rows, " rows (", batch.size(), " requests) failed: ", e.what());
+    } catch (...) {
+      ok = false;
+      error = detail::batcher_message("the batch of ", rows, " rows (", batch.size(), " requests) failed: unknown exception");
+    }
+    {
+      ::std::lock_guard lock(mutex_);
+      ++stats_.batches;
+      stats_.rows += rows;
+      stats_.padded_rows += padded;
+      ++stats_.batch_rows_histogram[rows];
+      ++stats_.batch_requests_histogram[batch.size()];
+      if (ok) {
+        stats_.completed += batch.size();
+      } else {
+        ++stats_.failed_batches;
+        stats_.failed += batch.size();
+      }
+      for (Request& request : batch) {
+        record_delay(static_cast<double>(
+                         ::std::chrono::duration_cast<::std::chrono::nanoseconds>(dequeued - request.arrival).count()) /
+                     1000.0);
+      }
+    }
+    for (::std::size_t i = 0; i < batch.size(); ++i) {
+      result_type& result = results[i];
+      if (!ok) {
+        result.status = BatchStatus::failed;
+        result.message = error;
+        result.output.clear();
+      }
+      result.batch_rows = rows;
+      result.padded_rows = padded;
+      result.queue_delay = ::std::chrono::duration_cast<::std::chrono::microseconds>(dequeued - batch[i].arrival);
+      finish(batch[i], ::std::move(result));
+    }
+  }
+
+  // Lock held.
+  void record_delay(double us) {
+    const auto& bounds = BatcherStats::queue_delay_bounds_us;
+    const auto bucket = static_cast<::std::size_t>(::std::lower_bound(bounds.begin(), bounds.end(), us) - bounds.begin());
+    ++stats_.queue_delay_histogram[bucket];
+    stats_.queue_delay_sum_us += us;
+    if (delays_.size() < delay_window) {
+      delays_.push_back(us);
+    } else {
+      delays_[delay_next_] = us;
+      delay_next_ = (delay_next_ + 1) % delay_window;
+    }
+  }
+
+  Executor executor_;
+  BatcherOptions options_;
+  ::std::size_t in_row_ = 0;
+  ::std::size_t out_row_ = 0;
+  ::std::vector<::std::size_t> sizes_;
+
+  mutable ::std::mutex mutex_;  // guards everything below but worker_
+  ::std::condition_variable work_ready_;
+  ::std::condition_variable room_;
+  ::std::deque<Request> queue_;
+  bool stopping_ = false;
+  BatcherStats stats_;
+  ::std::vector<double> delays_;
+  ::std::size_t delay_next_ = 0;
+
+  ::std::mutex join_mutex_;
+  ::std::thread worker_;  // last: starts after everything it uses
+};
+
+template <class Executor>
+Batcher(Executor, BatcherOptions = {}) -> Batcher<Executor>;
+
+}  // namespace replay
