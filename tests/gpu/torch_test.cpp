@@ -149,17 +149,17 @@ TEST_CASE("GraphedFlags is a bitmask and the error types are what they claim") {
   static_assert(replay::GraphBackend<replay::TorchGraphBackend>);
 }
 
-TEST_CASE("TensorCallable accepts modules, JIT modules and tensor callables, and nothing else") {
-  static_assert(replay::TensorCallable<torch::nn::Linear>);
-  static_assert(replay::TensorCallable<torch::nn::Sequential>);
-  static_assert(replay::TensorCallable<std::shared_ptr<ForwardOnly>>);
-  static_assert(replay::TensorCallable<torch::jit::Module>);
-  static_assert(replay::TensorCallable<decltype([](const at::Tensor& x) { return x; })>);
-  static_assert(replay::TensorCallable<decltype([](at::Tensor a, at::Tensor b) { return std::make_tuple(a, b); })>);
-  static_assert(replay::TensorCallable<decltype([](const std::vector<at::Tensor>& v) { return v; })>);
-  static_assert(!replay::TensorCallable<decltype([](int x) { return x; })>);
-  static_assert(!replay::TensorCallable<int>);
-}
+// TensorCallable accepts modules, JIT modules and tensor callables, and nothing
+// else (compile-time claims: a broken one breaks the build).
+static_assert(replay::TensorCallable<torch::nn::Linear>);
+static_assert(replay::TensorCallable<torch::nn::Sequential>);
+static_assert(replay::TensorCallable<std::shared_ptr<ForwardOnly>>);
+static_assert(replay::TensorCallable<torch::jit::Module>);
+static_assert(replay::TensorCallable<decltype([](const at::Tensor& x) { return x; })>);
+static_assert(replay::TensorCallable<decltype([](at::Tensor a, at::Tensor b) { return std::make_tuple(a, b); })>);
+static_assert(replay::TensorCallable<decltype([](const std::vector<at::Tensor>& v) { return v; })>);
+static_assert(!replay::TensorCallable<decltype([](int x) { return x; })>);
+static_assert(!replay::TensorCallable<int>);
 
 TEST_CASE("callables are called with as many tensors as they take, and their results become tensor lists") {
   const std::source_location here = std::source_location::current();
