@@ -81,7 +81,8 @@ class ReplayConan(ConanFile):
         self.cpp_info.set_property("cmake_config_version_compat",
                                    "SameMinorVersion" if major == 0 else "SameMajorVersion")
         # CUDA comes from the system, not from Conan: the build module finds the
-        # CUDA toolkit, links CUDA::cudart, asks for C++20 for .cu files and,
-        # when COMPONENTS torch is requested, defines replay::torch.
+        # CUDA toolkit, links the one CUDA runtime the consuming target asks for
+        # (CUDA_RUNTIME_LIBRARY), asks for C++20 for .cu files and, when
+        # COMPONENTS torch is requested, defines replay::torch.
         self.cpp_info.set_property("cmake_build_modules",
                                    [os.path.join(self._build_module_dir, "replay-conan-targets.cmake")])

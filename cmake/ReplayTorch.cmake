@@ -104,7 +104,15 @@ set(_replay_torch_build_libs)
 foreach(_replay_torch_lib IN LISTS TORCH_LIBRARIES)
   list(APPEND _replay_torch_build_libs "$<BUILD_INTERFACE:${_replay_torch_lib}>")
 endforeach()
-target_link_libraries(replay_torch INTERFACE replay::replay ${_replay_torch_build_libs} "$<INSTALL_INTERFACE:torch>")
+# Not replay::replay: libtorch links the shared CUDA runtime, so the adapter
+# takes replay's headers and C++20 with CUDA::cudart (the same libcudart.so),
+# never cudart_static beside it. A target that links replay::replay as well
+# sets CUDA_RUNTIME_LIBRARY Shared (see docs/packaging.md).
+target_include_directories(replay_torch INTERFACE
+  $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+  $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+target_compile_features(replay_torch INTERFACE cxx_std_20)
+target_link_libraries(replay_torch INTERFACE CUDA::cudart ${_replay_torch_build_libs} "$<INSTALL_INTERFACE:torch>")
 if(TORCH_CXX_FLAGS)
   separate_arguments(_replay_torch_cxx_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
   target_compile_options(replay_torch INTERFACE "$<$<COMPILE_LANGUAGE:CXX>:${_replay_torch_cxx_flags}>")

@@ -16,9 +16,15 @@ if(NOT CUDAToolkit_FOUND)
   return()
 endif()
 
-get_target_property(_replay_links replay::replay INTERFACE_LINK_LIBRARIES)
-if(NOT "CUDA::cudart" IN_LIST _replay_links)
-  set_property(TARGET replay::replay APPEND PROPERTY INTERFACE_LINK_LIBRARIES CUDA::cudart)
+get_target_property(_replay_links replay::replay REPLAY_USAGE_ADDED)
+if(NOT _replay_links)
+  set_property(TARGET replay::replay PROPERTY REPLAY_USAGE_ADDED TRUE)
+  # One CUDA runtime, the one the consumer's target asks for (as CMakeLists.txt does).
+  set(_replay_rt "$<UPPER_CASE:$<TARGET_PROPERTY:CUDA_RUNTIME_LIBRARY>>")
+  set_property(TARGET replay::replay APPEND PROPERTY INTERFACE_LINK_LIBRARIES
+    "$<$<STREQUAL:${_replay_rt},SHARED>:CUDA::cudart>"
+    "$<$<OR:$<STREQUAL:${_replay_rt},STATIC>,$<STREQUAL:${_replay_rt},>>:CUDA::cudart_static>")
+  unset(_replay_rt)
   # CMake hands C++20 to nvcc only from 3.25.2 on; see replayConfig.cmake.in.
   if(CMAKE_VERSION VERSION_GREATER_EQUAL 3.25.2)
     set_property(TARGET replay::replay APPEND PROPERTY INTERFACE_COMPILE_FEATURES cxx_std_20 cuda_std_20)
@@ -40,7 +46,11 @@ if("torch" IN_LIST replay_FIND_COMPONENTS AND NOT TARGET replay::torch)
       set(_replay_torch_problem "the torch component needs Torch (libtorch) from the system: set Torch_DIR")
     else()
       add_library(replay::torch INTERFACE IMPORTED)
-      set_property(TARGET replay::torch PROPERTY INTERFACE_LINK_LIBRARIES replay::replay torch)
+      # libtorch's shared CUDA runtime only (see cmake/ReplayTorch.cmake).
+      set_property(TARGET replay::torch PROPERTY INTERFACE_LINK_LIBRARIES CUDA::cudart torch)
+      set_property(TARGET replay::torch PROPERTY INTERFACE_INCLUDE_DIRECTORIES
+                   "$<TARGET_PROPERTY:replay::replay,INTERFACE_INCLUDE_DIRECTORIES>")
+      set_property(TARGET replay::torch PROPERTY INTERFACE_COMPILE_FEATURES cxx_std_20)
       if(TORCH_CXX_FLAGS)  # as cmake/ReplayTorch.cmake does (the C++11 ABI setting)
         separate_arguments(_replay_torch_cxx_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
         set_property(TARGET replay::torch PROPERTY INTERFACE_COMPILE_OPTIONS

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's example command: sets up what is missing, builds and runs the
-# main example (kernel_chain). Extra arguments go to the example.
+# main example (kernel_chain) in build/default, the folder scripts/test.sh
+# uses too. Extra arguments go to the example.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup-deps.sh

@@ -13,7 +13,14 @@
 #   REPLAY_CHECK_DEADLINE_S=n        stop starting steps after n seconds; steps
 #                                    cut short count as failures (default 3000)
 #   REPLAY_BENCH_FILTER=regex        only these benchmarks
-#   REPLAY_SKIP_TORCH=1              do not look for libtorch
+#   REPLAY_SKIP_TORCH=1              do not look for libtorch (test_torch is then not expected)
+#   REPLAY_BENCH_MISS_OK=1           a benchmark ratio below its target is reported as
+#                                    MISS but does not fail the run (noisy machines)
+#
+# A GPU is required (REPLAY_REQUIRE_GPU=1 for every program): a case that
+# would be skipped fails. Every program in tests/expected_cases.txt must be
+# built and run at least its minimum number of cases; a built test program
+# that is not listed there fails too.
 #
 # Two lanes. The CUDA-only lane (core, router, pipeline: tests, sanitizer,
 # benchmarks, examples) and the heavy lane (building and running the libtorch
@@ -32,6 +39,7 @@ export OUT
 mkdir -p "$OUT"
 rm -f "$OUT"/*.log "$OUT"/*.txt "$OUT"/*.json "$OUT"/lane-*
 export PATH="/usr/local/cuda/bin:$PATH"
+export REPLAY_REQUIRE_GPU=1
 deadline=${REPLAY_CHECK_DEADLINE_S:-3000}
 log() { printf '[gpu-check %4ds] %s\n' "$SECONDS" "$*"; }
 left() { echo $((deadline - SECONDS)); }
@@ -39,7 +47,7 @@ left() { echo $((deadline - SECONDS)); }
 # Lane results go to files so that background lanes can report.
 note() { printf '%s\n' "$*" >>"$OUT/lane-$lane.notes"; }
 fail() { note "$*"; echo 1 >"$OUT/lane-$lane.failed"; }
-count_tests() { printf '%s %s %s\n' "$1" "$2" "$3" >>"$OUT/lane-$lane.counts"; }
+count_tests() { printf '%s %s %s %s\n' "$1" "$2" "$3" "$4" >>"$OUT/lane-$lane.counts"; }  # name passed failed skipped
 
 # run_bounded SECONDS_WANTED CMD...: runs CMD under `timeout`, capped by the deadline.
 run_bounded() {
@@ -74,7 +82,7 @@ run_test_program() {
     p=0 f=1 s=0
     grep -E 'FATAL|terminate|Segmentation|what\(\)' "$OUT/$name.log" | head -3 | while read -r l; do note "    $l"; done
   fi
-  count_tests "$p" "$f" "$s"
+  count_tests "$name" "$p" "$f" "$s"
   note "  $name: $p passed, $f failed, $s skipped (rc=$rc)"
   [ "$rc" -eq 0 ] && [ "$f" -eq 0 ] && [ "$s" -eq 0 ] || fail "  $name did not pass cleanly"
   rm -f "$OUT/$name.log"
@@ -116,7 +124,7 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 
 # ---- build the CUDA-only targets ---------------------------------------------
 light_targets=$(cmake --build build/gpu --target help 2>/dev/null | sed -nE 's/^([A-Za-z0-9_]+): phony$/\1/p' |
-  grep -E '^(test_[a-z_]+|[a-z_]+_bench|kernel_chain|dynamic_batch|pipeline_throughput)$' | grep -v torch | tr '\n' ' ')
+  grep -E '^(test_[a-z0-9_]+|[a-z0-9_]+_bench|kernel_chain|dynamic_batch|pipeline_throughput)$' | grep -v torch | tr '\n' ' ')
 log "build (CUDA-only): $light_targets"
 start=$SECONDS
 # shellcheck disable=SC2086
@@ -225,6 +233,9 @@ unset CUDA_VISIBLE_DEVICES
 
 log "waiting for the heavy lane"
 wait "$heavy_pid"
+heavy_rc=$?
+lane=main
+[ "$heavy_rc" -eq 0 ] || fail "heavy lane exited with status $heavy_rc"
 cat "$OUT/build-heavy.log" >>"$OUT/build.log" 2>/dev/null
 rm -f "$OUT/build-heavy.log"
 cat "$OUT"/tests-*.log >"$OUT/tests.log" 2>/dev/null
@@ -232,7 +243,49 @@ rm -f "$OUT"/tests-*.log
 
 # ---- summary (last) ------------------------------------------------------------
 read -r total_pass total_fail total_skip < <(cat "$OUT"/lane-*.counts 2>/dev/null |
-  awk '{p+=$1; f+=$2; s+=$3} END {print p+0, f+0, s+0}')
+  awk '{p+=$2; f+=$3; s+=$4} END {print p+0, f+0, s+0}')
+
+# Every expected program ran at least its minimum number of cases; no unlisted program.
+expected_notes=""
+while read -r prog min; do
+  case "$prog" in test_*) ;; *) continue ;; esac
+  case "$prog" in test_*_multi)  # suite gpu_multi: run by gpu-check.d/nccl.sh with two GPUs or more
+    expected_notes+="  $prog: not run by the lanes (needs two GPUs or more; scripts/gpu-check.d/nccl.sh runs it)"$'\n'
+    continue ;;
+  esac
+  if [ "$prog" = test_torch ] && [ -n "${REPLAY_SKIP_TORCH:-}" ]; then
+    expected_notes+="  $prog: not expected (REPLAY_SKIP_TORCH)"$'\n'
+    continue
+  fi
+  ran=$(awk -v n="$prog" '$1 == n {print $2 + $3}' "$OUT"/lane-*.counts 2>/dev/null | tail -1)
+  if [ -z "$ran" ]; then
+    expected_notes+="  FAIL: $prog (expected, at least $min cases) did not run"$'\n'
+    echo 1 >"$OUT/lane-main.failed"
+  elif [ "$ran" -lt "$min" ]; then
+    expected_notes+="  FAIL: $prog ran $ran cases, fewer than the $min expected"$'\n'
+    echo 1 >"$OUT/lane-main.failed"
+  fi
+done < tests/expected_cases.txt
+for exe in build/gpu/tests/test_*; do
+  [ -x "$exe" ] && [ -f "$exe" ] || continue
+  grep -qE "^$(basename "$exe")[[:space:]]" tests/expected_cases.txt ||
+    { expected_notes+="  FAIL: $(basename "$exe") is not listed in tests/expected_cases.txt"$'\n'; echo 1 >"$OUT/lane-main.failed"; }
+done
+
+# Benchmark ratios below target (MISS), or stated for a benchmark that did not run (n/a).
+bench_misses=$(grep -c 'MISS (target' "$OUT/ratios.txt" 2>/dev/null || true)
+bench_absent=$(grep -c '^n/a ' "$OUT/ratios.txt" 2>/dev/null || true)
+bench_verdict="all ratios on target"
+if $tests_only; then
+  bench_verdict="not run (--tests-only)"
+elif [ "${bench_misses:-0}" -gt 0 ] || { [ "$filter" = . ] && [ "${bench_absent:-0}" -gt 0 ]; }; then
+  if [ "${REPLAY_BENCH_MISS_OK:-0}" = 1 ]; then
+    bench_verdict="${bench_misses} below target, ${bench_absent} absent (not failing: REPLAY_BENCH_MISS_OK=1)"
+  else
+    bench_verdict="FAIL: ${bench_misses} below target, ${bench_absent} absent (REPLAY_BENCH_MISS_OK=1 to accept on a noisy machine)"
+    echo 1 >"$OUT/lane-main.failed"
+  fi
+fi
 sanitizer_errors=$(cat "$OUT"/lane-*.sanitizer 2>/dev/null | awk '{s+=$1} END {print s+0}')
 status=0
 ls "$OUT"/lane-*.failed >/dev/null 2>&1 && status=1
@@ -243,6 +296,8 @@ ls "$OUT"/lane-*.failed >/dev/null 2>&1 && status=1
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/device: /'
   echo "wall time: ${SECONDS} s"
   echo "tests: $total_pass passed, $total_fail failed, $total_skip skipped"
+  printf '%s' "$expected_notes"
+  echo "benchmarks: $bench_verdict"
   $tests_only || echo "sanitizer: $sanitizer_errors errors ($($quick && echo memcheck || echo memcheck, racecheck, synccheck))"
   cat "$OUT"/lane-main.notes "$OUT"/lane-light.notes "$OUT"/lane-heavy.notes 2>/dev/null
   echo "---- benchmark ratios ----"

@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # Installs what building replay's tests, benchmarks and examples needs, when it
-# is missing: a CMake >= 3.25.2 and ninja (from PyPI: Debian's 3.25.1 cannot
-# hand C++20 to nvcc), doctest and Google Benchmark (Debian packages), and
-# cpp-httplib for the inference server example (Debian package), and
-# checks for nvcc; and Conan 2 (pinned, from PyPI) for the packaging test.
+# is missing, without touching the system's Python or a Conan you already have:
+#   - CMake >= 3.25.2 and ninja: when the ones on PATH fall short (Debian 12's
+#     CMake 3.25.1 cannot hand C++20 to nvcc), from PyPI into a virtual
+#     environment of this checkout, build/.venv (python3-venv from apt first,
+#     if the system Python lacks it);
+#   - doctest, Google Benchmark and cpp-httplib (for examples/inference_server):
+#     Debian packages (doctest-dev, libbenchmark-dev, libcpp-httplib-dev);
+#   - with REPLAY_SETUP_PACKAGING=1 (scripts/test.sh --all, CI) also Conan 2
+#     (pinned, into build/.venv, unless a Conan 2 is already on PATH; a Conan 1
+#     stays where it is, unused) and doxygen (apt), for the package and docs tests;
+#   - checks for nvcc.
+# build/.venv/bin goes first on PATH for the calling script only.
 # Safe to run again; does nothing when all is present.
-# Sourced by scripts/test.sh and scripts/example.sh.
+# Sourced by scripts/test.sh, scripts/example.sh and .ci/run.
 set -euo pipefail
 
 replay_log() { printf 'replay setup: %s\n' "$*" >&2; }
@@ -13,6 +21,44 @@ replay_log() { printf 'replay setup: %s\n' "$*" >&2; }
 version_ge() {  # version_ge A B: A >= B
   [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]
 }
+
+replay_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REPLAY_VENV=${REPLAY_VENV:-$replay_root/build/.venv}
+export REPLAY_VENV
+
+replay_apt_install() {
+  if ! command -v apt-get >/dev/null 2>&1; then
+    replay_log "missing $* and no apt-get: install them yourself"
+    exit 1
+  fi
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  replay_log "installing $* (apt)"
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
+# The project's virtual environment, created on first use.
+replay_venv() {
+  if [ ! -x "$REPLAY_VENV/bin/python" ]; then
+    replay_log "creating a virtual environment for the build tools in $REPLAY_VENV"
+    if ! python3 -m venv "$REPLAY_VENV" >/dev/null 2>&1; then
+      rm -rf "$REPLAY_VENV"
+      # Debian and Ubuntu ship venv's pip bootstrap separately.
+      replay_apt_install "python3-venv"
+      python3 -m venv "$REPLAY_VENV"
+    fi
+  fi
+  export PATH="$REPLAY_VENV/bin:$PATH"
+  hash -r
+}
+replay_pip() {
+  replay_venv
+  "$REPLAY_VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" >&2
+  hash -r
+}
+# An earlier run's tools come first.
+[ -d "$REPLAY_VENV/bin" ] && export PATH="$REPLAY_VENV/bin:$PATH"
 
 # CUDA toolkit (nvcc). Only the toolkit is needed to build; running needs a GPU.
 if ! command -v nvcc >/dev/null 2>&1; then
@@ -30,47 +76,34 @@ need_apt=()
 [ -f /usr/include/doctest/doctest.h ] || need_apt+=(doctest-dev)
 [ -f /usr/include/benchmark/benchmark.h ] || need_apt+=(libbenchmark-dev)
 [ -f /usr/include/httplib.h ] || need_apt+=(libcpp-httplib-dev)  # examples/inference_server
-if [ ${#need_apt[@]} -gt 0 ]; then
-  if command -v apt-get >/dev/null 2>&1; then
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    replay_log "installing ${need_apt[*]}"
-    $SUDO apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
-  else
-    replay_log "missing ${need_apt[*]} and no apt-get: install doctest, Google Benchmark and cpp-httplib yourself"
-    exit 1
-  fi
+if [ "${REPLAY_SETUP_PACKAGING:-0}" = 1 ] && ! command -v doxygen >/dev/null 2>&1; then
+  need_apt+=(doxygen)
 fi
+[ ${#need_apt[@]} -eq 0 ] || replay_apt_install "${need_apt[@]}"
 
-# CMake >= 3.25.2 and ninja, from PyPI when the system ones fall short.
+# CMake >= 3.25.2 and ninja.
 cmake_ok=false
 if command -v cmake >/dev/null 2>&1; then
   have=$(cmake --version | head -n1 | awk '{print $3}')
   version_ge "$have" 3.25.2 && cmake_ok=true
 fi
 if ! $cmake_ok || ! command -v ninja >/dev/null 2>&1; then
-  replay_log "installing cmake and ninja from PyPI"
-  python3 -m pip install -q --disable-pip-version-check "cmake>=3.28,<5" "ninja>=1.11" 2>&1 | grep -v "Running pip as the 'root'" >&2 || true
-  hash -r
-  # pip may install into a user or pyenv bin folder; make sure it comes first.
-  for d in "$(python3 -c 'import sysconfig;print(sysconfig.get_path("scripts"))')" "$HOME/.local/bin"; do
-    [ -x "$d/cmake" ] && export PATH="$d:$PATH"
-  done
+  replay_log "installing cmake and ninja from PyPI into $REPLAY_VENV"
+  replay_pip "cmake>=3.28,<5" "ninja>=1.11"
   have=$(cmake --version | head -n1 | awk '{print $3}')
   version_ge "$have" 3.25.2 || { replay_log "cmake $have is still older than 3.25.2"; exit 1; }
 fi
 
-# Conan 2 for the packaging test (tests/packaging.cmake runs `conan create . -nr`
-# offline in a Conan home of its own, where it runs `conan profile detect`).
+# Conan 2 for the package.conan_create test (it runs `conan profile detect`
+# and `conan create . -nr` offline in a Conan home of its own).
 REPLAY_CONAN_VERSION=2.34.0
-conan_major=$(conan --version 2>/dev/null | awk '{print $3}' | cut -d. -f1 || true)
-if [ "$conan_major" != "2" ]; then
-  replay_log "installing conan==$REPLAY_CONAN_VERSION from PyPI"
-  python3 -m pip install -q --disable-pip-version-check "conan==$REPLAY_CONAN_VERSION" 2>&1 | grep -v "Running pip as the 'root'" >&2 || true
-  hash -r
-  for d in "$(python3 -c 'import sysconfig;print(sysconfig.get_path("scripts"))')" "$HOME/.local/bin"; do
-    [ -x "$d/conan" ] && export PATH="$d:$PATH"
-  done
-  command -v conan >/dev/null 2>&1 || { replay_log "conan is still missing after pip install"; exit 1; }
+if [ "${REPLAY_SETUP_PACKAGING:-0}" = 1 ]; then
+  conan_major=$(conan --version 2>/dev/null | awk '{print $3}' | cut -d. -f1 || true)
+  if [ "$conan_major" != "2" ]; then
+    [ -n "$conan_major" ] && replay_log "conan on PATH is version $conan_major; leaving it alone, using one in $REPLAY_VENV"
+    replay_log "installing conan==$REPLAY_CONAN_VERSION from PyPI into $REPLAY_VENV"
+    replay_pip "conan==$REPLAY_CONAN_VERSION"
+    [ "$(conan --version 2>/dev/null | awk '{print $3}' | cut -d. -f1)" = 2 ] ||
+      { replay_log "conan 2 is still missing after installing it"; exit 1; }
+  fi
 fi

@@ -18,12 +18,13 @@ if(CMAKE_CUDA_HOST_COMPILER)
 endif()
 
 # replay_package_test(NAME n SOURCE dir [CMAKE exe] [ARGS a|b] [RUN exe] [EXPECT_ERROR regex]
+#                     [EXPECT_BUILD_ERROR regex] [ONE_CUDA_RUNTIME target:static|shared]
 #                     [INSTALL_PREFIX dir] [EXPECT_NOTHING_INSTALLED] [NEEDS_INSTALL])
 function(replay_package_test)
-  cmake_parse_arguments(ARG "NEEDS_INSTALL;EXPECT_NOTHING_INSTALLED" "NAME;SOURCE;CMAKE;ARGS;RUN;EXPECT_ERROR;INSTALL_PREFIX" "" ${ARGN})
+  cmake_parse_arguments(ARG "NEEDS_INSTALL;EXPECT_NOTHING_INSTALLED" "NAME;SOURCE;CMAKE;ARGS;RUN;EXPECT_ERROR;EXPECT_BUILD_ERROR;ONE_CUDA_RUNTIME;INSTALL_PREFIX" "" ${ARGN})
   set(driver_args "-DSOURCE_DIR=${ARG_SOURCE}" "-DBINARY_DIR=${_pkg_work}/${ARG_NAME}"
                   "-DGENERATOR=${CMAKE_GENERATOR}" "-DARGS=${ARG_ARGS}")
-  foreach(opt CMAKE RUN EXPECT_ERROR INSTALL_PREFIX)
+  foreach(opt CMAKE RUN EXPECT_ERROR EXPECT_BUILD_ERROR ONE_CUDA_RUNTIME INSTALL_PREFIX)
     if(DEFINED ARG_${opt})
       set(var ${opt})
       if(opt STREQUAL "CMAKE")
@@ -78,9 +79,16 @@ set_tests_properties(package.version_policy PROPERTIES LABELS package TIMEOUT 60
 
 # find_package after install: a CUDA + C++ consumer, and a C++-only one (no
 # CUDA language: cuda_std_20 on the target must not trouble it).
+# Each also checks that its link names exactly one CUDA runtime: the one its
+# target's CUDA_RUNTIME_LIBRARY asks for (CMake's default: static).
 replay_package_test(NAME find_package SOURCE ${_pkg_src}/find_package NEEDS_INSTALL RUN consumer
+                    ONE_CUDA_RUNTIME consumer:static
                     ARGS "${_pkg_common}|${_pkg_cuda}|-DCMAKE_PREFIX_PATH=${_pkg_prefix}|-DREPLAY_EXPECTED_VERSION=${PROJECT_VERSION}")
+replay_package_test(NAME find_package_shared_runtime SOURCE ${_pkg_src}/find_package NEEDS_INSTALL RUN consumer
+                    ONE_CUDA_RUNTIME consumer:shared
+                    ARGS "${_pkg_common}|${_pkg_cuda}|-DCMAKE_PREFIX_PATH=${_pkg_prefix}|-DCMAKE_CUDA_RUNTIME_LIBRARY=Shared")
 replay_package_test(NAME find_package_cxx_only SOURCE ${_pkg_src}/find_package NEEDS_INSTALL RUN consumer
+                    ONE_CUDA_RUNTIME consumer:static
                     ARGS "${_pkg_common}|-DCMAKE_PREFIX_PATH=${_pkg_prefix}|-DREPLAY_CONSUMER_CUDA=OFF")
 
 # A consumer on a CMake older than 3.25.2 (Debian 12's 3.25.1, if present):
@@ -101,6 +109,7 @@ endif()
 # FetchContent from this checkout; checks inside that nothing leaks into the
 # parent, and here that nothing gets installed.
 replay_package_test(NAME fetchcontent SOURCE ${_pkg_src}/fetchcontent RUN consumer EXPECT_NOTHING_INSTALLED
+                    ONE_CUDA_RUNTIME consumer:static
                     ARGS "${_pkg_common}|${_pkg_cuda}|-DREPLAY_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 
 # Bad input: each must fail, saying why.
@@ -120,7 +129,10 @@ set_tests_properties(package.bad.no_cuda PROPERTIES ENVIRONMENT_MODIFICATION "CU
 
 if(TARGET replay_torch)
   # The adapter was built: the torch component must load, with Torch.
-  replay_package_test(NAME torch_component SOURCE ${_pkg_src}/torch NEEDS_INSTALL
+  # ...and run: on a GPU it graphs a tensor function and checks the replays.
+  # One CUDA runtime: libtorch's shared one.
+  replay_package_test(NAME torch_component SOURCE ${_pkg_src}/torch NEEDS_INSTALL RUN torch_consumer
+                      ONE_CUDA_RUNTIME torch_consumer:shared
                       ARGS "${_pkg_common}|${_pkg_cuda}|-DCMAKE_PREFIX_PATH=${_pkg_prefix}|-DTorch_DIR=${Torch_DIR}")
 else()
   replay_package_test(NAME bad.torch_not_installed SOURCE ${_pkg_src}/find_errors NEEDS_INSTALL
@@ -153,4 +165,30 @@ set_tests_properties(package.conan_create PROPERTIES LABELS package TIMEOUT 300)
 add_test(NAME package.vcpkg_port
          COMMAND ${CMAKE_COMMAND} -DPORT_DIR=${PROJECT_SOURCE_DIR}/ports/replay -DWORK_DIR=${_pkg_work}/vcpkg
                  "-DGENERATOR=${CMAKE_GENERATOR}" -P ${_pkg_src}/vcpkg_port_smoke.cmake)
-set_tests_properties(package.vcpkg_port PROPERTIES LABELS package TIMEOUT 300 SKIP_REGULAR_EXPRESSION "REPLAY_SKIP:")
+set_tests_properties(package.vcpkg_port PROPERTIES LABELS package TIMEOUT 300)
+
+# The README's "Use it in your project": its CMakeLists.txt and main.cu are
+# extracted from README.md and built as a project of their own (with
+# FETCHCONTENT_SOURCE_DIR_REPLAY pointing at this checkout), so the README
+# cannot drift from what works.
+add_test(NAME package.readme
+         COMMAND ${CMAKE_COMMAND} -DREADME=${PROJECT_SOURCE_DIR}/README.md -DWORK_DIR=${_pkg_work}/readme
+                 "-DGENERATOR=${CMAKE_GENERATOR}" "-DARGS=${_pkg_common}|${_pkg_cuda}|-DFETCHCONTENT_SOURCE_DIR_REPLAY=${PROJECT_SOURCE_DIR}"
+                 -DDRIVER=${_pkg_src}/run_cmake_project.cmake
+                 -P ${_pkg_src}/readme_blocks.cmake)
+set_tests_properties(package.readme PROPERTIES LABELS package TIMEOUT 300)
+
+# A .cu file compiled as C++17 (an old CMake that drops CUDA_STANDARD 20, or
+# nvcc without -std=c++20): one clear error naming the fix, not a wall.
+replay_package_test(NAME cxx17_is_refused SOURCE ${_pkg_src}/cxx17
+                    ARGS "${_pkg_common}|${_pkg_cuda}|-DREPLAY_INCLUDE_DIR=${PROJECT_SOURCE_DIR}/include"
+                    EXPECT_BUILD_ERROR "replay needs C\\+\\+20\\. Compile with -std=c\\+\\+20")
+
+# Every public header, as a consumer includes it, is warning-free under
+# -Wall -Wextra -Wpedantic -Werror with the host compiler and with nvcc.
+set(_pkg_warning_args "${_pkg_common}|${_pkg_cuda}|-DREPLAY_INCLUDE_DIR=${PROJECT_SOURCE_DIR}/include")
+if(TARGET replay_torch)
+  string(APPEND _pkg_warning_args "|-DTorch_DIR=${Torch_DIR}")
+endif()
+replay_package_test(NAME warnings SOURCE ${_pkg_src}/warnings ARGS "${_pkg_warning_args}")
+set_tests_properties(package.warnings PROPERTIES TIMEOUT 900)

@@ -4,6 +4,8 @@
 if(TARGET replay_torch)
   replay_add_test(NAME torch SOURCES gpu/torch_test.cpp SUITES host gpu LIBRARIES replay::torch)
   target_include_directories(test_torch PRIVATE ${PROJECT_SOURCE_DIR}/examples/torch_resnet)
+  # The test main links replay::replay too: one runtime, libtorch's shared one.
+  set_target_properties(test_torch PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
 endif()
 # GCC 12/13 warn about members left to their default initializers in a
 # designated initializer ({.batch_buckets = ...}), the idiom the options are

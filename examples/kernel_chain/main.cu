@@ -44,8 +44,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!replay::has_device()) {
-    std::printf("kernel_chain: no CUDA device found (cudaGetDeviceCount failed or returned 0).\n"
-                "This example needs an NVIDIA GPU and driver; it built correctly, but there is nothing to run on.\n");
+    std::printf("kernel_chain: %s. This example needs an NVIDIA GPU and driver; it built correctly, "
+                "but there is nothing to run on.\n",
+                replay::no_device_message.data());
     return 0;
   }
 

@@ -64,8 +64,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!replay::has_device()) {
-    std::printf("pipeline_throughput: no CUDA device found (cudaGetDeviceCount failed or returned 0).\n"
-                "This example needs an NVIDIA GPU and driver; it built correctly, but there is nothing to run on.\n");
+    std::printf("pipeline_throughput: %s. This example needs an NVIDIA GPU and driver; it built correctly, "
+                "but there is nothing to run on.\n",
+                replay::no_device_message.data());
     return 0;
   }
   const auto items = static_cast<std::size_t>(items_arg);

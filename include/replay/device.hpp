@@ -1,27 +1,79 @@
 #pragma once
-// Device discovery. Any error from cudaGetDeviceCount (no driver, driver too
-// old, no GPU) means "no device": code that can run without a GPU asks
-// has_device() first instead of catching.
+#include "replay/detail/require_cxx20.hpp"
+// Device discovery. "No device" means exactly two things: no GPU
+// (cudaErrorNoDevice) or no NVIDIA driver at all (cudaErrorInsufficientDriver
+// while cudaDriverGetVersion reports 0, which the runtime documents as "no
+// driver is installed"). Code that can run without a GPU asks has_device()
+// first. Every other failure of cudaGetDeviceCount (a driver older than the
+// runtime, cudaErrorSystemNotReady while a fabric manager is down, a stub
+// libcuda on the library path, ...) is a broken set-up, not a missing one, and
+// throws cuda_error with the real status.
 #include <cuda_runtime_api.h>
 
 #include <source_location>
+#include <string_view>
 
 #include "replay/error.hpp"
 
 namespace replay {
 
-// Number of visible CUDA devices; 0 on any error. The failed query is cleared
-// from the runtime's last-error slot so that it cannot surface later.
-inline int device_count() noexcept {
-  int count = 0;
-  if (::cudaGetDeviceCount(&count) != ::cudaSuccess) {
-    (void)::cudaGetLastError();
-    return 0;
-  }
-  return count;
+// Said when there is no GPU or no driver (not when one is broken).
+inline constexpr ::std::string_view no_device_message = "no CUDA GPU or NVIDIA driver found";
+
+namespace detail {
+
+// True when a failed cudaGetDeviceCount means "no GPU or no driver".
+// driver_version is what cudaDriverGetVersion returned (0: no driver installed).
+constexpr bool means_no_device(::cudaError_t status, int driver_version) noexcept {
+  return status == ::cudaErrorNoDevice ||
+         (status == ::cudaErrorInsufficientDriver && driver_version == 0);
 }
 
-inline bool has_device() noexcept { return device_count() > 0; }
+// The runtime calls device_count() makes, as one type so that the policy
+// above is tested on the CPU with a stand-in.
+struct CudaDeviceQuery {
+  static ::cudaError_t get_device_count(int* count) noexcept { return ::cudaGetDeviceCount(count); }
+  static int driver_version() noexcept {
+    int version = 0;
+    if (::cudaDriverGetVersion(&version) != ::cudaSuccess) {
+      (void)::cudaGetLastError();
+      return -1;  // unknown: not "no driver"
+    }
+    return version;
+  }
+  static void clear_last_error() noexcept { (void)::cudaGetLastError(); }
+};
+
+template <class Query>
+int device_count_with(Query& query, ::std::source_location where) {
+  int count = 0;
+  const ::cudaError_t status = query.get_device_count(&count);
+  if (status == ::cudaSuccess) {
+    return count;
+  }
+  // The failed query is replay's own: leave no trace of it in the last-error slot.
+  query.clear_last_error();
+  if (means_no_device(status, query.driver_version())) {
+    return 0;
+  }
+  throw cuda_error(status, "cudaGetDeviceCount", where,
+                   "the CUDA driver or GPU is present but not usable; this is not the same as "
+                   "having no GPU (see the status above)");
+}
+
+}  // namespace detail
+
+// Number of visible CUDA devices: 0 when there is no GPU or no driver; throws
+// cuda_error when a driver or GPU is there but broken (see the top of this file).
+inline int device_count(::std::source_location where = ::std::source_location::current()) {
+  detail::CudaDeviceQuery query;
+  return detail::device_count_with(query, where);
+}
+
+// device_count() > 0; throws like device_count() on a broken set-up.
+inline bool has_device(::std::source_location where = ::std::source_location::current()) {
+  return device_count(where) > 0;
+}
 
 inline int current_device(::std::source_location where = ::std::source_location::current()) {
   int device = 0;

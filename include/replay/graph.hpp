@@ -119,7 +119,7 @@ inline ::std::string describe_node(::cudaGraphNode_t node) noexcept {
     ::std::string out(to_string(static_cast<NodeType>(type)));
     out += " node";
     if (type == ::cudaGraphNodeTypeKernel) {
-      out += ' ';
+      out += ' ';  // not `" " + name`: GCC 12 warns -Wrestrict on that
       out += kernel_node_name(node);
     }
     return out;

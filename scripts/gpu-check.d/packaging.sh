@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Packaging on the device: the consumers of an installed replay and of
-# FetchContent (tests/package/, registered by tests/packaging.cmake) run their
-# graph round trip, which they skip on a machine without a GPU. Also builds
-# the torch component's consumer when Torch was found.
+# Packaging on the device: the consumers of an installed replay, of
+# FetchContent and of the README (tests/package/, registered by
+# tests/packaging.cmake) run their graph round trip, which they skip on a
+# machine without a GPU; so does the torch component's consumer (it graphs a
+# tensor function with replay::torch) when the adapter was built.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-log=$(ctest --test-dir build/gpu -L package -R 'package\.(install|find_package|fetchcontent|torch_component)' -V 2>&1)
+log=$(ctest --test-dir build/gpu -L package -R 'package\.(install|find_package|fetchcontent|readme|torch_component)' -V 2>&1)
 rc=$?
 echo "$log" | grep -E 'consumer:|torch adapter|tests passed|\(Failed\)|\*\*\*' || true
 if [ $rc -ne 0 ]; then
@@ -18,4 +19,8 @@ if echo "$log" | grep -q 'graph round trip was not run'; then
   exit 1
 fi
 echo "$log" | grep -q 'consumer: replay .*: ok' || { echo "packaging: no consumer ran its round trip"; exit 1; }
+if [ -z "${REPLAY_SKIP_TORCH:-}" ]; then
+  echo "$log" | grep -q 'consumer: replay .* with its torch adapter: ok' ||
+    { echo "packaging: the torch consumer did not run its graph round trip on the GPU"; exit 1; }
+fi
 echo "packaging: consumers ran their graph round trip"

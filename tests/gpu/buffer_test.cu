@@ -162,19 +162,36 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       CHECK(graph.node_count() == 0);
     }
     CHECK_FALSE(stream.is_capturing());
+    // Usable means usable: a fresh allocation, a fill and a read-back on the same stream.
     replay::DeviceBuffer<float> after(64);
     after.fill(2.0F, stream);
+    std::vector<float> back(64, -1.0F);
+    after.copy_to(std::span<float>(back), stream);
     stream.synchronize();
+    CHECK(back == std::vector<float>(64, 2.0F));
   }
 
   TEST_CASE("a buffer destroyed inside a capture is freed after it, without breaking it") {
     replay::Stream stream;
     replay::DeviceBuffer<float> keep(256);
     auto temp = std::make_unique<replay::DeviceBuffer<float>>(256);
-    replay::CaptureScope scope(stream);
-    keep.fill(1.0F, stream);
-    temp.reset();  // cudaFree here would invalidate the capture; it is deferred
-    auto graph = scope.finish();
-    CHECK(graph.count(replay::NodeType::memset) == 1);
+    void* const address = temp->data();
+    cudaPointerAttributes attributes{};
+    REQUIRE(cudaPointerGetAttributes(&attributes, address) == cudaSuccess);
+    REQUIRE(attributes.type == cudaMemoryTypeDevice);
+    const std::size_t pending_before = replay::detail::deferred_frees().size();
+    replay::Graph graph;
+    {
+      replay::CaptureScope scope(stream);
+      keep.fill(1.0F, stream);
+      temp.reset();  // cudaFree here would invalidate the capture; it is deferred
+      CHECK(replay::detail::deferred_frees().size() == pending_before + 1);
+      graph = scope.finish();
+    }
+    CHECK(graph.count(replay::NodeType::memset) == 1);  // the capture was not broken
+    CHECK(replay::detail::deferred_frees().size() == pending_before);
+    // Freed: the runtime no longer knows the address.
+    REQUIRE(cudaPointerGetAttributes(&attributes, address) == cudaSuccess);
+    CHECK(attributes.type == cudaMemoryTypeUnregistered);
   }
 }

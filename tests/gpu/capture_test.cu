@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu_suite.hpp"
@@ -218,13 +219,67 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
   }
 #endif
 
-  TEST_CASE("global mode and relaxed mode capture like thread-local mode") {
+  TEST_CASE("the capture mode is the one asked for: what each mode lets an unsafe call do") {
+    // cudaMalloc is a "potentially unsafe" call. On the capturing thread it is
+    // refused in global and thread-local mode and allowed in relaxed mode; on
+    // another thread it is refused only while a global-mode capture runs.
+    // Node counts alone would pass with the mode ignored.
     replay::Stream stream;
     replay::DeviceBuffer<float> buf(kN);
-    for (auto mode : {replay::CaptureMode::global, replay::CaptureMode::relaxed, replay::CaptureMode::this_thread}) {
-      auto graph = replay::capture(
-          stream, [&](replay::StreamRef s) { launch_axpb(s, buf.data(), 1.0F, 1.0F); }, mode);
-      CHECK(graph.count(replay::NodeType::kernel) == 1);
+    using replay::CaptureMode;
+    for (auto mode : {CaptureMode::global, CaptureMode::relaxed, CaptureMode::this_thread}) {
+      CAPTURE(static_cast<int>(mode));
+      cudaError_t own = cudaSuccess;
+      void* p = nullptr;
+      std::size_t kernels = 0;
+      try {
+        auto graph = replay::capture(
+            stream,
+            [&](replay::StreamRef s) {
+              launch_axpb(s, buf.data(), 1.0F, 1.0F);
+              own = cudaMalloc(&p, 256);
+              (void)cudaGetLastError();  // the test's own call: leave nothing for replay to find
+            },
+            mode);
+        kernels = graph.count(replay::NodeType::kernel);
+      } catch (const replay::cuda_error& e) {
+        MESSAGE("capture ended with: " << e.what());
+      }
+      if (mode == CaptureMode::relaxed) {
+        CHECK(own == cudaSuccess);
+        CHECK(kernels == 1);
+      } else {
+        CHECK(replay::is_capture_error(own));
+      }
+      if (p != nullptr) {
+        REQUIRE(cudaFree(p) == cudaSuccess);
+      }
+      expect_stream_usable(stream);
+    }
+    for (auto mode : {CaptureMode::global, CaptureMode::this_thread}) {
+      CAPTURE(static_cast<int>(mode));
+      cudaError_t other = cudaSuccess;
+      void* q = nullptr;
+      try {
+        (void)replay::capture(
+            stream,
+            [&](replay::StreamRef s) {
+              launch_axpb(s, buf.data(), 1.0F, 1.0F);
+              std::thread([&] { other = cudaMalloc(&q, 256); }).join();
+            },
+            mode);
+      } catch (const replay::cuda_error& e) {
+        MESSAGE("capture ended with: " << e.what());
+      }
+      if (mode == CaptureMode::global) {
+        CHECK(replay::is_capture_error(other));
+      } else {
+        CHECK(other == cudaSuccess);
+      }
+      if (q != nullptr) {
+        REQUIRE(cudaFree(q) == cudaSuccess);
+      }
+      expect_stream_usable(stream);
     }
   }
 }

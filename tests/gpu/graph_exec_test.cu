@@ -107,33 +107,77 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(read(x, stream) == read(ref, stream));
   }
 
-  TEST_CASE("graph_update_error names the failing node for a changed kernel") {
+  TEST_CASE("graph_update_error names the failing node when a node's type changed") {
+    // A kernel node replaced by a memset node: no driver can update that in
+    // place, so the refusal and the node it names are checked every time.
+    replay::Stream stream;
+    replay::DeviceBuffer<float> x(kN);
+    auto kernel_graph = replay::capture(stream, [&](replay::StreamRef s) { chain(s, x.data(), 1); });
+    auto memset_graph = replay::capture(stream, [&](replay::StreamRef s) {
+      replay::check(cudaMemsetAsync(x.data(), 0, kN * sizeof(float), s.get()), "cudaMemsetAsync");
+    });
+    REQUIRE(kernel_graph.nodes().size() == 1);
+    REQUIRE(memset_graph.nodes().size() == 1);
+    const std::string kernel_node = replay::describe_node(kernel_graph.nodes()[0]);
+    const std::string memset_node = replay::describe_node(memset_graph.nodes()[0]);
+    CHECK(kernel_node.find("kernel node") == 0);
+    CHECK(kernel_node.find("axpb_kernel") != std::string::npos);
+    CHECK(memset_node == "memset node");
+    const auto names_a_node = [&](const std::string& failed) {
+      return failed.rfind(memset_node, 0) == 0 || failed.rfind(kernel_node, 0) == 0;
+    };
+    replay::GraphExec exec(kernel_graph);
+    bool refused = false;
+    try {
+      exec.update_in_place(memset_graph);
+    } catch (const replay::graph_update_error& e) {
+      refused = true;
+      CHECK(e.reason() == cudaGraphExecUpdateErrorNodeTypeChanged);
+      CAPTURE(e.failed_node());
+      CHECK(names_a_node(e.failed_node()));
+      CHECK(std::string(e.what()).find("cudaGraphExecUpdate") != std::string::npos);
+      CHECK(std::string(e.what()).find(e.failed_node()) != std::string::npos);
+    }
+    CHECK(refused);
+    const auto result = exec.update(memset_graph);
+    CHECK(result.path == replay::UpdatePath::reinstantiated);
+    CHECK(result.reason == cudaGraphExecUpdateErrorNodeTypeChanged);
+    CAPTURE(result.failed_node);
+    CHECK(names_a_node(result.failed_node));
+    CHECK(result.describe().find(result.failed_node) != std::string::npos);
+    const auto input = replay_test::random_floats(kN);
+    x.copy_from(std::span<const float>(input), stream);
+    exec.launch(stream);  // now the memset
+    CHECK(read(x, stream) == std::vector<float>(kN, 0.0F));
+  }
+
+  TEST_CASE("update() with a changed kernel function ends with the new kernel running") {
     replay::Stream stream;
     replay::DeviceBuffer<float> x(kN);
     replay::DeviceBuffer<float> y(kN);
-    auto g1 = replay::capture(stream, [&](replay::StreamRef s) { chain(s, x.data(), 1); });
+    replay::DeviceBuffer<float> out(kN);
+    auto g1 = replay::capture(stream, [&](replay::StreamRef s) { chain(s, out.data(), 1); });
     auto g2 = replay::capture(stream, [&](replay::StreamRef s) {
-      replay_test::add_kernel<<<blocks_for(kN), 256, 0, s.get()>>>(x.data(), y.data(), x.data(), kN);
+      replay_test::add_kernel<<<blocks_for(kN), 256, 0, s.get()>>>(x.data(), y.data(), out.data(), kN);
       replay::check_last_launch();
     });
     replay::GraphExec exec(g1);
-    try {
-      exec.update_in_place(g2);
-      // Some drivers can swap kernel functions in place; then the update is legal.
-      MESSAGE("driver updated a changed kernel function in place");
-    } catch (const replay::graph_update_error& e) {
-      CHECK(e.reason() != cudaGraphExecUpdateSuccess);
-      CHECK(e.failed_node().find("kernel node") != std::string::npos);
-      CHECK(std::string(e.what()).find("cudaGraphExecUpdate") != std::string::npos);
-    }
-    const auto result = exec.update(g2);  // either way, update() ends with g2 running
-    y.fill(1.0F, stream);
-    x.fill(2.0F, stream);
-    exec.launch(stream);
-    const auto hx = read(x, stream);
-    CHECK(hx[0] == 3.0F);
-    CHECK(hx[kN - 1] == 3.0F);
+    const auto result = exec.update(g2);  // in place where the driver can swap functions, else re-instantiated
     MESSAGE("update path: " << result.describe());
+    if (!result.in_place()) {
+      CHECK(result.reason != cudaGraphExecUpdateSuccess);
+      CHECK_FALSE(result.failed_node.empty());
+    }
+    const auto hx = replay_test::random_floats(kN);
+    const auto hy = replay_test::random_floats(kN);
+    x.copy_from(std::span<const float>(hx), stream);
+    y.copy_from(std::span<const float>(hy), stream);
+    exec.launch(stream);
+    std::vector<float> expected(kN);
+    for (int i = 0; i < kN; ++i) {
+      expected[static_cast<std::size_t>(i)] = hx[static_cast<std::size_t>(i)] + hy[static_cast<std::size_t>(i)];
+    }
+    CHECK(read(out, stream) == expected);  // one float add: exact
   }
 
   TEST_CASE("instantiate flags: upload, auto-free, invalid combinations") {
@@ -152,17 +196,27 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     REQUIRE(cudaGraphExecGetFlags(uploaded.get(), &raw_flags) == cudaSuccess);
     CHECK((raw_flags & cudaGraphInstantiateFlagUpload) == 0);
     MESSAGE("cudaGraphExecGetFlags with use_node_priority: " << raw_flags);
+    // Both executables run the captured chain: three launches on x against
+    // the same chain run eagerly three times.
+    const auto input = replay_test::random_floats(kN);
+    replay::DeviceBuffer<float> ref(kN);
+    x.copy_from(std::span<const float>(input), stream);
+    ref.copy_from(std::span<const float>(input), stream);
     plain.upload(stream);
     plain.launch(stream);
     uploaded.launch(stream);
-    stream.synchronize();
     CHECK_THROWS_WITH_AS(
         replay::GraphExec(graph, replay::InstantiateFlags::device_launch | replay::InstantiateFlags::auto_free_on_launch),
         doctest::Contains("device_launch"), replay::usage_error);
     replay::GraphExec moved = std::move(plain);
     CHECK_THROWS_AS(plain.launch(stream), replay::usage_error);
     CHECK_NOTHROW(moved.launch(stream));
-    stream.synchronize();
+    for (int i = 0; i < 3; ++i) {
+      chain(stream, ref.data(), 3);
+    }
+    const auto got = read(x, stream);
+    CHECK(got == read(ref, stream));
+    CHECK(got != input);
   }
 
   TEST_CASE("launch never synchronizes: it returns while the graph is still running") {

@@ -18,20 +18,27 @@ template <class T>
 concept CanMakeBuffer = requires { typename replay::DeviceBuffer<T>; };
 }  // namespace
 
-TEST_SUITE("host") {
-  TEST_CASE("owning types are move-only with noexcept moves") {
-    static_assert(move_only_v<replay::Stream>);
-    static_assert(move_only_v<replay::Event>);
-    static_assert(move_only_v<replay::Graph>);
-    static_assert(move_only_v<replay::GraphExec>);
-    static_assert(move_only_v<replay::DeviceBuffer<float>>);
-    static_assert(move_only_v<replay::PinnedBuffer<int>>);
-    static_assert(!std::is_copy_constructible_v<replay::CaptureScope>);
-    static_assert(!std::is_move_constructible_v<replay::CaptureScope>);  // pinned to its capture
-    static_assert(!std::is_copy_constructible_v<replay::ScopedFork>);
-    CHECK(true);
-  }
+// Owning types are move-only with noexcept moves (compile-time: a broken claim breaks the build).
+static_assert(move_only_v<replay::Stream>);
+static_assert(move_only_v<replay::Event>);
+static_assert(move_only_v<replay::Graph>);
+static_assert(move_only_v<replay::GraphExec>);
+static_assert(move_only_v<replay::DeviceBuffer<float>>);
+static_assert(move_only_v<replay::PinnedBuffer<int>>);
+static_assert(!std::is_copy_constructible_v<replay::CaptureScope>);
+static_assert(!std::is_move_constructible_v<replay::CaptureScope>);  // pinned to its capture
+static_assert(!std::is_copy_constructible_v<replay::ScopedFork>);
 
+// Buffers take trivially copyable element types only (compile-time: a broken claim breaks the build).
+static_assert(replay::BufferElement<float>);
+static_assert(replay::BufferElement<double>);
+static_assert(!replay::BufferElement<NotTrivial>);
+static_assert(!replay::BufferElement<const float>);
+static_assert(std::is_trivially_copyable_v<replay::BufferView<float>>);
+static_assert(replay::DeviceBuffer<float>::memory_space == replay::MemorySpace::device);
+static_assert(replay::PinnedBuffer<float>::memory_space == replay::MemorySpace::pinned_host);
+
+TEST_SUITE("host") {
   TEST_CASE("StreamRef converts from cudaStream_t but not from 0 or nullptr") {
     static_assert(std::is_convertible_v<cudaStream_t, replay::StreamRef>);
     static_assert(!std::is_constructible_v<replay::StreamRef, int>);
@@ -41,17 +48,6 @@ TEST_SUITE("host") {
     const replay::StreamRef per_thread = cudaStreamPerThread;
     CHECK(per_thread.get() == cudaStreamPerThread);
     CHECK(replay::StreamRef(cudaStreamLegacy) == replay::StreamRef(cudaStreamLegacy));
-  }
-
-  TEST_CASE("buffers take trivially copyable element types only") {
-    static_assert(replay::BufferElement<float>);
-    static_assert(replay::BufferElement<double>);
-    static_assert(!replay::BufferElement<NotTrivial>);
-    static_assert(!replay::BufferElement<const float>);
-    static_assert(std::is_trivially_copyable_v<replay::BufferView<float>>);
-    static_assert(replay::DeviceBuffer<float>::memory_space == replay::MemorySpace::device);
-    static_assert(replay::PinnedBuffer<float>::memory_space == replay::MemorySpace::pinned_host);
-    CHECK(true);
   }
 
   TEST_CASE("empty buffers and views need no device") {

@@ -1,0 +1,3 @@
+#include <replay/replay.hpp>
+
+int main() { return 0; }
