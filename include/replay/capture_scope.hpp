@@ -6,6 +6,8 @@
 // work. When a capture was broken, finish() throws a cuda_error that says the
 // capture was invalidated, names the likely causes and, where the breaking
 // call went through replay::check, which call it was and where.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <concepts>

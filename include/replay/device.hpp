@@ -2,6 +2,8 @@
 // Device discovery. Any error from cudaGetDeviceCount (no driver, driver too
 // old, no GPU) means "no device": code that can run without a GPU asks
 // has_device() first instead of catching.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <source_location>

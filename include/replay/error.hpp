@@ -3,6 +3,8 @@
 // the API, the status (name, number, text) and the caller's source location.
 // Misuse of replay itself (bad sizes, use after move, calls that are illegal
 // during capture) throws usage_error, before any CUDA call is made.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <source_location>

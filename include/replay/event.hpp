@@ -2,6 +2,8 @@
 // Event: an owning, move-only CUDA event. Non-timing by default (cheaper to
 // record and wait on; what fork/join and pipelines need); Event::timing() for
 // measurements.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <source_location>

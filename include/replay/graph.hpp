@@ -2,6 +2,8 @@
 // Graph: an owning, move-only cudaGraph_t, with the inspection a user needs to
 // trust a capture: node counts by type, the names of the kernels inside, a DOT
 // dump, and clone().
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <cstddef>

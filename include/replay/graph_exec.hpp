@@ -3,6 +3,8 @@
 // cudaGraphLaunch and never synchronizes. update() tries cudaGraphExecUpdate
 // (cheap: parameters only) and re-instantiates only when CUDA refuses, and it
 // says which path it took and why in an UpdateResult.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <source_location>

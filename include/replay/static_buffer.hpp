@@ -7,6 +7,8 @@
 //
 // BufferView<T, Space> is the non-owning window (pointer + count) through which
 // copies and fills run; every copy checks that both sides have the same size.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <array>

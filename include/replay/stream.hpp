@@ -2,6 +2,8 @@
 // Stream: an owning, move-only CUDA stream. Non-blocking by default, so that
 // it never synchronizes implicitly with the legacy default stream, which
 // would make it unusable for capture next to legacy-stream work.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <source_location>

@@ -4,6 +4,8 @@
 // cudaStreamLegacy and cudaStreamPerThread); built from a literal 0 or nullptr
 // it is refused at compile time, because "which stream did you mean?" is a
 // common source of accidental legacy-stream work during capture.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <cstddef>

@@ -3,6 +3,8 @@
 // how many captures this thread has open and in which modes, and frees that
 // must wait until they close (cudaFree inside a global or thread-local mode
 // capture would invalidate it).
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <vector>

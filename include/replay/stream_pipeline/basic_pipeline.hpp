@@ -7,6 +7,9 @@
 // It is a template over the stage runner (PipelineStageRunner), which issues
 // and awaits one slot's stages. StreamPipeline plugs in the CUDA runner; the
 // CPU tests plug in a fake one, so everything here is tested without a GPU.
+// StreamPipeline is BasicStreamPipeline over the CUDA stage runner.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <concepts>
@@ -29,130 +32,14 @@
 #include <variant>
 #include <vector>
 
+#include "replay/detail/message.hpp"
 #include "replay/error.hpp"
+#include "replay/stream_pipeline/completion.hpp"
+#include "replay/stream_pipeline/stage_runner.hpp"
+#include "replay/stream_pipeline/stats.hpp"
+#include "replay/stream_pipeline/ticket.hpp"
 
 namespace replay {
-
-// What a completion callback receives. `output` points into pipeline-owned
-// (or the caller's destination) memory and is valid only during the callback;
-// it is empty when the item failed, and `error` then holds the exception.
-template <class Out>
-struct PipelineCompletion {
-  ::std::uint64_t id = 0;  // the item's submission number
-  ::std::span<const Out> output;
-  ::std::exception_ptr error;
-
-  bool ok() const noexcept { return error == nullptr; }
-  void rethrow_if_error() const {
-    if (error != nullptr) {
-      ::std::rethrow_exception(error);
-    }
-  }
-};
-
-template <class Out>
-using PipelineCallback = ::std::function<void(const PipelineCompletion<Out>&)>;
-
-// Counters since construction; stats() returns a snapshot.
-struct PipelineStats {
-  ::std::uint64_t submitted = 0;        // items accepted (submit, try_submit, run)
-  ::std::uint64_t completed = 0;        // delivered with an output
-  ::std::uint64_t failed = 0;           // delivered with an error
-  ::std::uint64_t slot_waits = 0;       // blocking submits that found every slot busy
-  ::std::uint64_t refused = 0;          // try_submit calls that returned empty
-  ::std::uint64_t inputs_in_place = 0;  // pinned inputs copied to the device directly
-  ::std::uint64_t inputs_staged = 0;    // inputs first copied into a slot's pinned staging
-  ::std::uint64_t outputs_direct = 0;   // outputs copied straight into a pinned destination
-  ::std::uint64_t outputs_staged = 0;   // outputs that went through a slot's pinned staging
-};
-
-// The handle submit() returns: wait on it, poll it, or get() the result
-// (which rethrows the item's error). Move-only, like std::future.
-template <class T>
-class PipelineTicket {
- public:
-  PipelineTicket() = default;
-  // Made by the pipeline.
-  PipelineTicket(::std::uint64_t id, ::std::future<T> future) noexcept : id_(id), future_(::std::move(future)) {}
-
-  // The item's submission number (0, 1, 2, ... per pipeline).
-  ::std::uint64_t id() const noexcept { return id_; }
-  // False for a default-constructed ticket and after get().
-  bool valid() const noexcept { return future_.valid(); }
-
-  // True when the item is done (output delivered or failed). Never blocks.
-  bool ready(::std::source_location where = ::std::source_location::current()) const {
-    require_valid(where);
-    return future_.wait_for(::std::chrono::seconds(0)) == ::std::future_status::ready;
-  }
-  void wait(::std::source_location where = ::std::source_location::current()) const {
-    require_valid(where);
-    future_.wait();
-  }
-  template <class Rep, class Period>
-  bool wait_for(::std::chrono::duration<Rep, Period> timeout,
-                ::std::source_location where = ::std::source_location::current()) const {
-    require_valid(where);
-    return future_.wait_for(timeout) == ::std::future_status::ready;
-  }
-  // Waits, then returns the result or rethrows the item's error. Once.
-  T get(::std::source_location where = ::std::source_location::current()) {
-    require_valid(where);
-    return future_.get();
-  }
-
- private:
-  void require_valid(const ::std::source_location& where) const {
-    if (!future_.valid()) {
-      throw usage_error("PipelineTicket used after get() (or default-constructed): each ticket yields its "
-                        "result once",
-                        where);
-    }
-  }
-
-  ::std::uint64_t id_ = 0;
-  ::std::future<T> future_;
-};
-
-// A stage runner issues the stages of one item into one slot and awaits them.
-// The pipeline guarantees: start() is called for a slot only when the slot's
-// previous item was finished or settled (and delivered); start() calls are
-// serialized; finish()/settle() run on the completion thread, one at a time,
-// in submission order.
-//   plan(input, destination, where): per-item checks that need the runner
-//       (e.g. memory kinds); throws usage_error to refuse the item. Called
-//       before a slot is taken and before producers are serialized, so it may
-//       run on several producer threads at once (it must not mutate the
-//       runner; PipelineOptions::output_count likewise); its result is
-//       handed to start().
-//   start(slot, id, input, destination, plan, where): issues the item's
-//       stages. May throw; whether it throws or not, everything it issued must
-//       be ordered before what finish()/settle() await.
-//   finish(slot): blocks until the slot's item is done and returns its output
-//       (in the destination when one was given); throws an asynchronous error.
-//   settle(slot): blocks until whatever a failed item issued is done.
-//   required_input_count(): an exact item size the runner needs, if any.
-//   planned_output_count(n): the output size of an n-element item when known
-//       before it runs (nullopt: the stage reports it).
-template <class R>
-concept PipelineStageRunner =
-    requires { typename R::input_type; typename R::output_type; typename R::plan_type; } &&
-    requires(R& runner, const R& const_runner, ::std::size_t n, ::std::uint64_t id,
-             ::std::span<const typename R::input_type> input,
-             ::std::optional<::std::span<typename R::output_type>> destination,
-             const typename R::plan_type& plan, const ::std::source_location& where, PipelineStats& stats) {
-      { const_runner.slot_count() } -> ::std::convertible_to<::std::size_t>;
-      { const_runner.input_capacity() } -> ::std::convertible_to<::std::size_t>;
-      { const_runner.output_capacity() } -> ::std::convertible_to<::std::size_t>;
-      { const_runner.required_input_count() } -> ::std::same_as<::std::optional<::std::size_t>>;
-      { const_runner.planned_output_count(n) } -> ::std::same_as<::std::optional<::std::size_t>>;
-      { runner.plan(input, destination, where) } -> ::std::same_as<typename R::plan_type>;
-      runner.start(n, id, input, destination, plan, where);
-      { runner.finish(n) } -> ::std::same_as<::std::span<const typename R::output_type>>;
-      { runner.settle(n) } noexcept;
-      { runner.bind_completion_thread() } noexcept;
-      { const_runner.add_stats(stats) } noexcept;
-    };
 
 namespace detail {
 
@@ -179,8 +66,6 @@ class SlotRing {
   ::std::size_t head_ = 0;
   ::std::size_t count_ = 0;
 };
-
-inline ::std::string elements(::std::size_t n) { return ::std::to_string(n) + (n == 1 ? " element" : " elements"); }
 
 }  // namespace detail
 
