@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "replay/detail/capture_state.hpp"
+#include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/graph.hpp"
 #include "replay/stream_ref.hpp"
@@ -46,7 +47,6 @@ class CaptureScope {
     open();
   }
 
-#if CUDART_VERSION >= 12030
   // Begins capturing `stream` into an existing graph (cudaStreamBeginCaptureToGraph):
   // the captured work is appended, with no dependency on the graph's current
   // nodes. finish() hands the graph back. If the capture fails, the graph is
@@ -60,7 +60,6 @@ class CaptureScope {
           "cudaStreamBeginCaptureToGraph", where);
     open();
   }
-#endif
 
   CaptureScope(const CaptureScope&) = delete;
   CaptureScope& operator=(const CaptureScope&) = delete;
@@ -85,7 +84,7 @@ class CaptureScope {
     close();
     if (status != ::cudaSuccess) {
       discard(captured);
-      (void)::cudaGetLastError();  // the failure is reported by the exception below
+      detail::clear_error_slot(status);  // the failure is reported by the exception below
       throw cuda_error(status, "cudaStreamEndCapture", where, describe_break(broken));
     }
     if (into_) {
@@ -106,9 +105,9 @@ class CaptureScope {
     close();
     discard(captured);
     into_ = Graph::from_native_handle(nullptr);  // the partially appended graph goes too
-    if (status != ::cudaSuccess || is_capture_error(::cudaPeekAtLastError())) {
-      (void)::cudaGetLastError();  // leave no capture error behind for unrelated code
-    }
+    // Leave no error of this capture behind for unrelated code.
+    detail::clear_error_slot(status);
+    detail::clear_error_slot_if(is_capture_error);
   }
 
  private:
@@ -145,15 +144,13 @@ class CaptureScope {
     }
   }
   ::std::string describe_break(const detail::CaptureBreak& broken) const {
-    ::std::string msg = "the capture begun at " + replay::to_string(begun_at_);
     if (broken.seen) {
-      msg += " was broken by " + broken.api + " at " + replay::to_string(broken.where) + " (" +
-             ::cudaGetErrorName(broken.status) + ")";
-    } else {
-      msg += " was broken by a call that did not go through replay::check (a raw CUDA call, or "
-             "another thread under CaptureMode::global)";
+      return detail::concat("the capture begun at ", replay::to_string(begun_at_), " was broken by ", broken.api,
+                            " at ", replay::to_string(broken.where), " (", ::cudaGetErrorName(broken.status), ")");
     }
-    return msg;
+    return detail::concat("the capture begun at ", replay::to_string(begun_at_),
+                          " was broken by a call that did not go through replay::check (a raw CUDA call, or "
+                          "another thread under CaptureMode::global)");
   }
 
   StreamRef stream_;
@@ -175,7 +172,6 @@ template <class Work>
   return scope.finish(where);
 }
 
-#if CUDART_VERSION >= 12030
 // Appends what `work(stream)` issues to `into` and returns it.
 template <class Work>
   requires ::std::invocable<Work&, StreamRef>
@@ -186,6 +182,5 @@ template <class Work>
   ::std::invoke(work, stream);
   return scope.finish(where);
 }
-#endif
 
 }  // namespace replay

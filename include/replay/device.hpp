@@ -16,8 +16,8 @@ namespace replay {
 // from the runtime's last-error slot so that it cannot surface later.
 inline int device_count() noexcept {
   int count = 0;
-  if (::cudaGetDeviceCount(&count) != ::cudaSuccess) {
-    (void)::cudaGetLastError();
+  if (const ::cudaError_t status = ::cudaGetDeviceCount(&count); status != ::cudaSuccess) {
+    detail::clear_error_slot(status);
     return 0;
   }
   return count;

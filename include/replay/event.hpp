@@ -76,7 +76,7 @@ class Event {
     refuse_during_capture("ready()", where);
     const ::cudaError_t status = ::cudaEventQuery(handle(where));
     if (status == ::cudaErrorNotReady) {
-      (void)::cudaGetLastError();
+      detail::clear_error_slot(status);
       return false;
     }
     check(status, "cudaEventQuery", where);

@@ -23,6 +23,7 @@
 #define REPLAY_HAS_CXXABI 1
 #endif
 
+#include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/flags.hpp"
 
@@ -41,7 +42,7 @@ enum class NodeType : int {
   ext_semaphore_wait = ::cudaGraphNodeTypeExtSemaphoreWait,
   mem_alloc = ::cudaGraphNodeTypeMemAlloc,
   mem_free = ::cudaGraphNodeTypeMemFree,
-  conditional = 0x0d,  // cudaGraphNodeTypeConditional (CUDA 12.3+)
+  conditional = ::cudaGraphNodeTypeConditional,
 };
 
 constexpr ::std::string_view to_string(NodeType type) noexcept {
@@ -97,14 +98,13 @@ inline ::std::string kernel_node_name(::cudaGraphNode_t node,
                                       ::std::source_location where = ::std::source_location::current()) {
   ::cudaKernelNodeParams params{};
   check(::cudaGraphKernelNodeGetParams(node, &params), "cudaGraphKernelNodeGetParams", where);
-#if CUDART_VERSION >= 12030
   const char* name = nullptr;
-  if (::cudaFuncGetName(&name, params.func) == ::cudaSuccess && name != nullptr) {
+  if (const ::cudaError_t status = ::cudaFuncGetName(&name, params.func); status != ::cudaSuccess) {
+    detail::clear_error_slot(status);
+  } else if (name != nullptr) {
     return demangle(name);
   }
-  (void)::cudaGetLastError();
-#endif
-  return "<kernel at " + ::std::to_string(reinterpret_cast<::std::uintptr_t>(params.func)) + ">";
+  return detail::concat("<kernel at ", reinterpret_cast<::std::uintptr_t>(params.func), ">");
 }
 
 // "kernel node scale_kernel(float*, int)", "memcpy node": for error messages.
@@ -114,16 +114,13 @@ inline ::std::string describe_node(::cudaGraphNode_t node) noexcept {
       return "no particular node";
     }
     ::cudaGraphNodeType type{};
-    if (::cudaGraphNodeGetType(node, &type) != ::cudaSuccess) {
-      (void)::cudaGetLastError();
+    if (const ::cudaError_t status = ::cudaGraphNodeGetType(node, &type); status != ::cudaSuccess) {
+      detail::clear_error_slot(status);
       return "an unknown node";
     }
-    ::std::string out(to_string(static_cast<NodeType>(type)));
-    out += " node";
-    if (type == ::cudaGraphNodeTypeKernel) {
-      out += " " + kernel_node_name(node);
-    }
-    return out;
+    const ::std::string_view kind = to_string(static_cast<NodeType>(type));
+    return type == ::cudaGraphNodeTypeKernel ? detail::concat(kind, " node ", kernel_node_name(node))
+                                             : detail::concat(kind, " node");
   } catch (...) {
     return "an unknown node";
   }

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <utility>
 
+#include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/flags.hpp"
 #include "replay/graph.hpp"
@@ -79,12 +80,9 @@ struct UpdateResult {
     if (in_place()) {
       return "updated in place";
     }
-    ::std::string out = "re-instantiated: in-place update refused (";
-    out += to_string(reason);
-    if (!failed_node.empty()) {
-      out += ", at " + failed_node;
-    }
-    return out + ")";
+    return failed_node.empty() ? detail::concat("re-instantiated: in-place update refused (", to_string(reason), ")")
+                               : detail::concat("re-instantiated: in-place update refused (", to_string(reason),
+                                                ", at ", failed_node, ")");
   }
 };
 
@@ -94,8 +92,9 @@ class graph_update_error : public cuda_error {
   graph_update_error(::cudaError_t status, ::cudaGraphExecUpdateResult reason, ::std::string failed_node,
                      ::std::source_location where)
       : cuda_error(status, "cudaGraphExecUpdate", where,
-                   "in-place update refused: " + ::std::string(to_string(reason)) +
-                       (failed_node.empty() ? ::std::string() : " at " + failed_node)),
+                   failed_node.empty()
+                       ? detail::concat("in-place update refused: ", to_string(reason))
+                       : detail::concat("in-place update refused: ", to_string(reason), " at ", failed_node)),
         reason_(reason),
         failed_node_(::std::move(failed_node)) {}
   ::cudaGraphExecUpdateResult reason() const noexcept { return reason_; }
@@ -179,7 +178,7 @@ class GraphExec {
     ::cudaGraphExecUpdateResultInfo info{};
     const ::cudaError_t status = ::cudaGraphExecUpdate(handle(where), graph.handle(where), &info);
     if (status != ::cudaSuccess) {
-      (void)::cudaGetLastError();
+      detail::clear_error_slot(status);
       throw graph_update_error(status, info.result, describe_failed(info), where);
     }
   }
@@ -191,11 +190,10 @@ class GraphExec {
     if (info.errorNode == nullptr) {
       return {};
     }
-    ::std::string out = describe_node(info.errorNode);
     if (info.errorFromNode != nullptr) {
-      out += " (edge from " + describe_node(info.errorFromNode) + ")";
+      return detail::concat(describe_node(info.errorNode), " (edge from ", describe_node(info.errorFromNode), ")");
     }
-    return out;
+    return describe_node(info.errorNode);
   }
 
   UpdateResult try_update_in_place(const Graph& graph, const ::std::source_location& where) {
@@ -207,7 +205,7 @@ class GraphExec {
     if (status != ::cudaErrorGraphExecUpdateFailure) {
       check(status, "cudaGraphExecUpdate", where);  // a real error, not a refusal
     }
-    (void)::cudaGetLastError();
+    detail::clear_error_slot(status);
     return UpdateResult{UpdatePath::reinstantiated, info.result, describe_failed(info)};
   }
 
@@ -227,15 +225,16 @@ class GraphExec {
       ::cudaGraphInstantiateParams params{};
       params.flags = to_underlying(exec_flags);
       ::cudaGraphExec_t retry = nullptr;
-      (void)::cudaGraphInstantiateWithParams(&retry, graph.get(), &params);
+      detail::clear_error_slot(::cudaGraphInstantiateWithParams(&retry, graph.get(), &params));
       if (retry != nullptr) {
         (void)::cudaGraphExecDestroy(retry);
       }
-      (void)::cudaGetLastError();
+      detail::clear_error_slot(status);
       throw cuda_error(status, "cudaGraphInstantiate", where,
-                       "instantiate result " + ::std::to_string(static_cast<int>(params.result_out)) +
-                           (params.errNode_out != nullptr ? ", at " + describe_node(params.errNode_out)
-                                                          : ::std::string()));
+                       params.errNode_out != nullptr
+                           ? detail::concat("instantiate result ", static_cast<int>(params.result_out), ", at ",
+                                            describe_node(params.errNode_out))
+                           : detail::concat("instantiate result ", static_cast<int>(params.result_out)));
     }
     if (has_flag(flags, InstantiateFlags::upload)) {
       const ::cudaError_t uploaded = ::cudaGraphUpload(exec, upload_stream.get());

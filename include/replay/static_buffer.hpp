@@ -24,6 +24,7 @@
 
 #include "replay/detail/capture_state.hpp"
 #include "replay/detail/driver_memset.hpp"
+#include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/stream_ref.hpp"
 
@@ -44,8 +45,8 @@ concept BufferElement = ::std::is_trivially_copyable_v<T> && !::std::is_const_v<
 namespace detail {
 
 inline ::std::string size_mismatch(const char* what, ::std::size_t expected, ::std::size_t got) {
-  return ::std::string(what) + ": size mismatch, the buffer holds " + ::std::to_string(expected) +
-         " elements but the other side holds " + ::std::to_string(got);
+  return detail::concat(what, ": size mismatch, the buffer holds ", expected, " elements but the other side holds ",
+                        got);
 }
 
 // Fills `count` elements of `T` at `dst` with `value`, in stream order.
@@ -109,8 +110,7 @@ class BufferView {
   BufferView subview(::std::size_t offset, ::std::size_t count,
                      ::std::source_location where = ::std::source_location::current()) const {
     if (offset > size_ || count > size_ - offset) {
-      throw usage_error("subview(" + ::std::to_string(offset) + ", " + ::std::to_string(count) +
-                            ") is out of range for " + ::std::to_string(size_) + " elements",
+      throw usage_error(detail::concat("subview(", offset, ", ", count, ") is out of range for ", size_, " elements"),
                         where);
     }
     return BufferView(data_ + offset, count);
@@ -192,9 +192,8 @@ class StaticBuffer {
   explicit StaticBuffer(::std::size_t count, ::std::source_location where = ::std::source_location::current())
       : size_(count) {
     if (count > ::std::numeric_limits<::std::size_t>::max() / sizeof(T)) {
-      throw usage_error("StaticBuffer of " + ::std::to_string(count) + " elements of " +
-                            ::std::to_string(sizeof(T)) + " bytes overflows size_t",
-                        where);
+      throw usage_error(
+          detail::concat("StaticBuffer of ", count, " elements of ", sizeof(T), " bytes overflows size_t"), where);
     }
     if (count == 0) {
       return;
@@ -291,7 +290,7 @@ class StaticBuffer {
  private:
   void require_live(const ::std::source_location& where) const {
     if (moved_from_) [[unlikely]] {
-      throw usage_error(::std::string(to_string(Space)) + " StaticBuffer used after move", where);
+      throw usage_error(detail::concat(to_string(Space), " StaticBuffer used after move"), where);
     }
   }
   void reset() noexcept {

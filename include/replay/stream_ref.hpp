@@ -51,7 +51,7 @@ class StreamRef {
     refuse_during_capture("ready()", where);
     const ::cudaError_t status = ::cudaStreamQuery(stream_);
     if (status == ::cudaErrorNotReady) {
-      (void)::cudaGetLastError();  // not-ready is an answer, not an error
+      detail::clear_error_slot(status);  // not-ready is an answer, not an error
       return false;
     }
     check(status, "cudaStreamQuery", where);

@@ -41,8 +41,8 @@ enum class HostMemory { pageable, pinned, device };
 
 inline HostMemory host_memory_at(const void* address) noexcept {
   ::cudaPointerAttributes attributes{};
-  if (::cudaPointerGetAttributes(&attributes, address) != ::cudaSuccess) {
-    (void)::cudaGetLastError();
+  if (const ::cudaError_t status = ::cudaPointerGetAttributes(&attributes, address); status != ::cudaSuccess) {
+    clear_error_slot(status);
     return HostMemory::pageable;
   }
   switch (attributes.type) {
@@ -251,11 +251,11 @@ class CudaStageRunner {
     Slot& slot = slots_[index];
     const ::cudaError_t status = ::cudaEventSynchronize(slot.copied_out.get());
     if (status != ::cudaSuccess) {
-      (void)::cudaGetLastError();
+      clear_error_slot(status);
       throw cuda_error(status, "cudaEventSynchronize", slot.submitted_at,
-                       "StreamPipeline item " + ::std::to_string(slot.id) +
-                           ": an asynchronous error in its copy-in, compute or copy-out stage (a sticky "
-                           "error, such as an illegal address, fails every later item too)");
+                       detail::concat("StreamPipeline item ", slot.id,
+                                      ": an asynchronous error in its copy-in, compute or copy-out stage (a sticky "
+                                      "error, such as an illegal address, fails every later item too)"));
     }
     if (slot.copy_to_destination) {
       if (slot.count != 0) {
@@ -271,16 +271,16 @@ class CudaStageRunner {
     Slot& slot = slots_[index];
     if (slot.needs_stream_sync) {
       // The fence could not be recorded: wait for everything this slot may use.
+      // The item's error was delivered: leave none of these waits' behind.
       if (slot.stream) {
-        (void)::cudaStreamSynchronize(slot.stream->get());
+        clear_error_slot(::cudaStreamSynchronize(slot.stream->get()));
       }
       for (auto* stream : {&h2d_, &compute_stream_, &d2h_}) {
-        (void)::cudaStreamSynchronize((*stream)->get());
+        clear_error_slot(::cudaStreamSynchronize((*stream)->get()));
       }
     } else {
-      (void)::cudaEventSynchronize(slot.copied_out.get());
+      clear_error_slot(::cudaEventSynchronize(slot.copied_out.get()));
     }
-    (void)::cudaGetLastError();  // the item's error was delivered; leave none behind
   }
 
   void bind_completion_thread() noexcept { (void)::cudaSetDevice(device_); }
@@ -354,8 +354,8 @@ class CudaStageRunner {
       throw usage_error("PipelineOptions::input_capacity must be positive: the most elements one item holds", where);
     }
     if (options.slots == 0 || options.slots > 1024) {
-      throw usage_error("PipelineOptions::slots must be between 1 and 1024 (got " + ::std::to_string(options.slots) +
-                            "); 3 or 4 is typical",
+      throw usage_error(detail::concat("PipelineOptions::slots must be between 1 and 1024 (got ", options.slots,
+                                       "); 3 or 4 is typical"),
                         where);
     }
     if (has_flag(flags_, PipelineFlags::graph_compute) && has_flag(flags_, PipelineFlags::graph_slot)) {
@@ -379,15 +379,15 @@ class CudaStageRunner {
     const ::std::size_t planned =
         compute_.reports_count() ? output_capacity_ : (output_count_ ? output_count_(n) : n);
     if (planned > output_capacity_) {
-      throw usage_error("StreamPipeline: output_count(" + ::std::to_string(n) + ") is " + detail::elements(planned) +
-                            " but a slot's output holds at most " + detail::elements(output_capacity_),
+      throw usage_error(detail::concat("StreamPipeline: output_count(", n, ") is ", detail::elements(planned),
+                                       " but a slot's output holds at most ", detail::elements(output_capacity_)),
                         where);
     }
     const ::std::size_t produced =
         compute_(slot.device_in.first(n, where), slot.device_out.first(planned, where), stream);
     if (produced > output_capacity_) {
-      throw usage_error("StreamPipeline: the compute stage reported " + detail::elements(produced) +
-                            " of output but a slot holds at most " + detail::elements(output_capacity_),
+      throw usage_error(detail::concat("StreamPipeline: the compute stage reported ", detail::elements(produced),
+                                       " of output but a slot holds at most ", detail::elements(output_capacity_)),
                         where);
     }
     return produced;
@@ -406,10 +406,11 @@ class CudaStageRunner {
       if (i == 0) {
         fixed_output_count_ = produced;
       } else if (produced != fixed_output_count_) {
-        throw usage_error("StreamPipeline graph mode: the compute stage reported " + detail::elements(produced) +
-                              " for slot " + ::std::to_string(i) + " but " + detail::elements(fixed_output_count_) +
-                              " for slot 0; a captured stage must produce a fixed count",
-                          where);
+        throw usage_error(
+            detail::concat("StreamPipeline graph mode: the compute stage reported ", detail::elements(produced),
+                           " for slot ", i, " but ", detail::elements(fixed_output_count_),
+                           " for slot 0; a captured stage must produce a fixed count"),
+            where);
       }
       if (has_flag(flags_, PipelineFlags::graph_compute)) {
         slot.compute_graph.emplace(compute_graph, InstantiateFlags::upload, capture_stream, where);
@@ -514,8 +515,8 @@ class CudaStageRunner {
   Out* output_target(Slot& slot, ::std::size_t produced, bool has_destination, const plan_type& plan,
                      const ::std::source_location& where) {
     if (has_destination && produced > slot.destination_size) {
-      throw usage_error("StreamPipeline: the compute stage produced " + detail::elements(produced) +
-                            " but the destination holds " + detail::elements(slot.destination_size),
+      throw usage_error(detail::concat("StreamPipeline: the compute stage produced ", detail::elements(produced),
+                                       " but the destination holds ", detail::elements(slot.destination_size)),
                         where);
     }
     Out* target = slot.staging_out.data();
@@ -543,9 +544,8 @@ class CudaStageRunner {
     if (slot.graph_source == source) {
       return true;
     }
-    if (::cudaGraphExecMemcpyNodeSetParams1D(slot.slot_graph->get(), slot.h2d_node, slot.device_in.data(), source,
-                                             bytes, ::cudaMemcpyHostToDevice) != ::cudaSuccess) {
-      (void)::cudaGetLastError();
+    if (!succeeded(::cudaGraphExecMemcpyNodeSetParams1D(slot.slot_graph->get(), slot.h2d_node, slot.device_in.data(),
+                                                        source, bytes, ::cudaMemcpyHostToDevice))) {
       return false;
     }
     slot.graph_source = source;
@@ -555,9 +555,8 @@ class CudaStageRunner {
     if (slot.graph_target == target) {
       return true;
     }
-    if (::cudaGraphExecMemcpyNodeSetParams1D(slot.slot_graph->get(), slot.d2h_node, target, slot.device_out.data(),
-                                             bytes, ::cudaMemcpyDeviceToHost) != ::cudaSuccess) {
-      (void)::cudaGetLastError();
+    if (!succeeded(::cudaGraphExecMemcpyNodeSetParams1D(slot.slot_graph->get(), slot.d2h_node, target,
+                                                        slot.device_out.data(), bytes, ::cudaMemcpyDeviceToHost))) {
       return false;
     }
     slot.graph_target = target;
@@ -570,16 +569,15 @@ class CudaStageRunner {
   void fence(Slot& slot) noexcept {
     bool ok = true;
     if (slot.stream) {
-      ok = ::cudaEventRecord(slot.copied_out.get(), slot.stream->get()) == ::cudaSuccess;
+      ok = succeeded(::cudaEventRecord(slot.copied_out.get(), slot.stream->get()));
     } else {
-      ok = ::cudaEventRecord(slot.copied_in.get(), h2d_->get()) == ::cudaSuccess &&
-           ::cudaEventRecord(slot.computed.get(), compute_stream_->get()) == ::cudaSuccess &&
-           ::cudaStreamWaitEvent(d2h_->get(), slot.copied_in.get(), 0) == ::cudaSuccess &&
-           ::cudaStreamWaitEvent(d2h_->get(), slot.computed.get(), 0) == ::cudaSuccess &&
-           ::cudaEventRecord(slot.copied_out.get(), d2h_->get()) == ::cudaSuccess;
+      ok = succeeded(::cudaEventRecord(slot.copied_in.get(), h2d_->get())) &&
+           succeeded(::cudaEventRecord(slot.computed.get(), compute_stream_->get())) &&
+           succeeded(::cudaStreamWaitEvent(d2h_->get(), slot.copied_in.get(), 0)) &&
+           succeeded(::cudaStreamWaitEvent(d2h_->get(), slot.computed.get(), 0)) &&
+           succeeded(::cudaEventRecord(slot.copied_out.get(), d2h_->get()));
     }
     if (!ok) {
-      (void)::cudaGetLastError();
       slot.needs_stream_sync = true;
     }
   }

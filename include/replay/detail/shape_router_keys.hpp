@@ -72,7 +72,8 @@ template <class Key>
         }
         out += ::std::to_string(shape_traits<Key>::extent(key, d));
       }
-      return out + ")";
+      out += ')';
+      return out;
     }
   } else if constexpr (ostreamable<Key>) {
     ::std::ostringstream os;

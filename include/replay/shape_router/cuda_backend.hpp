@@ -44,11 +44,6 @@ class CudaGraphBackend {
         // never on the stream a GraphExec remembers from its construction.
         flags_(flags & ~InstantiateFlags::upload) {}
 
-  CaptureMode capture_mode() const noexcept { return mode_; }
-  InstantiateFlags instantiate_flags() const noexcept {
-    return upload_ ? flags_ | InstantiateFlags::upload : flags_;
-  }
-
   template <class Issue>
     requires ::std::invocable<Issue&, StreamRef>
   CapturedGraph<GraphExec> capture(StreamRef stream, Issue&& issue,
@@ -84,10 +79,10 @@ class CudaGraphBackend {
       // Some node kinds (e.g. memory nodes on some drivers) are refused with
       // an error status rather than cudaErrorGraphExecUpdateFailure: that is
       // still a refusal, so re-instantiate; a real error recurs right here.
+      // (check() left no copy of the refusal in the runtime's last-error slot.)
       if (e.is_capture_error()) {
         throw;
       }
-      (void)::cudaGetLastError();
       exec = GraphExec(graph, flags_, stream, where);
       result.path = UpdatePath::reinstantiated;
     }

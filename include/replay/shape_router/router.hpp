@@ -22,6 +22,7 @@
 
 #include "replay/detail/message.hpp"
 #include "replay/detail/reentry_guard.hpp"
+#include "replay/detail/shape_plan.hpp"
 #include "replay/detail/shape_router_keys.hpp"
 #include "replay/error.hpp"
 #include "replay/shape_router/backend.hpp"
@@ -71,11 +72,11 @@ class ShapeRouter {
       : work_(::std::move(work)),
         options_(::std::move(options)),
         backend_(::std::move(backend)),
-        on_capture_failure_(options_.on_capture_failure) {
+        on_capture_failure_(::std::exchange(options_.on_capture_failure, {})) {
     if (!work_) {
       throw usage_error("ShapeRouter: the work callable is empty", where);
     }
-    validate(where);
+    Plan::validate(options_, where);
   }
 
   ShapeRouter(const ShapeRouter&) = delete;
@@ -89,13 +90,13 @@ class ShapeRouter {
   // OversizePolicy::run_eager). usage_error for a zero or negative dimension,
   // or an oversize key under OversizePolicy::throw_error. Lock-free.
   Key padded_shape(const Key& key, ::std::source_location where = ::std::source_location::current()) const {
-    return plan(key, where).shape;
+    return Plan::plan(options_, key, where).shape;
   }
 
   // True when `key` is above the largest bucket in some dimension.
   bool is_oversize(const Key& key, ::std::source_location where = ::std::source_location::current()) const {
-    check_extents(key, where);
-    return options_.policy == RoutingPolicy::bucketed && oversize_dimension(key) != no_dimension;
+    Plan::check_extents(key, where);
+    return options_.policy == RoutingPolicy::bucketed && Plan::oversize_dimension(options_, key) != Plan::no_dimension;
   }
 
   // Issues the work for `key` on `stream`: launches the padded shape's graph
@@ -106,7 +107,7 @@ class ShapeRouter {
   Route<Key> run(const Key& key, stream_type stream,
                  ::std::source_location where = ::std::source_location::current()) {
     refuse_reentry(where);
-    const Planned planned = plan(key, where);
+    const Planned planned = Plan::plan(options_, key, where);
     ::std::lock_guard<::std::mutex> lock(mutex_);
     detail::ActiveRouterScope active(this);
     ++stats_.runs;
@@ -151,12 +152,12 @@ class ShapeRouter {
     ::std::vector<Key> shapes;
     shapes.reserve(keys.size());
     for (const Key& key : keys) {
-      const Planned planned = plan(key, where);
+      const Planned planned = Plan::plan(options_, key, where);
       if (!planned.oversize && ::std::find(shapes.begin(), shapes.end(), planned.shape) == shapes.end()) {
         shapes.push_back(planned.shape);
       }
     }
-    sort_largest_first(shapes);
+    Plan::sort_largest_first(shapes);
     ::std::lock_guard<::std::mutex> lock(mutex_);
     detail::ActiveRouterScope active(this);
     ::std::size_t with_graph = 0;
@@ -193,7 +194,7 @@ class ShapeRouter {
   // a graph nor an eager mark.
   bool invalidate(const Key& key, ::std::source_location where = ::std::source_location::current()) {
     refuse_reentry(where);
-    const Planned planned = plan(key, where);
+    const Planned planned = Plan::plan(options_, key, where);
     ::std::lock_guard<::std::mutex> lock(mutex_);
     const auto it = entries_.find(planned.shape);
     return it != entries_.end() && invalidate_entry(it->second);
@@ -210,7 +211,7 @@ class ShapeRouter {
   // Drops the graph of `key`'s padded shape now (counted as an eviction).
   bool evict(const Key& key, ::std::source_location where = ::std::source_location::current()) {
     refuse_reentry(where);
-    const Planned planned = plan(key, where);
+    const Planned planned = Plan::plan(options_, key, where);
     ::std::lock_guard<::std::mutex> lock(mutex_);
     const auto it = entries_.find(planned.shape);
     if (it == entries_.end() || !it->second.exec) {
@@ -234,7 +235,7 @@ class ShapeRouter {
   // True when `key`'s padded shape has a graph (possibly stale).
   bool contains(const Key& key, ::std::source_location where = ::std::source_location::current()) const {
     refuse_reentry(where);
-    const Planned planned = plan(key, where);
+    const Planned planned = Plan::plan(options_, key, where);
     ::std::lock_guard<::std::mutex> lock(mutex_);
     const auto it = entries_.find(planned.shape);
     return it != entries_.end() && it->second.exec.has_value();
@@ -242,21 +243,21 @@ class ShapeRouter {
   // True when `key`'s padded shape is marked eager after a failed capture.
   bool is_eager(const Key& key, ::std::source_location where = ::std::source_location::current()) const {
     refuse_reentry(where);
-    const Planned planned = plan(key, where);
+    const Planned planned = Plan::plan(options_, key, where);
     ::std::lock_guard<::std::mutex> lock(mutex_);
     const auto it = entries_.find(planned.shape);
     return it != entries_.end() && it->second.state == State::eager_only;
   }
 
-  ::std::size_t graph_count(::std::source_location where = ::std::source_location::current()) const {
-    refuse_reentry(where);
+  ::std::size_t graph_count() const {
+    refuse_reentry();
     ::std::lock_guard<::std::mutex> lock(mutex_);
     return live_graphs_;
   }
 
   // The live graphs, most recently used first.
-  ::std::vector<GraphInfo<Key>> graphs(::std::source_location where = ::std::source_location::current()) const {
-    refuse_reentry(where);
+  ::std::vector<GraphInfo<Key>> graphs() const {
+    refuse_reentry();
     ::std::vector<::std::pair<::std::uint64_t, GraphInfo<Key>>> found;
     {
       ::std::lock_guard<::std::mutex> lock(mutex_);
@@ -297,13 +298,13 @@ class ShapeRouter {
     return out;
   }
 
-  RouterStats stats(::std::source_location where = ::std::source_location::current()) const {
-    refuse_reentry(where);
+  RouterStats stats() const {
+    refuse_reentry();
     ::std::lock_guard<::std::mutex> lock(mutex_);
     return stats_;
   }
-  void reset_stats(::std::source_location where = ::std::source_location::current()) {
-    refuse_reentry(where);
+  void reset_stats() {
+    refuse_reentry();
     ::std::lock_guard<::std::mutex> lock(mutex_);
     stats_ = RouterStats{};
   }
@@ -316,49 +317,16 @@ class ShapeRouter {
     on_capture_failure_ = ::std::move(handler);
   }
 
-  // The options given at construction (on_capture_failure as given there).
+  // The options given at construction, without on_capture_failure: the router
+  // holds the handler (set_capture_failure_handler() replaces it).
   const options_type& options() const noexcept { return options_; }
   RoutingPolicy policy() const noexcept { return options_.policy; }
   // Bucket list of dimension `dim` (bucketed); empty with the exact policy.
   ::std::span<const ::std::int64_t> buckets(::std::size_t dim = 0) const noexcept {
-    if (options_.buckets.empty()) {
-      return {};
-    }
-    return options_.buckets.size() == 1 ? options_.buckets[0] : options_.buckets[dim];
+    return Plan::buckets(options_, dim);
   }
-
   // Bucketed: every bucket shape (cartesian product of the lists), largest first.
-  ::std::vector<Key> bucket_shapes() const {
-    ::std::vector<Key> out;
-    if constexpr (ShapeKey<Key>) {
-      if (options_.policy != RoutingPolicy::bucketed) {
-        return out;
-      }
-      static_assert(::std::default_initializable<Key>, "bucket_shapes() builds keys: the key type must be "
-                                                       "default-constructible");
-      constexpr ::std::size_t rank = shape_traits<Key>::rank;
-      ::std::array<::std::size_t, rank> index{};
-      for (;;) {
-        Key shape{};
-        for (::std::size_t d = 0; d < rank; ++d) {
-          shape_traits<Key>::set_extent(shape, d, buckets(d)[index[d]]);
-        }
-        out.push_back(shape);
-        ::std::size_t d = 0;
-        for (; d < rank; ++d) {
-          if (++index[d] < buckets(d).size()) {
-            break;
-          }
-          index[d] = 0;
-        }
-        if (d == rank) {
-          break;
-        }
-      }
-      sort_largest_first(out);
-    }
-    return out;
-  }
+  ::std::vector<Key> bucket_shapes() const { return Plan::bucket_shapes(options_); }
 
   // The backend (e.g. to read its settings). Not synchronized: do not change
   // it while another thread uses the router.
@@ -366,6 +334,9 @@ class ShapeRouter {
   const Backend& backend() const noexcept { return backend_; }
 
  private:
+  using Plan = detail::ShapePlan<Key>;
+  using Planned = typename Plan::Planned;
+
   enum class State : ::std::uint8_t {
     warming,     // seen fewer than warmup_runs times
     ready,       // warm, no graph (new, or evicted): the next run captures
@@ -381,175 +352,12 @@ class ShapeRouter {
     ::std::uint32_t warmups = 0;
     State state = State::ready;
   };
-  struct Planned {
-    Key shape;
-    bool oversize = false;
-  };
-  static constexpr ::std::size_t no_dimension = ::std::numeric_limits<::std::size_t>::max();
-
-  void validate(const ::std::source_location& where) {
-    if (options_.max_graphs == 0) {
-      throw usage_error("ShapeRouter: max_graphs is 0; it must allow at least one graph (leave it at "
-                        "ShapeRouterOptions::unlimited for no limit)",
-                        where);
-    }
-    if (options_.max_bytes == 0) {
-      throw usage_error("ShapeRouter: max_bytes is 0; leave it at ShapeRouterOptions::unlimited for no limit", where);
-    }
-    if (options_.policy == RoutingPolicy::exact) {
-      if (!options_.buckets.empty()) {
-        throw usage_error("ShapeRouter: bucket lists were given but the policy is RoutingPolicy::exact; set "
-                          ".policy = RoutingPolicy::bucketed (or use ShapeRouterOptions::bucketed())",
-                          where);
-      }
-      return;
-    }
-    if constexpr (!ShapeKey<Key>) {
-      throw usage_error("ShapeRouter: RoutingPolicy::bucketed needs a shape key (an integer, std::array, "
-                        "std::tuple or std::pair of integers, or a type with a replay::shape_traits "
-                        "specialization)",
-                        where);
-    } else {
-      constexpr ::std::size_t rank = shape_traits<Key>::rank;
-      if (options_.buckets.empty()) {
-        throw usage_error("ShapeRouter: RoutingPolicy::bucketed with no bucket list; give one sorted list "
-                          "of sizes (or one per dimension)",
-                          where);
-      }
-      if (options_.buckets.size() != 1 && options_.buckets.size() != rank) {
-        throw usage_error(detail::concat("ShapeRouter: ", options_.buckets.size(), " bucket lists for a key of rank ",
-                                         rank, "; give one list per dimension, or one list for all"),
-                          where);
-      }
-      for (::std::size_t d = 0; d < options_.buckets.size(); ++d) {
-        const auto& list = options_.buckets[d];
-        const ::std::string dim = options_.buckets.size() == 1
-                                      ? ::std::string("the bucket list")
-                                      : detail::concat("the bucket list of dimension ", d);
-        if (list.empty()) {
-          throw usage_error(detail::concat("ShapeRouter: ", dim, " is empty; give at least one size"), where);
-        }
-        for (::std::size_t i = 0; i < list.size(); ++i) {
-          if (list[i] <= 0) {
-            throw usage_error(detail::concat("ShapeRouter: ", dim, " holds ", list[i], "; bucket sizes must be positive"),
-                              where);
-          }
-          const ::std::size_t checked_dim = options_.buckets.size() == 1 ? 0 : d;
-          for (::std::size_t k = 0; k < rank; ++k) {
-            if ((options_.buckets.size() == 1 || k == checked_dim) && list[i] > detail::max_extent<Key>(k)) {
-              throw usage_error(detail::concat("ShapeRouter: ", dim, " holds ", list[i],
-                                               ", which does not fit the key's type (max ",
-                                               detail::max_extent<Key>(k), ")"),
-                                where);
-            }
-          }
-          if (i > 0 && list[i] == list[i - 1]) {
-            throw usage_error(detail::concat("ShapeRouter: ", dim, " holds ", list[i],
-                                             " twice; bucket sizes must be distinct"),
-                              where);
-          }
-          if (i > 0 && list[i] < list[i - 1]) {
-            throw usage_error(detail::concat("ShapeRouter: ", dim, " is not sorted (", list[i - 1], " comes before ",
-                                             list[i], "); give the sizes in ascending order"),
-                              where);
-          }
-        }
-      }
-    }
-  }
-
-  void check_extents(const Key& key, const ::std::source_location& where) const {
-    if constexpr (ShapeKey<Key>) {
-      for (::std::size_t d = 0; d < shape_traits<Key>::rank; ++d) {
-        if (shape_traits<Key>::extent(key, d) <= 0) [[unlikely]] {
-          throw_bad_extent(key, d, where);
-        }
-      }
-    }
-  }
-
-  // Out of line: message building stays off the hot path.
-  [[noreturn, gnu::cold, gnu::noinline]] static void throw_bad_extent(const Key& key, ::std::size_t d,
-                                                                     const ::std::source_location& where) {
-    if constexpr (ShapeKey<Key>) {
-      throw usage_error(detail::concat("ShapeRouter: key ", detail::describe_key(key), " has a ",
-                                       shape_traits<Key>::extent(key, d) == 0 ? "zero" : "negative", " dimension (",
-                                       d, "); every dimension must be positive"),
-                        where);
-    } else {
-      throw usage_error("ShapeRouter: bad key", where);
-    }
-  }
-  [[noreturn, gnu::cold, gnu::noinline]] static void throw_oversize(const Key& key, ::std::size_t d,
-                                                                   ::std::int64_t largest,
-                                                                   const ::std::source_location& where) {
-    throw usage_error(detail::concat("ShapeRouter: key ", detail::describe_key(key), " is above the largest bucket (",
-                                     largest, ") in dimension ", d,
-                                     "; add a larger bucket or set OversizePolicy::run_eager"),
-                      where);
-  }
-
-  ::std::size_t oversize_dimension(const Key& key) const noexcept {
-    if constexpr (ShapeKey<Key>) {
-      for (::std::size_t d = 0; d < shape_traits<Key>::rank; ++d) {
-        if (shape_traits<Key>::extent(key, d) > buckets(d).back()) {
-          return d;
-        }
-      }
-    }
-    return no_dimension;
-  }
-
-  Planned plan(const Key& key, const ::std::source_location& where) const {
-    check_extents(key, where);
-    if (options_.policy == RoutingPolicy::exact) {
-      return Planned{key, false};
-    }
-    if constexpr (ShapeKey<Key>) {
-      Planned out{key, false};
-      for (::std::size_t d = 0; d < shape_traits<Key>::rank; ++d) {
-        const auto list = buckets(d);
-        const ::std::int64_t extent = shape_traits<Key>::extent(key, d);
-        const auto it = ::std::lower_bound(list.begin(), list.end(), extent);
-        if (it == list.end()) [[unlikely]] {
-          if (options_.oversize == OversizePolicy::throw_error) {
-            throw_oversize(key, d, list.back(), where);
-          }
-          return Planned{key, true};
-        }
-        shape_traits<Key>::set_extent(out.shape, d, *it);
-      }
-      return out;
-    } else {
-      return Planned{key, false};  // unreachable: validate() refused bucketing a non-shape key
-    }
-  }
-
-  void refuse_reentry(const ::std::source_location& where) const {
+  // Queries without a caller's location report the router's own.
+  void refuse_reentry(const ::std::source_location& where = ::std::source_location::current()) const {
     if (detail::ActiveRouterScope::inside(this)) [[unlikely]] {
       throw usage_error("ShapeRouter called from inside its own work callable (or failure handler); that "
                         "would deadlock. Issue nested work directly on the stream",
                         where);
-    }
-  }
-
-  static void sort_largest_first(::std::vector<Key>& shapes) {
-    if constexpr (ShapeKey<Key>) {
-      ::std::stable_sort(shapes.begin(), shapes.end(), [](const Key& a, const Key& b) {
-        const auto ea = detail::element_count(a);
-        const auto eb = detail::element_count(b);
-        if (ea != eb) {
-          return ea > eb;
-        }
-        for (::std::size_t d = 0; d < shape_traits<Key>::rank; ++d) {
-          const auto xa = shape_traits<Key>::extent(a, d);
-          const auto xb = shape_traits<Key>::extent(b, d);
-          if (xa != xb) {
-            return xa > xb;
-          }
-        }
-        return false;
-      });
     }
   }
 
@@ -721,7 +529,7 @@ class ShapeRouter {
   work_type work_;
   options_type options_;
   Backend backend_;
-  CaptureFailureHandler<Key> on_capture_failure_;  // options_ stays immutable: padded_shape() reads it unlocked
+  CaptureFailureHandler<Key> on_capture_failure_;  // moved out of options_, which stays immutable (read unlocked)
   mutable ::std::mutex mutex_;
   detail::key_map<Key, Entry> entries_;
   ::std::size_t live_graphs_ = 0;

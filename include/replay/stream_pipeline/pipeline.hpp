@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "replay/detail/cuda_stage_runner.hpp"
+#include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/static_buffer.hpp"
 #include "replay/stream_pipeline/basic_pipeline.hpp"
@@ -29,12 +30,8 @@ class StreamPipeline : public BasicStreamPipeline<detail::CudaStageRunner<In, Ou
                  ::std::source_location where = ::std::source_location::current())
       : base(::std::in_place, ::std::move(options), detail::ComputeStage<In, Out>(::std::move(compute)), where) {}
 
-  PipelineFlags flags(::std::source_location where = ::std::source_location::current()) const {
-    return this->runner(where).flags();
-  }
-  int device(::std::source_location where = ::std::source_location::current()) const {
-    return this->runner(where).device();
-  }
+  PipelineFlags flags() const { return this->runner().flags(); }
+  int device() const { return this->runner().device(); }
   // The slot's device buffers: fixed addresses for the pipeline's lifetime.
   BufferView<In> device_input(::std::size_t slot,
                               ::std::source_location where = ::std::source_location::current()) const {
@@ -47,21 +44,15 @@ class StreamPipeline : public BasicStreamPipeline<detail::CudaStageRunner<In, Ou
     return this->runner(where).device_output(slot).view(where);
   }
   // The stage streams (the compute stage runs on compute_stream()).
-  StreamRef h2d_stream(::std::source_location where = ::std::source_location::current()) const {
-    return this->runner(where).h2d_stream();
-  }
-  StreamRef compute_stream(::std::source_location where = ::std::source_location::current()) const {
-    return this->runner(where).compute_stream();
-  }
-  StreamRef d2h_stream(::std::source_location where = ::std::source_location::current()) const {
-    return this->runner(where).d2h_stream();
-  }
+  StreamRef h2d_stream() const { return this->runner().h2d_stream(); }
+  StreamRef compute_stream() const { return this->runner().compute_stream(); }
+  StreamRef d2h_stream() const { return this->runner().d2h_stream(); }
 
  private:
   void check_slot(::std::size_t slot, const ::std::source_location& where) const {
-    if (slot >= this->slot_count(where)) {
-      throw usage_error("StreamPipeline: slot " + ::std::to_string(slot) + " does not exist (the pipeline has " +
-                            ::std::to_string(this->slot_count(where)) + ")",
+    const ::std::size_t count = this->runner(where).slot_count();
+    if (slot >= count) {
+      throw usage_error(detail::concat("StreamPipeline: slot ", slot, " does not exist (the pipeline has ", count, ")"),
                         where);
     }
   }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "replay/capture_scope.hpp"
+#include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/shape_router/backend.hpp"
 #include "replay/stream_ref.hpp"
@@ -85,8 +86,8 @@ class TorchGraphBackend {
     } catch (...) {
       exec.graph->abandon_capture(device, ctx.pool(), uses_before, ctx.capture_stream().get());
       (void)ctx.take_outputs();
-      throw capture_failed_error("replay: " + detail::describe_capture_failure() + " (capture begun at " +
-                                 replay::to_string(where) + ")");
+      throw capture_failed_error(detail::concat("replay: ", detail::describe_capture_failure(), " (capture begun at ",
+                                                replay::to_string(where), ")"));
     }
     exec.outputs = ctx.take_outputs();
     exec.exec = exec.graph->raw_cuda_graph_exec();

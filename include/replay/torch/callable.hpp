@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 
 namespace replay {
@@ -103,8 +104,8 @@ inline void append_ivalue(::std::vector<::at::Tensor>& out, const ::c10::IValue&
       append_ivalue(out, element, where);
     }
   } else {
-    throw usage_error("the graphed callable returned a " + value.tagKind() +
-                          "; it must return tensors (a Tensor, or a tuple or list of Tensors)",
+    throw usage_error(detail::concat("the graphed callable returned a ", value.tagKind(),
+                                     "; it must return tensors (a Tensor, or a tuple or list of Tensors)"),
                       where);
   }
 }
@@ -179,8 +180,8 @@ template <class F>
       return (try_call_with_arity<A + 1>(f, in, out, where) || ...);
     }(::std::make_index_sequence<max_tensor_arity>{});
     if (!called) {
-      throw usage_error("the graphed callable cannot be called with " + ::std::to_string(in.size()) +
-                            " tensor argument(s); give as many example inputs as its forward takes",
+      throw usage_error(detail::concat("the graphed callable cannot be called with ", in.size(),
+                                       " tensor argument(s); give as many example inputs as its forward takes"),
                         where);
     }
     return ::std::move(*out);

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/stream.hpp"
 #include "replay/stream_ref.hpp"
@@ -110,7 +111,6 @@ class TorchCaptureContext {
     generation_->fetch_add(1, ::std::memory_order_acq_rel);
   }
   void note_capture() noexcept { pool_touched_ = true; }
-  bool pool_touched() const noexcept { return pool_touched_; }
 
   // Bytes of device memory in the pool's segments (the caching allocator's
   // snapshot): what the graphs' intermediate and output tensors occupy.
@@ -128,7 +128,8 @@ class TorchCaptureContext {
  private:
   static ::c10::Device checked_device(::c10::Device device, const ::std::source_location& where) {
     if (!device.is_cuda()) {
-      throw usage_error("TorchCaptureContext: the device must be a CUDA device, got " + device.str(), where);
+      throw usage_error(detail::concat("TorchCaptureContext: the device must be a CUDA device, got ", device.str()),
+                        where);
     }
     if (!device.has_index()) {
       return ::c10::Device(::c10::kCUDA, ::c10::cuda::current_device());

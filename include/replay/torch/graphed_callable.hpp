@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/shape_router/router.hpp"
 #include "replay/stream_ref.hpp"
@@ -97,8 +98,8 @@ class GraphedCallable {
       // The router marked the bucket eager; under no_fallback it must try
       // (and fail loudly) again next time instead of silently running eagerly.
       (void)s.router->invalidate(batch, where);
-      throw capture_failed_error("replay: GraphedCallable (GraphedFlags::no_fallback): batch " +
-                                 ::std::to_string(route.shape) + ": " + s.failure);
+      throw capture_failed_error(
+          detail::concat("replay: GraphedCallable (GraphedFlags::no_fallback): batch ", route.shape, ": ", s.failure));
     }
     return out;
   }
@@ -166,28 +167,30 @@ class GraphedCallable {
     for (::std::size_t i = 0; i < examples.size(); ++i) {
       const ::at::Tensor& t = examples[i];
       if (!t.defined() || !t.is_cuda()) {
-        throw usage_error("GraphedCallable: example input " + ::std::to_string(i) + " is " +
-                              (t.defined() ? "on " + t.device().str() : ::std::string("undefined")) +
-                              "; example inputs must be CUDA tensors (they fix the device, dtypes and shapes)",
-                          where);
+        throw usage_error(
+            detail::concat("GraphedCallable: example input ", i, " is ",
+                           (t.defined() ? detail::concat("on ", t.device().str()) : ::std::string("undefined")),
+                           "; example inputs must be CUDA tensors (they fix the device, dtypes and shapes)"),
+            where);
       }
       if (t.dim() < 1 || t.size(0) < 1) {
-        throw usage_error("GraphedCallable: example input " + ::std::to_string(i) + " has shape " +
-                              detail::describe_sizes(t.sizes()) + "; dimension 0 must be a batch of at least 1",
-                          where);
+        throw usage_error(
+            detail::concat("GraphedCallable: example input ", i, " has shape ", detail::describe_sizes(t.sizes()),
+                           "; dimension 0 must be a batch of at least 1"),
+            where);
       }
       if (t.device() != examples[0].device()) {
-        throw usage_error("GraphedCallable: example inputs on " + examples[0].device().str() + " and " +
-                              t.device().str() + "; they must all be on one device",
+        throw usage_error(detail::concat("GraphedCallable: example inputs on ", examples[0].device().str(), " and ",
+                                         t.device().str(), "; they must all be on one device"),
                           where);
       }
       if (example_batch < 0) {
         example_batch = t.size(0);
       } else if (t.size(0) != example_batch) {
-        throw usage_error("GraphedCallable: example input 0 has batch " + ::std::to_string(example_batch) +
-                              " but example input " + ::std::to_string(i) + " has batch " +
-                              ::std::to_string(t.size(0)) + "; dimension 0 of every input is the batch",
-                          where);
+        throw usage_error(
+            detail::concat("GraphedCallable: example input 0 has batch ", example_batch, " but example input ", i,
+                           " has batch ", t.size(0), "; dimension 0 of every input is the batch"),
+            where);
       }
     }
     s.fn = ::std::move(fn);
@@ -289,7 +292,7 @@ class GraphedCallable {
           (void)s.router->invalidate(bucket, where);
         }
       }
-      throw capture_failed_error("replay: GraphedCallable (GraphedFlags::no_fallback): " + s.failure);
+      throw capture_failed_error(detail::concat("replay: GraphedCallable (GraphedFlags::no_fallback): ", s.failure));
     }
     return with_graph;
   }

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/shape_router/stats.hpp"
 #include "replay/torch/detail/capture.hpp"
@@ -35,9 +36,9 @@ class GraphedOutputs {
   const ::at::Tensor& at(::std::size_t index, ::std::source_location where = ::std::source_location::current()) const {
     check_fresh(where);
     if (index >= tensors_.size()) {
-      throw usage_error("GraphedOutputs: output " + ::std::to_string(index) + " requested, but the callable returned " +
-                            ::std::to_string(tensors_.size()),
-                        where);
+      throw usage_error(
+          detail::concat("GraphedOutputs: output ", index, " requested, but the callable returned ", tensors_.size()),
+          where);
     }
     return tensors_[index];
   }
@@ -82,12 +83,11 @@ class GraphedOutputs {
 
   void check_fresh(const ::std::source_location& where) const {
     if (stale()) [[unlikely]] {
-      throw stale_output_error(
-          "GraphedOutputs: these fast-mode outputs (GraphedFlags::view_outputs) were overwritten by a later replay "
-          "of the same GraphedCallable (" +
-              ::std::to_string(generation_->load(::std::memory_order_acquire) - valid_generation_) +
-              " replay(s) since); clone() them before the next call, or use safe mode",
-          where);
+      throw stale_output_error(detail::concat("GraphedOutputs: these fast-mode outputs (GraphedFlags::view_outputs) "
+                                              "were overwritten by a later replay of the same GraphedCallable (",
+                                              generation_->load(::std::memory_order_acquire) - valid_generation_,
+                                              " replay(s) since); clone() them before the next call, or use safe mode"),
+                               where);
     }
   }
 

@@ -27,6 +27,7 @@
 #include <string>
 #include <tuple>
 
+#include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/flags.hpp"
 #include "replay/stream_ref.hpp"
@@ -104,7 +105,7 @@ class TorchCudaGraph : public ::at::cuda::CUDAGraph {
         }
       }
     }
-    (void)::cudaGetLastError();  // a capture error is reported by the exception, not left behind
+    clear_error_slot_if(is_capture_error);  // a capture error is reported by the exception, not left behind
   }
 
   static int pool_use_count(::c10::DeviceIndex device, ::c10::MempoolId_t pool) noexcept {
@@ -167,9 +168,13 @@ class GradScope {
 inline ::std::string describe_sizes(::c10::IntArrayRef sizes) {
   ::std::string out = "[";
   for (::std::size_t d = 0; d < sizes.size(); ++d) {
-    out += (d == 0 ? "" : ", ") + ::std::to_string(sizes[d]);
+    if (d != 0) {
+      out += ", ";
+    }
+    out += ::std::to_string(sizes[d]);
   }
-  return out + "]";
+  out += ']';
+  return out;
 }
 
 // The message of a failed capture, without c10's backtrace.
@@ -179,12 +184,10 @@ inline ::std::string describe_capture_failure() {
     throw;
   } catch (const ::c10::Error& e) {
     reason = e.what_without_backtrace();
-  } catch (const ::std::exception& e) {
-    reason = e.what();
   } catch (...) {
-    reason = "an exception not derived from std::exception";
+    reason = describe_current_exception();
   }
-  ::std::string out = "capturing the torch callable failed: " + reason;
+  ::std::string out = detail::concat("capturing the torch callable failed: ", reason);
   if (reason.find("captur") != ::std::string::npos && reason.find(capture_error_hint) == ::std::string::npos) {
     out += "; ";
     out += capture_error_hint;

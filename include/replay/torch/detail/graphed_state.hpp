@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "replay/detail/message.hpp"
 #include "replay/detail/reentry_guard.hpp"
 #include "replay/error.hpp"
 #include "replay/event.hpp"
@@ -75,15 +76,9 @@ struct GraphedState {
     if (shape > capacity) {
       return oversize_inputs;
     }
+    // The router pads every batch up to one of `buckets` (it was built with them).
     const auto it = ::std::lower_bound(buckets.begin(), buckets.end(), shape);
-    if (it != buckets.end() && *it == shape) {
-      return bucket_inputs[static_cast<::std::size_t>(it - buckets.begin())];
-    }
-    oversize_inputs.clear();  // not a bucket: only reachable through a router of one's own
-    for (const ::at::Tensor& t : static_inputs) {
-      oversize_inputs.push_back(t.narrow(0, 0, shape));
-    }
-    return oversize_inputs;
+    return bucket_inputs[static_cast<::std::size_t>(it - buckets.begin())];
   }
 
   // The router's work: run the callable on the static inputs of `shape`
@@ -96,10 +91,11 @@ struct GraphedState {
     for (::std::size_t i = 0; i < outputs.size(); ++i) {
       const ::at::Tensor& t = outputs[i];
       if (!t.defined() || !t.is_cuda() || t.device() != device) {
-        throw usage_error("GraphedCallable: output " + ::std::to_string(i) + " of the callable is " +
-                              (t.defined() ? "on " + t.device().str() : ::std::string("undefined")) +
-                              "; graphed outputs must be tensors on " + device.str(),
-                          where);
+        throw usage_error(
+            detail::concat("GraphedCallable: output ", i, " of the callable is ",
+                           (t.defined() ? detail::concat("on ", t.device().str()) : ::std::string("undefined")),
+                           "; graphed outputs must be tensors on ", device.str()),
+            where);
       }
     }
     context->set_outputs(::std::move(outputs));
@@ -112,8 +108,8 @@ struct GraphedState {
     if (user_handler) {
       user_handler(batch, reason);
     } else {
-      const ::std::string line = "replay::GraphedCallable: capturing batch " + ::std::to_string(batch) +
-                                 " failed; it runs eagerly from now on. " + ::std::string(reason) + "\n";
+      const ::std::string line = detail::concat("replay::GraphedCallable: capturing batch ", batch,
+                                                " failed; it runs eagerly from now on. ", reason, "\n");
       ::std::fputs(line.c_str(), stderr);
     }
   }
@@ -122,8 +118,8 @@ struct GraphedState {
   // messages are built only on failure: this runs on every call.
   ::std::int64_t check_inputs(const ::std::vector<::at::Tensor>& inputs, const ::std::source_location& where) const {
     if (inputs.size() != specs.size()) {
-      throw usage_error("GraphedCallable: called with " + ::std::to_string(inputs.size()) + " input(s), but it was "
-                            "captured with " + ::std::to_string(specs.size()),
+      throw usage_error(detail::concat("GraphedCallable: called with ", inputs.size(),
+                                       " input(s), but it was captured with ", specs.size()),
                         where);
     }
     ::std::int64_t batch = -1;
@@ -136,22 +132,22 @@ struct GraphedState {
         match = t.size(static_cast<::std::int64_t>(d)) == spec.sizes[d];
       }
       if (!match) [[unlikely]] {
-        throw usage_error("GraphedCallable: input " + ::std::to_string(i) + " " + describe_input(t) +
-                              ", but the graphs were captured for shape " + describe_spec(spec),
+        throw usage_error(detail::concat("GraphedCallable: input ", i, " ", describe_input(t),
+                                         ", but the graphs were captured for shape ", describe_spec(spec)),
                           where);
       }
       if (batch < 0) {
         batch = t.size(0);
       } else if (t.size(0) != batch) [[unlikely]] {
-        throw usage_error("GraphedCallable: input 0 has batch " + ::std::to_string(batch) + " but input " +
-                              ::std::to_string(i) + " has batch " + ::std::to_string(t.size(0)) + " (shape " +
-                              describe_sizes(t.sizes()) + "); dimension 0 of every input is the batch",
-                          where);
+        throw usage_error(
+            detail::concat("GraphedCallable: input 0 has batch ", batch, " but input ", i, " has batch ", t.size(0),
+                           " (shape ", describe_sizes(t.sizes()), "); dimension 0 of every input is the batch"),
+            where);
       }
       if (!t.is_cuda() && !t.is_cpu()) [[unlikely]] {
-        throw usage_error("GraphedCallable: input " + ::std::to_string(i) + " is on " + t.device().str() +
-                              "; give CUDA or CPU tensors",
-                          where);
+        throw usage_error(
+            detail::concat("GraphedCallable: input ", i, " is on ", t.device().str(), "; give CUDA or CPU tensors"),
+            where);
       }
     }
     return batch;
@@ -161,15 +157,15 @@ struct GraphedState {
     if (!t.defined()) {
       return "is an undefined tensor";
     }
-    return "has shape " + describe_sizes(t.sizes()) + " and dtype " + ::std::string(::c10::toString(t.scalar_type()));
+    return detail::concat("has shape ", describe_sizes(t.sizes()), " and dtype ", ::c10::toString(t.scalar_type()));
   }
   ::std::string describe_spec(const GraphedInputSpec& spec) const {
     ::std::string out = "[B";
     for (::std::size_t d = 1; d < spec.sizes.size(); ++d) {
-      out += ", " + ::std::to_string(spec.sizes[d]);
+      out += ", ";
+      out += ::std::to_string(spec.sizes[d]);
     }
-    return out + "] (B = batch, up to " + ::std::to_string(capacity) + " graphed) and dtype " +
-           ::std::string(::c10::toString(spec.dtype));
+    return detail::concat(out, "] (B = batch, up to ", capacity, " graphed) and dtype ", ::c10::toString(spec.dtype));
   }
 
   // Copies the caller's rows into the static inputs on `stream` and zeroes the
@@ -212,9 +208,9 @@ class ActiveGraphedScope : ReentryGuard<GraphedState> {
   static const GraphedState* refuse_reentry(const GraphedState* state, const char* what,
                                             const ::std::source_location& where) {
     if (inside(state)) {
-      throw usage_error(::std::string("GraphedCallable::") + what +
-                            " called from inside the same GraphedCallable (its callable or its capture-failure "
-                            "handler); that would deadlock",
+      throw usage_error(detail::concat("GraphedCallable::", what,
+                                       " called from inside the same GraphedCallable (its callable or its "
+                                       "capture-failure handler); that would deadlock"),
                         where);
     }
     return state;
