@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "replay/detail/capture_state.hpp"
+#include "replay/detail/deferred_free.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/graph.hpp"
@@ -42,9 +43,8 @@ class CaptureScope {
                         ::std::source_location where = ::std::source_location::current())
       : stream_(stream), mode_(mode), begun_at_(where) {
     refuse_bad_stream(where);
-    check(::cudaStreamBeginCapture(stream_.get(), static_cast<::cudaStreamCaptureMode>(mode_)),
+    begin(::cudaStreamBeginCapture(stream_.get(), static_cast<::cudaStreamCaptureMode>(mode_)),
           "cudaStreamBeginCapture", where);
-    open();
   }
 
   // Begins capturing `stream` into an existing graph (cudaStreamBeginCaptureToGraph):
@@ -55,10 +55,9 @@ class CaptureScope {
                ::std::source_location where = ::std::source_location::current())
       : stream_(stream), mode_(mode), begun_at_(where), into_(::std::move(into)) {
     refuse_bad_stream(where);
-    check(::cudaStreamBeginCaptureToGraph(stream_.get(), into_.handle(where), nullptr, nullptr, 0,
+    begin(::cudaStreamBeginCaptureToGraph(stream_.get(), into_.handle(where), nullptr, nullptr, 0,
                                           static_cast<::cudaStreamCaptureMode>(mode_)),
           "cudaStreamBeginCaptureToGraph", where);
-    open();
   }
 
   CaptureScope(const CaptureScope&) = delete;
@@ -104,20 +103,36 @@ class CaptureScope {
     const ::cudaError_t status = ::cudaStreamEndCapture(stream_.get(), &captured);
     close();
     discard(captured);
-    into_ = Graph::from_native_handle(nullptr);  // the partially appended graph goes too
+    into_ = Graph();  // the partially appended graph goes too
     // Leave no error of this capture behind for unrelated code.
     detail::clear_error_slot(status);
     detail::clear_error_slot_if(is_capture_error);
   }
 
  private:
+  // Checks that need no CUDA call. Whether the stream is already capturing is
+  // asked only where it can be: when this thread has a capture open (a nested
+  // scope on the same stream), and when the begin call fails.
   void refuse_bad_stream(const ::std::source_location& where) const {
-    if (stream_.get() == nullptr || stream_.get() == cudaStreamLegacy) {
+    if (stream_.handle(where) == nullptr || stream_.get() == cudaStreamLegacy) {
       throw usage_error("cannot capture the legacy default stream; capture a replay::Stream", where);
     }
+    if (detail::open_capture_scopes() > 0) {
+      refuse_if_capturing(where);
+    }
+  }
+  void refuse_if_capturing(const ::std::source_location& where) const {
     if (stream_.capture_status(where) != CaptureStatus::none) {
       throw usage_error("CaptureScope: the stream is already capturing", where);
     }
+  }
+  void begin(::cudaError_t status, const char* api, const ::std::source_location& where) {
+    if (status != ::cudaSuccess) [[unlikely]] {
+      detail::clear_error_slot(status);
+      refuse_if_capturing(where);  // a capture begun elsewhere: say so rather than name the status
+      check(status, api, where);
+    }
+    open();
   }
   void open() noexcept {
     active_ = true;
@@ -156,7 +171,7 @@ class CaptureScope {
   StreamRef stream_;
   CaptureMode mode_;
   ::std::source_location begun_at_;
-  Graph into_ = Graph::from_native_handle(nullptr);
+  Graph into_;  // empty unless capturing into a given graph
   bool active_ = false;
 };
 

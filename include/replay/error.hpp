@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "replay/detail/capture_state.hpp"
 #include "replay/detail/message.hpp"
 
 namespace replay {
@@ -141,23 +142,6 @@ void clear_error_slot_if(IsOurs is_ours) noexcept {
   if (const ::cudaError_t status = ::cudaPeekAtLastError(); status != ::cudaSuccess && is_ours(status)) {
     (void)::cudaGetLastError();
   }
-}
-
-// The first capture-breaking call seen by check() on this thread while a
-// CaptureScope is open, so that the scope can say which call broke it.
-struct CaptureBreak {
-  bool seen = false;
-  ::cudaError_t status = ::cudaSuccess;
-  ::std::string api;
-  ::std::source_location where;
-};
-inline CaptureBreak& capture_break() noexcept {
-  thread_local CaptureBreak record;
-  return record;
-}
-inline int& open_capture_scopes() noexcept {
-  thread_local int depth = 0;
-  return depth;
 }
 
 [[noreturn, gnu::cold, gnu::noinline]] inline void throw_cuda_error(::cudaError_t status,

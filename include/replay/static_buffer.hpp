@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "replay/detail/capture_state.hpp"
+#include "replay/detail/deferred_free.hpp"
 #include "replay/detail/driver_memset.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"

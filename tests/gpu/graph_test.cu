@@ -95,7 +95,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(copy.get() != graph.get());
     CHECK(copy.node_count() == graph.node_count());
     CHECK(copy.kernel_names() == graph.kernel_names());
-    graph = replay::Graph();  // destroy the original
+    graph = replay::Graph::create();  // destroy the original
     CHECK(graph.node_count() == 0);
     replay::GraphExec exec(copy);
     p.host_out.fill(0.0F, stream);

@@ -418,7 +418,7 @@ class CudaStageRunner {
       }
       // graph_slot: H2D -> compute (child graph) -> D2H.
       slot.stream.emplace(StreamFlags::non_blocking, 0, where);
-      Graph whole(where);
+      Graph whole = Graph::create(where);
       ::cudaGraphNode_t compute_node = nullptr;
       check(::cudaGraphAddMemcpyNode1D(&slot.h2d_node, whole.handle(where), nullptr, 0, slot.device_in.data(),
                                        slot.staging_in.data(), input_capacity_ * sizeof(In),
