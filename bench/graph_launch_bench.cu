@@ -8,6 +8,8 @@
 //  gpu/<mode>/<kernels>:  device time of one chain, from CUDA events.
 //  host_launch_paired/<kernels>: raw cudaGraphLaunch and GraphExec::launch
 //                         timed alternately in one loop (counters).
+//  capture_paired/<kernels>: raw cudaStreamBeginCapture/EndCapture and
+//                         replay::capture timed alternately (counters).
 //  reinstantiate/<nodes>, update/<nodes>: re-instantiation (destroy, instantiate,
 //                         upload) vs one in-place replay::GraphExec::update.
 #include <benchmark/benchmark.h>
@@ -132,6 +134,58 @@ void host_launch_paired(benchmark::State& state) {
   state.counters["kernels"] = kernels;
 }
 
+// Raw cudaStreamBeginCapture / cudaStreamEndCapture (plus cudaGraphDestroy)
+// and replay::capture (which returns an owning Graph that destroys it) of a
+// chain of N kernels, timed alternately inside one loop; counters raw_ns and
+// replay_ns are host nanoseconds per capture, overhead_ratio their ratio.
+void capture_paired(benchmark::State& state) {
+  if (skip_without_device(state)) return;
+  const int kernels = static_cast<int>(state.range(0));
+  replay::Stream stream;
+  replay::DeviceBuffer<float> x(kElements);
+  const int burst = kernels == 1 ? 8 : 1;
+  double raw_s = 0.0;
+  double replay_s = 0.0;
+  bool raw_first = true;
+  std::size_t nodes = 0;
+  for (auto _ : state) {
+    for (int half = 0; half < 2; ++half) {
+      const bool raw = (half == 0) == raw_first;
+      const auto start = std::chrono::steady_clock::now();
+      for (int b = 0; b < burst; ++b) {
+        if (raw) {
+          replay::check(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal),
+                        "cudaStreamBeginCapture");
+          chain(stream, x.data(), kernels);
+          cudaGraph_t graph = nullptr;
+          replay::check(cudaStreamEndCapture(stream.get(), &graph), "cudaStreamEndCapture");
+          replay::check(cudaGraphDestroy(graph), "cudaGraphDestroy");
+        } else {
+          replay::Graph graph = replay::capture(stream, [&](replay::StreamRef s) { chain(s, x.data(), kernels); });
+          benchmark::DoNotOptimize(graph.get());
+        }
+      }
+      const auto stop = std::chrono::steady_clock::now();
+      (raw ? raw_s : replay_s) += std::chrono::duration<double>(stop - start).count();
+    }
+    raw_first = !raw_first;
+    state.SetIterationTime(0.0);
+  }
+  {  // the captured graph holds what was issued (checked once, outside the timing)
+    const replay::Graph graph = replay::capture(stream, [&](replay::StreamRef s) { chain(s, x.data(), kernels); });
+    nodes = graph.node_count();
+  }
+  if (nodes != static_cast<std::size_t>(kernels)) {
+    state.SkipWithError("replay::capture recorded a different number of nodes");
+    return;
+  }
+  const double captures = static_cast<double>(state.iterations()) * burst;
+  state.counters["raw_ns"] = raw_s / captures * 1e9;
+  state.counters["replay_ns"] = replay_s / captures * 1e9;
+  state.counters["overhead_ratio"] = replay_s / raw_s;
+  state.counters["kernels"] = kernels;
+}
+
 void gpu_time(benchmark::State& state) {
   if (skip_without_device(state)) return;
   const int mode = static_cast<int>(state.range(0));
@@ -209,7 +263,7 @@ void instantiate_vs_update(benchmark::State& state, bool update) {
         break;
       }
     } else {
-      exec = replay::GraphExec::from_native_handle(nullptr);  // destroy the old one first, as a fallback does
+      { const replay::GraphExec old = std::move(exec); }  // destroy the old one first, as a fallback does
       exec = replay::GraphExec(next, replay::InstantiateFlags::upload, stream);
     }
     stream.synchronize();
@@ -256,6 +310,8 @@ void launch_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(host_enqueue)->Apply(launch_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(200);
 BENCHMARK(host_launch_paired)->ArgName("kernels")->Arg(1)->UseManualTime()->Iterations(4000);
 BENCHMARK(host_launch_paired)->ArgName("kernels")->Arg(1000)->UseManualTime()->Iterations(150);
+BENCHMARK(capture_paired)->ArgName("kernels")->Arg(1)->UseManualTime()->Iterations(2000);
+BENCHMARK(capture_paired)->ArgName("kernels")->Arg(1000)->UseManualTime()->Iterations(40);
 BENCHMARK(gpu_time)->Apply(launch_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(50);
 BENCHMARK(gpu_time_paired)->ArgName("kernels")->Arg(1)->Arg(1000)->UseManualTime()->Iterations(100);
 BENCHMARK(instantiate_only)->ArgName("nodes")->Arg(100)->Arg(1000)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(50);

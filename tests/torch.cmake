@@ -6,10 +6,16 @@ if(TARGET replay_torch)
   target_include_directories(test_torch PRIVATE ${PROJECT_SOURCE_DIR}/examples/torch_resnet)
   # The test main links replay::replay too: one runtime, libtorch's shared one.
   set_target_properties(test_torch PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
+  # Every adapter header compiles on its own (the rest are checked in tests/CMakeLists.txt).
+  replay_header_check_sources(_replay_torch_header_sources EXTENSIONS cpp HEADERS ${REPLAY_TORCH_HEADERS})
+  add_library(replay_torch_header_check OBJECT ${_replay_torch_header_sources})
+  target_link_libraries(replay_torch_header_check PRIVATE replay::torch)
+  replay_target_warnings(replay_torch_header_check)
 endif()
 # GCC 12/13 warn about members left to their default initializers in a
 # designated initializer ({.batch_buckets = ...}), the idiom the options are
 # made for.
 if(TARGET test_torch AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   target_compile_options(test_torch PRIVATE -Wno-missing-field-initializers)
+  target_compile_options(replay_torch_header_check PRIVATE -Wno-missing-field-initializers)
 endif()

@@ -6,6 +6,8 @@
 // work. When a capture was broken, finish() throws a cuda_error that says the
 // capture was invalidated, names the likely causes and, where the breaking
 // call went through replay::check, which call it was and where.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <concepts>
@@ -15,6 +17,8 @@
 #include <utility>
 
 #include "replay/detail/capture_state.hpp"
+#include "replay/detail/deferred_free.hpp"
+#include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/graph.hpp"
 #include "replay/stream_ref.hpp"
@@ -39,12 +43,10 @@ class CaptureScope {
                         ::std::source_location where = ::std::source_location::current())
       : stream_(stream), mode_(mode), begun_at_(where) {
     refuse_bad_stream(where);
-    check(::cudaStreamBeginCapture(stream_.get(), static_cast<::cudaStreamCaptureMode>(mode_)),
+    begin(::cudaStreamBeginCapture(stream_.get(), static_cast<::cudaStreamCaptureMode>(mode_)),
           "cudaStreamBeginCapture", where);
-    open();
   }
 
-#if CUDART_VERSION >= 12030
   // Begins capturing `stream` into an existing graph (cudaStreamBeginCaptureToGraph):
   // the captured work is appended, with no dependency on the graph's current
   // nodes. finish() hands the graph back. If the capture fails, the graph is
@@ -53,12 +55,10 @@ class CaptureScope {
                ::std::source_location where = ::std::source_location::current())
       : stream_(stream), mode_(mode), begun_at_(where), into_(::std::move(into)) {
     refuse_bad_stream(where);
-    check(::cudaStreamBeginCaptureToGraph(stream_.get(), into_.handle(where), nullptr, nullptr, 0,
+    begin(::cudaStreamBeginCaptureToGraph(stream_.get(), into_.handle(where), nullptr, nullptr, 0,
                                           static_cast<::cudaStreamCaptureMode>(mode_)),
           "cudaStreamBeginCaptureToGraph", where);
-    open();
   }
-#endif
 
   CaptureScope(const CaptureScope&) = delete;
   CaptureScope& operator=(const CaptureScope&) = delete;
@@ -83,7 +83,7 @@ class CaptureScope {
     close();
     if (status != ::cudaSuccess) {
       discard(captured);
-      (void)::cudaGetLastError();  // the failure is reported by the exception below
+      detail::clear_error_slot(status);  // the failure is reported by the exception below
       throw cuda_error(status, "cudaStreamEndCapture", where, describe_break(broken));
     }
     if (into_) {
@@ -103,20 +103,36 @@ class CaptureScope {
     const ::cudaError_t status = ::cudaStreamEndCapture(stream_.get(), &captured);
     close();
     discard(captured);
-    into_ = Graph::from_native_handle(nullptr);  // the partially appended graph goes too
-    if (status != ::cudaSuccess || is_capture_error(::cudaPeekAtLastError())) {
-      (void)::cudaGetLastError();  // leave no capture error behind for unrelated code
-    }
+    into_ = Graph();  // the partially appended graph goes too
+    // Leave no error of this capture behind for unrelated code.
+    detail::clear_error_slot(status);
+    detail::clear_error_slot_if(is_capture_error);
   }
 
  private:
+  // Checks that need no CUDA call. Whether the stream is already capturing is
+  // asked only where it can be: when this thread has a capture open (a nested
+  // scope on the same stream), and when the begin call fails.
   void refuse_bad_stream(const ::std::source_location& where) const {
-    if (stream_.get() == nullptr || stream_.get() == cudaStreamLegacy) {
+    if (stream_.handle(where) == nullptr || stream_.get() == cudaStreamLegacy) {
       throw usage_error("cannot capture the legacy default stream; capture a replay::Stream", where);
     }
+    if (detail::open_capture_scopes() > 0) {
+      refuse_if_capturing(where);
+    }
+  }
+  void refuse_if_capturing(const ::std::source_location& where) const {
     if (stream_.capture_status(where) != CaptureStatus::none) {
       throw usage_error("CaptureScope: the stream is already capturing", where);
     }
+  }
+  void begin(::cudaError_t status, const char* api, const ::std::source_location& where) {
+    if (status != ::cudaSuccess) [[unlikely]] {
+      detail::clear_error_slot(status);
+      refuse_if_capturing(where);  // a capture begun elsewhere: say so rather than name the status
+      check(status, api, where);
+    }
+    open();
   }
   void open() noexcept {
     active_ = true;
@@ -143,21 +159,19 @@ class CaptureScope {
     }
   }
   ::std::string describe_break(const detail::CaptureBreak& broken) const {
-    ::std::string msg = "the capture begun at " + replay::to_string(begun_at_);
     if (broken.seen) {
-      msg += " was broken by " + broken.api + " at " + replay::to_string(broken.where) + " (" +
-             ::cudaGetErrorName(broken.status) + ")";
-    } else {
-      msg += " was broken by a call that did not go through replay::check (a raw CUDA call, or "
-             "another thread under CaptureMode::global)";
+      return detail::concat("the capture begun at ", replay::to_string(begun_at_), " was broken by ", broken.api,
+                            " at ", replay::to_string(broken.where), " (", ::cudaGetErrorName(broken.status), ")");
     }
-    return msg;
+    return detail::concat("the capture begun at ", replay::to_string(begun_at_),
+                          " was broken by a call that did not go through replay::check (a raw CUDA call, or "
+                          "another thread under CaptureMode::global)");
   }
 
   StreamRef stream_;
   CaptureMode mode_;
   ::std::source_location begun_at_;
-  Graph into_ = Graph::from_native_handle(nullptr);
+  Graph into_;  // empty unless capturing into a given graph
   bool active_ = false;
 };
 
@@ -173,7 +187,6 @@ template <class Work>
   return scope.finish(where);
 }
 
-#if CUDART_VERSION >= 12030
 // Appends what `work(stream)` issues to `into` and returns it.
 template <class Work>
   requires ::std::invocable<Work&, StreamRef>
@@ -184,6 +197,5 @@ template <class Work>
   ::std::invoke(work, stream);
   return scope.finish(where);
 }
-#endif
 
 }  // namespace replay

@@ -1,5 +1,6 @@
 #pragma once
-#include "replay/detail/require_cxx20.hpp"
+#include <replay/detail/require_cxx20.hpp>
+
 // Device discovery. "No device" means exactly two things: no GPU
 // (cudaErrorNoDevice) or no NVIDIA driver at all (cudaErrorInsufficientDriver
 // while cudaDriverGetVersion reports 0, which the runtime documents as "no
@@ -13,6 +14,7 @@
 #include <source_location>
 #include <string_view>
 
+#include "replay/detail/capture_state.hpp"
 #include "replay/error.hpp"
 
 namespace replay {
@@ -35,13 +37,12 @@ struct CudaDeviceQuery {
   static ::cudaError_t get_device_count(int* count) noexcept { return ::cudaGetDeviceCount(count); }
   static int driver_version() noexcept {
     int version = 0;
-    if (::cudaDriverGetVersion(&version) != ::cudaSuccess) {
-      (void)::cudaGetLastError();
+    if (!succeeded(::cudaDriverGetVersion(&version))) {
       return -1;  // unknown: not "no driver"
     }
     return version;
   }
-  static void clear_last_error() noexcept { (void)::cudaGetLastError(); }
+  static void clear_last_error(::cudaError_t status) noexcept { clear_error_slot(status); }
 };
 
 template <class Query>
@@ -52,7 +53,7 @@ int device_count_with(Query& query, ::std::source_location where) {
     return count;
   }
   // The failed query is replay's own: leave no trace of it in the last-error slot.
-  query.clear_last_error();
+  query.clear_last_error(status);
   if (means_no_device(status, query.driver_version())) {
     return 0;
   }

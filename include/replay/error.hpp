@@ -3,12 +3,17 @@
 // the API, the status (name, number, text) and the caller's source location.
 // Misuse of replay itself (bad sizes, use after move, calls that are illegal
 // during capture) throws usage_error, before any CUDA call is made.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <source_location>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+
+#include "replay/detail/capture_state.hpp"
+#include "replay/detail/message.hpp"
 
 namespace replay {
 
@@ -78,9 +83,12 @@ class cuda_error : public ::std::runtime_error {
     msg += api.empty() ? ::std::string_view("CUDA call") : api;
     msg += " failed: ";
     msg += ::cudaGetErrorName(status);
-    msg += " (" + ::std::to_string(static_cast<int>(status)) + "): ";
+    msg += " (";
+    msg += ::std::to_string(static_cast<int>(status));
+    msg += "): ";
     msg += ::cudaGetErrorString(status);
-    msg += " at " + replay::to_string(where);
+    msg += " at ";
+    msg += replay::to_string(where);
     if (!context.empty()) {
       msg += "; ";
       msg += context;
@@ -101,10 +109,8 @@ class cuda_error : public ::std::runtime_error {
 // during capture, an unknown key. Detected before any CUDA call is made.
 class usage_error : public ::std::logic_error {
  public:
-  explicit usage_error(::std::string_view what,
-                       ::std::source_location where = ::std::source_location::current())
-      : ::std::logic_error("replay: " + ::std::string(what) + " at " + replay::to_string(where)),
-        where_(where) {}
+  explicit usage_error(::std::string_view what, ::std::source_location where = ::std::source_location::current())
+      : ::std::logic_error(detail::concat("replay: ", what, " at ", replay::to_string(where))), where_(where) {}
   const ::std::source_location& where() const noexcept { return where_; }
 
  private:
@@ -113,30 +119,36 @@ class usage_error : public ::std::logic_error {
 
 namespace detail {
 
-// The first capture-breaking call seen by check() on this thread while a
-// CaptureScope is open, so that the scope can say which call broke it.
-struct CaptureBreak {
-  bool seen = false;
-  ::cudaError_t status = ::cudaSuccess;
-  ::std::string api;
-  ::std::source_location where;
-};
-inline CaptureBreak& capture_break() noexcept {
-  thread_local CaptureBreak record;
-  return record;
+// A failed runtime call also leaves its status in the runtime's last-error
+// slot, where a later check_last_launch() would pick it up and blame an
+// innocent kernel launch. These take replay's own failure back out of the
+// slot, and only when the slot holds it: an error that other code left there
+// is not replay's to clear. (Sticky errors stay; CUDA keeps those.)
+inline void clear_error_slot(::cudaError_t status) noexcept {
+  if (status != ::cudaSuccess && ::cudaPeekAtLastError() == status) {
+    (void)::cudaGetLastError();
+  }
 }
-inline int& open_capture_scopes() noexcept {
-  thread_local int depth = 0;
-  return depth;
+// For calls whose failure is handled rather than thrown: true on success, and
+// a failure is taken back out of the slot.
+inline bool succeeded(::cudaError_t status) noexcept {
+  clear_error_slot(status);
+  return status == ::cudaSuccess;
+}
+// The same for an error of a kind replay caused, e.g. is_capture_error after a
+// capture replay opened broke.
+template <class IsOurs>
+void clear_error_slot_if(IsOurs is_ours) noexcept {
+  if (const ::cudaError_t status = ::cudaPeekAtLastError(); status != ::cudaSuccess && is_ours(status)) {
+    (void)::cudaGetLastError();
+  }
 }
 
 [[noreturn, gnu::cold, gnu::noinline]] inline void throw_cuda_error(::cudaError_t status,
                                                                    ::std::string_view api,
                                                                    ::std::source_location where) {
-  // The exception reports this failure; leave no copy of it in the runtime's
-  // last-error slot, where the next check_last_launch() would pick it up and
-  // blame an innocent kernel launch. (Sticky errors stay; CUDA keeps those.)
-  (void)::cudaGetLastError();
+  // The exception reports this failure; leave no copy of it behind.
+  clear_error_slot(status);
   if (is_capture_error(status) && open_capture_scopes() > 0) {
     CaptureBreak& record = capture_break();
     if (!record.seen) {

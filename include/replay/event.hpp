@@ -1,12 +1,18 @@
 #pragma once
-// Event: an owning, move-only CUDA event. Non-timing by default (cheaper to
+// EventRef: a view of a CUDA event. Event: an owning, move-only CUDA event. Non-timing by default (cheaper to
 // record and wait on; what fork/join and pipelines need); Event::timing() for
 // measurements.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <source_location>
 #include <utility>
 
+#include "replay/detail/capture_state.hpp"
+#include "replay/detail/message.hpp"
+#include "replay/detail/unique_handle.hpp"
 #include "replay/error.hpp"
 #include "replay/flags.hpp"
 #include "replay/stream_ref.hpp"
@@ -22,50 +28,30 @@ enum class EventFlags : unsigned int {
 template <>
 inline constexpr bool enable_bitmask<EventFlags> = true;
 
-class Event {
+// A non-owning view of a cudaEvent_t: record, wait, query. An Event is one.
+class EventRef {
  public:
-  explicit Event(EventFlags flags = EventFlags::disable_timing,
-                 ::std::source_location where = ::std::source_location::current())
-      : flags_(flags) {
-    check(::cudaEventCreateWithFlags(&event_, to_underlying(flags)), "cudaEventCreateWithFlags",
-          where);
-  }
-  [[nodiscard]] static Event timing(::std::source_location where = ::std::source_location::current()) {
-    return Event(EventFlags::timing, where);
-  }
-  // Adopts an event created elsewhere; `flags` must describe how it was made.
-  [[nodiscard]] static Event from_native_handle(::cudaEvent_t event,
-                                                EventFlags flags = EventFlags::disable_timing) noexcept {
-    return Event(event, flags, adopt_tag{});
-  }
+  explicit constexpr EventRef(::cudaEvent_t event) noexcept : event_(event) {}
+  EventRef(int) = delete;
+  EventRef(::std::nullptr_t) = delete;
 
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  Event(Event&& other) noexcept
-      : event_(::std::exchange(other.event_, nullptr)), flags_(other.flags_) {}
-  Event& operator=(Event&& other) noexcept {
-    if (this != &other) {
-      reset();
-      event_ = ::std::exchange(other.event_, nullptr);
-      flags_ = other.flags_;
+  constexpr ::cudaEvent_t get() const noexcept { return event_; }
+
+  // The handle; usage_error on a moved-from Event.
+  ::cudaEvent_t handle(::std::source_location where = ::std::source_location::current()) const {
+    if (event_ == nullptr) [[unlikely]] {
+      throw_used_after_move(where);
     }
-    return *this;
+    return event_;
   }
-  ~Event() { reset(); }
 
-  [[nodiscard]] ::cudaEvent_t release() noexcept { return ::std::exchange(event_, nullptr); }
-  ::cudaEvent_t get() const noexcept { return event_; }
-  explicit operator bool() const noexcept { return event_ != nullptr; }
-  EventFlags flags() const noexcept { return flags_; }
-  bool is_timing() const noexcept { return !has_flag(flags_, EventFlags::disable_timing); }
-
-  void record(StreamRef stream, ::std::source_location where = ::std::source_location::current()) {
-    check(::cudaEventRecord(handle(where), stream.get()), "cudaEventRecord", where);
+  void record(StreamRef stream, ::std::source_location where = ::std::source_location::current()) const {
+    check(::cudaEventRecord(handle(where), stream.handle(where)), "cudaEventRecord", where);
   }
 
   // Makes `waiter` wait, on the device, for the work recorded in this event.
   void wait_on(StreamRef waiter, ::std::source_location where = ::std::source_location::current()) const {
-    check(::cudaStreamWaitEvent(waiter.get(), handle(where), 0), "cudaStreamWaitEvent", where);
+    check(::cudaStreamWaitEvent(waiter.handle(where), handle(where), 0), "cudaStreamWaitEvent", where);
   }
 
   // True when the recorded work is done. Refused while a capture is open on
@@ -74,7 +60,7 @@ class Event {
     refuse_during_capture("ready()", where);
     const ::cudaError_t status = ::cudaEventQuery(handle(where));
     if (status == ::cudaErrorNotReady) {
-      (void)::cudaGetLastError();
+      detail::clear_error_slot(status);
       return false;
     }
     check(status, "cudaEventQuery", where);
@@ -86,6 +72,58 @@ class Event {
     check(::cudaEventSynchronize(handle(where)), "cudaEventSynchronize", where);
   }
 
+  friend constexpr bool operator==(EventRef a, EventRef b) noexcept { return a.event_ == b.event_; }
+
+ private:
+  [[noreturn, gnu::cold, gnu::noinline]] static void throw_used_after_move(const ::std::source_location& where) {
+    throw usage_error("Event used after move (or after release())", where);
+  }
+  static void refuse_during_capture(const char* what, const ::std::source_location& where) {
+    if (detail::open_capture_scopes() > 0) {
+      throw usage_error(detail::concat("Event::", what,
+                                       " called while a CaptureScope is open on this thread; it would invalidate "
+                                       "the capture"),
+                        where);
+    }
+  }
+
+  ::cudaEvent_t event_;
+};
+
+namespace detail {
+struct event_traits {
+  using handle_type = ::cudaEvent_t;
+  static constexpr ::cudaEvent_t empty() noexcept { return nullptr; }
+  static void destroy(::cudaEvent_t event) noexcept { (void)::cudaEventDestroy(event); }
+};
+}  // namespace detail
+
+// An owning, move-only cudaEvent_t, and an EventRef.
+class Event : public detail::unique_handle<EventRef, detail::event_traits> {
+  using base = detail::unique_handle<EventRef, detail::event_traits>;
+
+ public:
+  explicit Event(EventFlags flags = EventFlags::disable_timing,
+                 ::std::source_location where = ::std::source_location::current())
+      : base(create(flags, where)), flags_(flags) {}
+  [[nodiscard]] static Event timing(::std::source_location where = ::std::source_location::current()) {
+    return Event(EventFlags::timing, where);
+  }
+  // Adopts an event created elsewhere; `flags` must describe how it was made.
+  [[nodiscard]] static Event from_native_handle(::cudaEvent_t event,
+                                                EventFlags flags = EventFlags::disable_timing) noexcept {
+    return Event(event, flags, adopt_tag{});
+  }
+  static Event from_native_handle(int, EventFlags = EventFlags::disable_timing) = delete;
+  static Event from_native_handle(::std::nullptr_t, EventFlags = EventFlags::disable_timing) = delete;
+
+  Event(Event&&) noexcept = default;
+  Event& operator=(Event&&) noexcept = default;
+  ~Event() = default;
+
+  EventFlags flags() const noexcept { return flags_; }
+  bool is_timing() const noexcept { return !has_flag(flags_, EventFlags::disable_timing); }
+
   // Milliseconds between two recorded timing events.
   [[nodiscard]] static float elapsed_ms(const Event& start, const Event& stop,
                                         ::std::source_location where = ::std::source_location::current()) {
@@ -93,37 +131,20 @@ class Event {
       throw usage_error("Event::elapsed_ms needs two timing events (Event::timing())", where);
     }
     float ms = 0.0F;
-    check(::cudaEventElapsedTime(&ms, start.handle(where), stop.handle(where)), "cudaEventElapsedTime",
-          where);
+    check(::cudaEventElapsedTime(&ms, start.handle(where), stop.handle(where)), "cudaEventElapsedTime", where);
     return ms;
   }
 
  private:
   struct adopt_tag {};
-  Event(::cudaEvent_t event, EventFlags flags, adopt_tag) noexcept : event_(event), flags_(flags) {}
+  Event(::cudaEvent_t event, EventFlags flags, adopt_tag) noexcept : base(event), flags_(flags) {}
 
-  ::cudaEvent_t handle(const ::std::source_location& where) const {
-    if (event_ == nullptr) {
-      throw usage_error("Event used after move (or after release())", where);
-    }
-    return event_;
-  }
-  static void refuse_during_capture(const char* what, const ::std::source_location& where) {
-    if (detail::open_capture_scopes() > 0) {
-      throw usage_error(::std::string("Event::") + what +
-                            " called while a CaptureScope is open on this thread; it would "
-                            "invalidate the capture",
-                        where);
-    }
-  }
-  void reset() noexcept {
-    if (event_ != nullptr) {
-      (void)::cudaEventDestroy(event_);
-      event_ = nullptr;
-    }
+  static ::cudaEvent_t create(EventFlags flags, const ::std::source_location& where) {
+    ::cudaEvent_t event = nullptr;
+    check(::cudaEventCreateWithFlags(&event, to_underlying(flags)), "cudaEventCreateWithFlags", where);
+    return event;
   }
 
-  ::cudaEvent_t event_ = nullptr;
   EventFlags flags_ = EventFlags::disable_timing;
 };
 

@@ -1,6 +1,8 @@
 #pragma once
 // Type-safe bitmask enums: opt in with `enable_bitmask<E>`, then |, &, ^, ~ and
 // has_flag() work on E and nothing else mixes with it by accident.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <type_traits>
 
 namespace replay {

@@ -4,6 +4,8 @@
 // branches. During a capture on the origin, fork() pulls the branches into the
 // same capture and join() merges them back, which CUDA requires before the
 // capture can end (otherwise cudaErrorStreamCaptureUnjoined).
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <initializer_list>

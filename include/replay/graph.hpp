@@ -1,7 +1,9 @@
 #pragma once
-// Graph: an owning, move-only cudaGraph_t, with the inspection a user needs to
-// trust a capture: node counts by type, the names of the kernels inside, a DOT
-// dump, and clone().
+// GraphRef: a view of a cudaGraph_t, with the inspection a user needs to trust
+// a capture: node counts by type, the names of the kernels inside, a DOT dump,
+// and clone(). Graph: the owning, move-only form, empty until made.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -21,6 +23,8 @@
 #define REPLAY_HAS_CXXABI 1
 #endif
 
+#include "replay/detail/message.hpp"
+#include "replay/detail/unique_handle.hpp"
 #include "replay/error.hpp"
 #include "replay/flags.hpp"
 
@@ -39,7 +43,7 @@ enum class NodeType : int {
   ext_semaphore_wait = ::cudaGraphNodeTypeExtSemaphoreWait,
   mem_alloc = ::cudaGraphNodeTypeMemAlloc,
   mem_free = ::cudaGraphNodeTypeMemFree,
-  conditional = 0x0d,  // cudaGraphNodeTypeConditional (CUDA 12.3+)
+  conditional = ::cudaGraphNodeTypeConditional,
 };
 
 constexpr ::std::string_view to_string(NodeType type) noexcept {
@@ -95,14 +99,13 @@ inline ::std::string kernel_node_name(::cudaGraphNode_t node,
                                       ::std::source_location where = ::std::source_location::current()) {
   ::cudaKernelNodeParams params{};
   check(::cudaGraphKernelNodeGetParams(node, &params), "cudaGraphKernelNodeGetParams", where);
-#if CUDART_VERSION >= 12030
   const char* name = nullptr;
-  if (::cudaFuncGetName(&name, params.func) == ::cudaSuccess && name != nullptr) {
+  if (const ::cudaError_t status = ::cudaFuncGetName(&name, params.func); status != ::cudaSuccess) {
+    detail::clear_error_slot(status);
+  } else if (name != nullptr) {
     return demangle(name);
   }
-  (void)::cudaGetLastError();
-#endif
-  return "<kernel at " + ::std::to_string(reinterpret_cast<::std::uintptr_t>(params.func)) + ">";
+  return detail::concat("<kernel at ", reinterpret_cast<::std::uintptr_t>(params.func), ">");
 }
 
 // "kernel node scale_kernel(float*, int)", "memcpy node": for error messages.
@@ -112,50 +115,34 @@ inline ::std::string describe_node(::cudaGraphNode_t node) noexcept {
       return "no particular node";
     }
     ::cudaGraphNodeType type{};
-    if (::cudaGraphNodeGetType(node, &type) != ::cudaSuccess) {
-      (void)::cudaGetLastError();
+    if (const ::cudaError_t status = ::cudaGraphNodeGetType(node, &type); status != ::cudaSuccess) {
+      detail::clear_error_slot(status);
       return "an unknown node";
     }
-    ::std::string out(to_string(static_cast<NodeType>(type)));
-    out += " node";
-    if (type == ::cudaGraphNodeTypeKernel) {
-      out += ' ';  // not `" " + name`: GCC 12 warns -Wrestrict on that
-      out += kernel_node_name(node);
-    }
-    return out;
+    const ::std::string_view kind = to_string(static_cast<NodeType>(type));
+    return type == ::cudaGraphNodeTypeKernel ? detail::concat(kind, " node ", kernel_node_name(node))
+                                             : detail::concat(kind, " node");
   } catch (...) {
     return "an unknown node";
   }
 }
 
-class Graph {
+class Graph;
+
+// A non-owning view of a cudaGraph_t (one a Graph owns, or one that torch or
+// cudaStreamEndCapture handed out): the inspection queries, and clone().
+class GraphRef {
  public:
-  // A new, empty graph (to add nodes to or capture into).
-  explicit Graph(::std::source_location where = ::std::source_location::current()) {
-    check(::cudaGraphCreate(&graph_, 0), "cudaGraphCreate", where);
-  }
-  [[nodiscard]] static Graph from_native_handle(::cudaGraph_t graph) noexcept { return Graph(graph, adopt_tag{}); }
+  explicit constexpr GraphRef(::cudaGraph_t graph) noexcept : graph_(graph) {}
+  GraphRef(int) = delete;
+  GraphRef(::std::nullptr_t) = delete;
 
-  Graph(const Graph&) = delete;
-  Graph& operator=(const Graph&) = delete;
-  Graph(Graph&& other) noexcept : graph_(::std::exchange(other.graph_, nullptr)) {}
-  Graph& operator=(Graph&& other) noexcept {
-    if (this != &other) {
-      reset();
-      graph_ = ::std::exchange(other.graph_, nullptr);
-    }
-    return *this;
-  }
-  ~Graph() { reset(); }
+  constexpr ::cudaGraph_t get() const noexcept { return graph_; }
 
-  [[nodiscard]] ::cudaGraph_t release() noexcept { return ::std::exchange(graph_, nullptr); }
-  ::cudaGraph_t get() const noexcept { return graph_; }
-  explicit operator bool() const noexcept { return graph_ != nullptr; }
-
-  // The handle; usage_error on a moved-from Graph.
+  // The handle; usage_error on an empty or moved-from Graph.
   ::cudaGraph_t handle(::std::source_location where = ::std::source_location::current()) const {
     if (graph_ == nullptr) [[unlikely]] {
-      throw usage_error("Graph used after move (or after release())", where);
+      throw_empty(where);
     }
     return graph_;
   }
@@ -220,29 +207,65 @@ class Graph {
   }
 
   // A deep copy: same nodes and parameters, independent lifetime.
-  [[nodiscard]] Graph clone(::std::source_location where = ::std::source_location::current()) const {
-    ::cudaGraph_t copy = nullptr;
-    check(::cudaGraphClone(&copy, handle(where)), "cudaGraphClone", where);
-    return Graph(copy, adopt_tag{});
-  }
+  [[nodiscard]] Graph clone(::std::source_location where = ::std::source_location::current()) const;
+
+  friend constexpr bool operator==(GraphRef a, GraphRef b) noexcept { return a.graph_ == b.graph_; }
 
  private:
-  struct adopt_tag {};
-  Graph(::cudaGraph_t graph, adopt_tag) noexcept : graph_(graph) {}
-
+  [[noreturn, gnu::cold, gnu::noinline]] static void throw_empty(const ::std::source_location& where) {
+    throw usage_error("Graph used after move (or after release()), or empty (default-constructed); make one with "
+                      "Graph::create() or replay::capture()",
+                      where);
+  }
   static NodeType type_of(::cudaGraphNode_t node, const ::std::source_location& where) {
     ::cudaGraphNodeType type{};
     check(::cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType", where);
     return static_cast<NodeType>(type);
   }
-  void reset() noexcept {
-    if (graph_ != nullptr) {
-      (void)::cudaGraphDestroy(graph_);
-      graph_ = nullptr;
-    }
-  }
 
-  ::cudaGraph_t graph_ = nullptr;
+  ::cudaGraph_t graph_;
 };
+
+namespace detail {
+struct graph_traits {
+  using handle_type = ::cudaGraph_t;
+  static constexpr ::cudaGraph_t empty() noexcept { return nullptr; }
+  static void destroy(::cudaGraph_t graph) noexcept { (void)::cudaGraphDestroy(graph); }
+};
+}  // namespace detail
+
+// An owning cudaGraph_t, and a GraphRef. Default-constructed it is empty (no
+// graph; every query throws usage_error): Graph::create() makes a new graph
+// to add nodes to or capture into, replay::capture() returns a captured one.
+class Graph : public detail::unique_handle<GraphRef, detail::graph_traits> {
+  using base = detail::unique_handle<GraphRef, detail::graph_traits>;
+
+ public:
+  // Empty: holds no graph.
+  Graph() noexcept : base(nullptr) {}
+  // A new graph with no nodes (cudaGraphCreate).
+  [[nodiscard]] static Graph create(::std::source_location where = ::std::source_location::current()) {
+    ::cudaGraph_t graph = nullptr;
+    check(::cudaGraphCreate(&graph, 0), "cudaGraphCreate", where);
+    return from_native_handle(graph);
+  }
+  // Adopts a graph created elsewhere; the Graph destroys it.
+  [[nodiscard]] static Graph from_native_handle(::cudaGraph_t graph) noexcept { return Graph(graph); }
+  static Graph from_native_handle(int) = delete;
+  static Graph from_native_handle(::std::nullptr_t) = delete;
+
+  Graph(Graph&&) noexcept = default;
+  Graph& operator=(Graph&&) noexcept = default;
+  ~Graph() = default;
+
+ private:
+  explicit Graph(::cudaGraph_t graph) noexcept : base(graph) {}
+};
+
+inline Graph GraphRef::clone(::std::source_location where) const {
+  ::cudaGraph_t copy = nullptr;
+  check(::cudaGraphClone(&copy, handle(where)), "cudaGraphClone", where);
+  return Graph::from_native_handle(copy);
+}
 
 }  // namespace replay

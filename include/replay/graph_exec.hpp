@@ -3,13 +3,18 @@
 // cudaGraphLaunch and never synchronizes. update() tries cudaGraphExecUpdate
 // (cheap: parameters only) and re-instantiates only when CUDA refuses, and it
 // says which path it took and why in an UpdateResult.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <source_location>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include "replay/detail/message.hpp"
+#include "replay/detail/unique_handle.hpp"
 #include "replay/error.hpp"
 #include "replay/flags.hpp"
 #include "replay/graph.hpp"
@@ -77,12 +82,9 @@ struct UpdateResult {
     if (in_place()) {
       return "updated in place";
     }
-    ::std::string out = "re-instantiated: in-place update refused (";
-    out += to_string(reason);
-    if (!failed_node.empty()) {
-      out += ", at " + failed_node;
-    }
-    return out + ")";
+    return failed_node.empty() ? detail::concat("re-instantiated: in-place update refused (", to_string(reason), ")")
+                               : detail::concat("re-instantiated: in-place update refused (", to_string(reason),
+                                                ", at ", failed_node, ")");
   }
 };
 
@@ -92,8 +94,9 @@ class graph_update_error : public cuda_error {
   graph_update_error(::cudaError_t status, ::cudaGraphExecUpdateResult reason, ::std::string failed_node,
                      ::std::source_location where)
       : cuda_error(status, "cudaGraphExecUpdate", where,
-                   "in-place update refused: " + ::std::string(to_string(reason)) +
-                       (failed_node.empty() ? ::std::string() : " at " + failed_node)),
+                   failed_node.empty()
+                       ? detail::concat("in-place update refused: ", to_string(reason))
+                       : detail::concat("in-place update refused: ", to_string(reason), " at ", failed_node)),
         reason_(reason),
         failed_node_(::std::move(failed_node)) {}
   ::cudaGraphExecUpdateResult reason() const noexcept { return reason_; }
@@ -104,53 +107,64 @@ class graph_update_error : public cuda_error {
   ::std::string failed_node_;
 };
 
-class GraphExec {
+namespace detail {
+// The view GraphExec is built on: the handle, checked.
+class graph_exec_ref {
+ public:
+  explicit constexpr graph_exec_ref(::cudaGraphExec_t exec) noexcept : exec_(exec) {}
+  constexpr ::cudaGraphExec_t get() const noexcept { return exec_; }
+  ::cudaGraphExec_t handle(::std::source_location where = ::std::source_location::current()) const {
+    if (exec_ == nullptr) [[unlikely]] {
+      throw_used_after_move(where);
+    }
+    return exec_;
+  }
+
+ private:
+  [[noreturn, gnu::cold, gnu::noinline]] static void throw_used_after_move(const ::std::source_location& where) {
+    throw usage_error("GraphExec used after move (or after release())", where);
+  }
+  ::cudaGraphExec_t exec_;
+};
+struct graph_exec_traits {
+  using handle_type = ::cudaGraphExec_t;
+  static constexpr ::cudaGraphExec_t empty() noexcept { return nullptr; }
+  static void destroy(::cudaGraphExec_t exec) noexcept { (void)::cudaGraphExecDestroy(exec); }
+};
+}  // namespace detail
+
+class GraphExec : public detail::unique_handle<detail::graph_exec_ref, detail::graph_exec_traits> {
+  using base = detail::unique_handle<detail::graph_exec_ref, detail::graph_exec_traits>;
+
  public:
   // Instantiates `graph`. With InstantiateFlags::upload the executable graph is
   // also uploaded to the device on `upload_stream`, so the first launch pays no upload.
-  explicit GraphExec(const Graph& graph, InstantiateFlags flags = InstantiateFlags::none,
+  explicit GraphExec(GraphRef graph, InstantiateFlags flags = InstantiateFlags::none,
                      StreamRef upload_stream = cudaStreamPerThread,
                      ::std::source_location where = ::std::source_location::current())
-      : exec_(instantiate(graph, flags, upload_stream, where)), flags_(flags) {}
+      : base(instantiate(graph, flags, upload_stream, where)), flags_(flags) {}
 
   [[nodiscard]] static GraphExec from_native_handle(::cudaGraphExec_t exec,
                                                     InstantiateFlags flags = InstantiateFlags::none) noexcept {
     return GraphExec(exec, flags);
   }
+  static GraphExec from_native_handle(int, InstantiateFlags = InstantiateFlags::none) = delete;
+  static GraphExec from_native_handle(::std::nullptr_t, InstantiateFlags = InstantiateFlags::none) = delete;
 
-  GraphExec(const GraphExec&) = delete;
-  GraphExec& operator=(const GraphExec&) = delete;
-  GraphExec(GraphExec&& other) noexcept : exec_(::std::exchange(other.exec_, nullptr)), flags_(other.flags_) {}
-  GraphExec& operator=(GraphExec&& other) noexcept {
-    if (this != &other) {
-      reset();
-      exec_ = ::std::exchange(other.exec_, nullptr);
-      flags_ = other.flags_;
-    }
-    return *this;
-  }
-  ~GraphExec() { reset(); }
+  GraphExec(GraphExec&&) noexcept = default;
+  GraphExec& operator=(GraphExec&&) noexcept = default;
+  ~GraphExec() = default;
 
-  [[nodiscard]] ::cudaGraphExec_t release() noexcept { return ::std::exchange(exec_, nullptr); }
-  ::cudaGraphExec_t get() const noexcept { return exec_; }
-  explicit operator bool() const noexcept { return exec_ != nullptr; }
   InstantiateFlags flags() const noexcept { return flags_; }
-
-  ::cudaGraphExec_t handle(::std::source_location where = ::std::source_location::current()) const {
-    if (exec_ == nullptr) [[unlikely]] {
-      throw usage_error("GraphExec used after move (or after release())", where);
-    }
-    return exec_;
-  }
 
   // Uploads the executable graph so the next launch does not pay for it.
   void upload(StreamRef stream, ::std::source_location where = ::std::source_location::current()) const {
-    check(::cudaGraphUpload(handle(where), stream.get()), "cudaGraphUpload", where);
+    check(::cudaGraphUpload(handle(where), stream.handle(where)), "cudaGraphUpload", where);
   }
 
   // Enqueues one replay on `stream`. Never synchronizes.
   void launch(StreamRef stream, ::std::source_location where = ::std::source_location::current()) const {
-    check(::cudaGraphLaunch(handle(where), stream.get()), "cudaGraphLaunch", where);
+    check(::cudaGraphLaunch(handle(where), stream.handle(where)), "cudaGraphLaunch", where);
   }
 
   // Makes this executable graph run `graph` instead: in place when CUDA allows
@@ -161,7 +175,7 @@ class GraphExec {
   // frees it when its enqueued launches complete. A re-instantiated graph is
   // uploaded on `upload_stream` when the flags ask for upload (no stream is
   // kept from construction: it might not outlive this object).
-  UpdateResult update(const Graph& graph, StreamRef upload_stream = cudaStreamPerThread,
+  UpdateResult update(GraphRef graph, StreamRef upload_stream = cudaStreamPerThread,
                       ::std::source_location where = ::std::source_location::current()) {
     UpdateResult result = try_update_in_place(graph, where);
     if (!result.in_place()) {
@@ -173,30 +187,29 @@ class GraphExec {
 
   // Like update(), but never re-instantiates: throws graph_update_error, naming
   // the reason and the failing node, when CUDA refuses the update.
-  void update_in_place(const Graph& graph, ::std::source_location where = ::std::source_location::current()) {
+  void update_in_place(GraphRef graph, ::std::source_location where = ::std::source_location::current()) {
     ::cudaGraphExecUpdateResultInfo info{};
     const ::cudaError_t status = ::cudaGraphExecUpdate(handle(where), graph.handle(where), &info);
     if (status != ::cudaSuccess) {
-      (void)::cudaGetLastError();
+      detail::clear_error_slot(status);
       throw graph_update_error(status, info.result, describe_failed(info), where);
     }
   }
 
  private:
-  GraphExec(::cudaGraphExec_t exec, InstantiateFlags flags) noexcept : exec_(exec), flags_(flags) {}
+  GraphExec(::cudaGraphExec_t exec, InstantiateFlags flags) noexcept : base(exec), flags_(flags) {}
 
   static ::std::string describe_failed(const ::cudaGraphExecUpdateResultInfo& info) {
     if (info.errorNode == nullptr) {
       return {};
     }
-    ::std::string out = describe_node(info.errorNode);
     if (info.errorFromNode != nullptr) {
-      out += " (edge from " + describe_node(info.errorFromNode) + ")";
+      return detail::concat(describe_node(info.errorNode), " (edge from ", describe_node(info.errorFromNode), ")");
     }
-    return out;
+    return describe_node(info.errorNode);
   }
 
-  UpdateResult try_update_in_place(const Graph& graph, const ::std::source_location& where) {
+  UpdateResult try_update_in_place(GraphRef graph, const ::std::source_location& where) {
     ::cudaGraphExecUpdateResultInfo info{};
     const ::cudaError_t status = ::cudaGraphExecUpdate(handle(where), graph.handle(where), &info);
     if (status == ::cudaSuccess) {
@@ -205,11 +218,11 @@ class GraphExec {
     if (status != ::cudaErrorGraphExecUpdateFailure) {
       check(status, "cudaGraphExecUpdate", where);  // a real error, not a refusal
     }
-    (void)::cudaGetLastError();
+    detail::clear_error_slot(status);
     return UpdateResult{UpdatePath::reinstantiated, info.result, describe_failed(info)};
   }
 
-  static ::cudaGraphExec_t instantiate(const Graph& graph, InstantiateFlags flags, StreamRef upload_stream,
+  static ::cudaGraphExec_t instantiate(GraphRef graph, InstantiateFlags flags, StreamRef upload_stream,
                                        const ::std::source_location& where) {
     if (const char* reason = invalid_flags_reason(flags)) {
       throw usage_error(reason, where);
@@ -225,18 +238,19 @@ class GraphExec {
       ::cudaGraphInstantiateParams params{};
       params.flags = to_underlying(exec_flags);
       ::cudaGraphExec_t retry = nullptr;
-      (void)::cudaGraphInstantiateWithParams(&retry, graph.get(), &params);
+      detail::clear_error_slot(::cudaGraphInstantiateWithParams(&retry, graph.get(), &params));
       if (retry != nullptr) {
         (void)::cudaGraphExecDestroy(retry);
       }
-      (void)::cudaGetLastError();
+      detail::clear_error_slot(status);
       throw cuda_error(status, "cudaGraphInstantiate", where,
-                       "instantiate result " + ::std::to_string(static_cast<int>(params.result_out)) +
-                           (params.errNode_out != nullptr ? ", at " + describe_node(params.errNode_out)
-                                                          : ::std::string()));
+                       params.errNode_out != nullptr
+                           ? detail::concat("instantiate result ", static_cast<int>(params.result_out), ", at ",
+                                            describe_node(params.errNode_out))
+                           : detail::concat("instantiate result ", static_cast<int>(params.result_out)));
     }
     if (has_flag(flags, InstantiateFlags::upload)) {
-      const ::cudaError_t uploaded = ::cudaGraphUpload(exec, upload_stream.get());
+      const ::cudaError_t uploaded = ::cudaGraphUpload(exec, upload_stream.handle(where));
       if (uploaded != ::cudaSuccess) {
         (void)::cudaGraphExecDestroy(exec);
         check(uploaded, "cudaGraphUpload", where);
@@ -245,14 +259,6 @@ class GraphExec {
     return exec;
   }
 
-  void reset() noexcept {
-    if (exec_ != nullptr) {
-      (void)::cudaGraphExecDestroy(exec_);
-      exec_ = nullptr;
-    }
-  }
-
-  ::cudaGraphExec_t exec_ = nullptr;
   InstantiateFlags flags_ = InstantiateFlags::none;
 };
 

@@ -1,6 +1,8 @@
 #pragma once
 // replay: CUDA Graphs and multi-stream pipelines made easy, safe and fast.
 // The umbrella header; each header below also stands alone.
+#include <replay/detail/require_cxx20.hpp>
+
 #include "replay/version.hpp"
 #include "replay/flags.hpp"
 #include "replay/error.hpp"

@@ -7,6 +7,8 @@
 //
 // BufferView<T, Space> is the non-owning window (pointer + count) through which
 // copies and fills run; every copy checks that both sides have the same size.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <array>
@@ -21,7 +23,9 @@
 #include <utility>
 
 #include "replay/detail/capture_state.hpp"
+#include "replay/detail/deferred_free.hpp"
 #include "replay/detail/driver_memset.hpp"
+#include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/stream_ref.hpp"
 
@@ -42,8 +46,8 @@ concept BufferElement = ::std::is_trivially_copyable_v<T> && !::std::is_const_v<
 namespace detail {
 
 inline ::std::string size_mismatch(const char* what, ::std::size_t expected, ::std::size_t got) {
-  return ::std::string(what) + ": size mismatch, the buffer holds " + ::std::to_string(expected) +
-         " elements but the other side holds " + ::std::to_string(got);
+  return detail::concat(what, ": size mismatch, the buffer holds ", expected, " elements but the other side holds ",
+                        got);
 }
 
 // Fills `count` elements of `T` at `dst` with `value`, in stream order.
@@ -107,8 +111,7 @@ class BufferView {
   BufferView subview(::std::size_t offset, ::std::size_t count,
                      ::std::source_location where = ::std::source_location::current()) const {
     if (offset > size_ || count > size_ - offset) {
-      throw usage_error("subview(" + ::std::to_string(offset) + ", " + ::std::to_string(count) +
-                            ") is out of range for " + ::std::to_string(size_) + " elements",
+      throw usage_error(detail::concat("subview(", offset, ", ", count, ") is out of range for ", size_, " elements"),
                         where);
     }
     return BufferView(data_ + offset, count);
@@ -175,12 +178,15 @@ class BufferView {
   ::std::size_t size_ = 0;
 };
 
+// Owns the memory of its view: a StaticBuffer is a BufferView (every query,
+// slice and copy of the view, and usable wherever one is expected) that frees
+// its memory. Moved from, it is an empty view that refuses copies and fills.
 template <BufferElement T, MemorySpace Space = MemorySpace::device>
-class StaticBuffer {
+class StaticBuffer : public BufferView<T, Space> {
+  using base = BufferView<T, Space>;
+
  public:
-  using element_type = T;
-  using view_type = BufferView<T, Space>;
-  static constexpr MemorySpace memory_space = Space;
+  using view_type = base;
 
   // An empty buffer: size 0, no allocation. Copies of empty spans into it are no-ops.
   StaticBuffer() noexcept = default;
@@ -188,95 +194,45 @@ class StaticBuffer {
   // Allocates `count` elements (uninitialized). Refused while this thread has
   // a non-relaxed capture open, where the allocation would invalidate it.
   explicit StaticBuffer(::std::size_t count, ::std::source_location where = ::std::source_location::current())
-      : size_(count) {
-    if (count > ::std::numeric_limits<::std::size_t>::max() / sizeof(T)) {
-      throw usage_error("StaticBuffer of " + ::std::to_string(count) + " elements of " +
-                            ::std::to_string(sizeof(T)) + " bytes overflows size_t",
-                        where);
-    }
-    if (count == 0) {
-      return;
-    }
-    if (detail::allocation_is_illegal_now()) {
-      throw usage_error(::std::string("allocating a ") + to_string(Space) +
-                            " StaticBuffer while a stream capture is open on this thread would "
-                            "invalidate the capture; allocate before capture (or capture in "
-                            "CaptureMode::relaxed)",
-                        where);
-    }
-    void* ptr = nullptr;
-    if constexpr (Space == MemorySpace::device) {
-      check(::cudaMalloc(&ptr, count * sizeof(T)), "cudaMalloc", where);
-    } else {
-      check(::cudaMallocHost(&ptr, count * sizeof(T)), "cudaMallocHost", where);
-    }
-    data_ = static_cast<T*>(ptr);
-  }
+      : base(allocate(count, where), count) {}
 
   StaticBuffer(const StaticBuffer&) = delete;
   StaticBuffer& operator=(const StaticBuffer&) = delete;
   StaticBuffer(StaticBuffer&& other) noexcept
-      : data_(::std::exchange(other.data_, nullptr)),
-        size_(::std::exchange(other.size_, 0)),
-        moved_from_(::std::exchange(other.moved_from_, true)) {}
+      : base(other.take()), moved_from_(::std::exchange(other.moved_from_, true)) {}
   StaticBuffer& operator=(StaticBuffer&& other) noexcept {
     if (this != &other) {
       reset();
-      data_ = ::std::exchange(other.data_, nullptr);
-      size_ = ::std::exchange(other.size_, 0);
+      base::operator=(other.take());
       moved_from_ = ::std::exchange(other.moved_from_, true);
     }
     return *this;
   }
   ~StaticBuffer() { reset(); }
 
-  // The fixed address; nullptr for an empty or moved-from buffer.
-  T* data() const noexcept { return data_; }
-  ::std::size_t size() const noexcept { return size_; }
-  ::std::size_t size_bytes() const noexcept { return size_ * sizeof(T); }
-  bool empty() const noexcept { return size_ == 0; }
   // True after this buffer was moved from; every copy or fill then throws.
   bool moved_from() const noexcept { return moved_from_; }
 
+  // The view (usage_error on a moved-from buffer); a StaticBuffer also
+  // converts to it directly.
   view_type view(::std::source_location where = ::std::source_location::current()) const {
     require_live(where);
-    return view_type(data_, size_);
-  }
-  operator view_type() const { return view(); }  // NOLINT: a buffer is usable wherever its view is
-  ::std::span<T> span(::std::source_location where = ::std::source_location::current()) const {
-    return view(where).span();
-  }
-  view_type subview(::std::size_t offset, ::std::size_t count,
-                    ::std::source_location where = ::std::source_location::current()) const {
-    return view(where).subview(offset, count, where);
-  }
-  view_type first(::std::size_t count, ::std::source_location where = ::std::source_location::current()) const {
-    return view(where).subview(0, count, where);
+    return *this;
   }
 
-  T& operator[](::std::size_t i) const noexcept
-    requires(Space == MemorySpace::pinned_host)
-  {
-    return data_[i];
-  }
-
+  // The view's copies and fills, refused on a moved-from buffer.
   void copy_from(::std::span<const T> host, StreamRef stream,
                  ::std::source_location where = ::std::source_location::current()) const {
     view(where).copy_from(host, stream, where);
-  }
-  void copy_to(::std::span<T> host, StreamRef stream,
-               ::std::source_location where = ::std::source_location::current()) const {
-    view(where).copy_to(host, stream, where);
   }
   template <MemorySpace OtherSpace>
   void copy_from(BufferView<T, OtherSpace> other, StreamRef stream,
                  ::std::source_location where = ::std::source_location::current()) const {
     view(where).copy_from(other, stream, where);
   }
-  template <MemorySpace OtherSpace>
-  void copy_from(const StaticBuffer<T, OtherSpace>& other, StreamRef stream,
-                 ::std::source_location where = ::std::source_location::current()) const {
-    view(where).copy_from(other.view(where), stream, where);
+  void copy_to(::std::span<T> host, StreamRef stream,
+               ::std::source_location where = ::std::source_location::current()) const {
+    view(where).copy_to(host, stream, where);
   }
   void fill(const T& value, StreamRef stream,
             ::std::source_location where = ::std::source_location::current()) const {
@@ -287,20 +243,45 @@ class StaticBuffer {
   }
 
  private:
+  static T* allocate(::std::size_t count, const ::std::source_location& where) {
+    if (count > ::std::numeric_limits<::std::size_t>::max() / sizeof(T)) {
+      throw usage_error(
+          detail::concat("StaticBuffer of ", count, " elements of ", sizeof(T), " bytes overflows size_t"), where);
+    }
+    if (count == 0) {
+      return nullptr;
+    }
+    if (detail::allocation_is_illegal_now()) {
+      throw usage_error(detail::concat("allocating a ", to_string(Space),
+                                       " StaticBuffer while a stream capture is open on this thread would "
+                                       "invalidate the capture; allocate before capture (or capture in "
+                                       "CaptureMode::relaxed)"),
+                        where);
+    }
+    void* ptr = nullptr;
+    if constexpr (Space == MemorySpace::device) {
+      check(::cudaMalloc(&ptr, count * sizeof(T)), "cudaMalloc", where);
+    } else {
+      check(::cudaMallocHost(&ptr, count * sizeof(T)), "cudaMallocHost", where);
+    }
+    return static_cast<T*>(ptr);
+  }
+  base take() noexcept {
+    const base view = *this;
+    base::operator=(base());
+    return view;
+  }
   void require_live(const ::std::source_location& where) const {
     if (moved_from_) [[unlikely]] {
-      throw usage_error(::std::string(to_string(Space)) + " StaticBuffer used after move", where);
+      throw usage_error(detail::concat(to_string(Space), " StaticBuffer used after move"), where);
     }
   }
   void reset() noexcept {
-    detail::free_or_defer(data_, Space == MemorySpace::device ? detail::FreeKind::device
-                                                              : detail::FreeKind::pinned_host);
-    data_ = nullptr;
-    size_ = 0;
+    detail::free_or_defer(this->data(), Space == MemorySpace::device ? detail::FreeKind::device
+                                                                     : detail::FreeKind::pinned_host);
+    base::operator=(base());
   }
 
-  T* data_ = nullptr;
-  ::std::size_t size_ = 0;
   bool moved_from_ = false;
 };
 

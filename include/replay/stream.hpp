@@ -1,12 +1,16 @@
 #pragma once
-// Stream: an owning, move-only CUDA stream. Non-blocking by default, so that
+// Stream: an owning, move-only CUDA stream, and a StreamRef. Non-blocking by default, so that
 // it never synchronizes implicitly with the legacy default stream, which
 // would make it unusable for capture next to legacy-stream work.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <source_location>
 #include <utility>
 
+#include "replay/detail/unique_handle.hpp"
 #include "replay/error.hpp"
 #include "replay/flags.hpp"
 #include "replay/stream_ref.hpp"
@@ -33,72 +37,50 @@ inline StreamPriorityRange stream_priority_range(
   return range;
 }
 
-class Stream {
+namespace detail {
+struct stream_traits {
+  using handle_type = ::cudaStream_t;
+  static ::cudaStream_t empty() noexcept { return invalid_stream(); }
+  static void destroy(::cudaStream_t stream) noexcept { (void)::cudaStreamDestroy(stream); }
+};
+}  // namespace detail
+
+// A Stream is a StreamRef (it has every query of the view and goes wherever
+// one is expected) that destroys its stream. Moved from or released, it holds
+// an invalid handle that replay refuses with usage_error.
+class Stream : public detail::unique_handle<StreamRef, detail::stream_traits> {
+  using base = detail::unique_handle<StreamRef, detail::stream_traits>;
+
  public:
   explicit Stream(StreamFlags flags = StreamFlags::non_blocking, int priority = 0,
-                  ::std::source_location where = ::std::source_location::current()) {
-    check(::cudaStreamCreateWithPriority(&stream_, to_underlying(flags), priority),
-          "cudaStreamCreateWithPriority", where);
-  }
+                  ::std::source_location where = ::std::source_location::current())
+      : base(create(flags, priority, where)) {}
 
   // Adopts a stream created elsewhere; the Stream destroys it.
-  [[nodiscard]] static Stream from_native_handle(::cudaStream_t stream) noexcept {
-    return Stream(stream, adopt_tag{});
-  }
+  [[nodiscard]] static Stream from_native_handle(::cudaStream_t stream) noexcept { return Stream(stream, adopt_tag{}); }
+  // A literal 0 or nullptr is the legacy default stream, which no one may destroy.
+  static Stream from_native_handle(int) = delete;
+  static Stream from_native_handle(::std::nullptr_t) = delete;
 
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  Stream(Stream&& other) noexcept : stream_(::std::exchange(other.stream_, nullptr)) {}
-  Stream& operator=(Stream&& other) noexcept {
-    if (this != &other) {
-      reset();
-      stream_ = ::std::exchange(other.stream_, nullptr);
-    }
-    return *this;
-  }
-  ~Stream() { reset(); }
+  Stream(Stream&&) noexcept = default;
+  Stream& operator=(Stream&&) noexcept = default;
+  ~Stream() = default;
 
-  // Gives up ownership: the caller destroys the returned handle.
-  [[nodiscard]] ::cudaStream_t release() noexcept { return ::std::exchange(stream_, nullptr); }
-
-  ::cudaStream_t get() const noexcept { return stream_; }
-  explicit operator bool() const noexcept { return stream_ != nullptr; }
-
-  // The non-owning view; throws usage_error on a moved-from Stream rather than
-  // silently handing out the legacy stream (a null handle).
+  // The non-owning view; usage_error on a moved-from Stream.
   StreamRef ref(::std::source_location where = ::std::source_location::current()) const {
-    if (stream_ == nullptr) {
-      throw usage_error("Stream used after move (or after release())", where);
-    }
-    return StreamRef(stream_);
-  }
-  operator StreamRef() const { return ref(); }  // NOLINT: a Stream is usable wherever a view is
-
-  void synchronize(::std::source_location where = ::std::source_location::current()) const {
-    ref(where).synchronize(where);
-  }
-  bool ready(::std::source_location where = ::std::source_location::current()) const {
-    return ref(where).ready(where);
-  }
-  bool is_capturing(::std::source_location where = ::std::source_location::current()) const {
-    return ref(where).is_capturing(where);
-  }
-  int priority(::std::source_location where = ::std::source_location::current()) const {
-    return ref(where).priority(where);
+    return StreamRef(handle(where));
   }
 
  private:
   struct adopt_tag {};
-  Stream(::cudaStream_t stream, adopt_tag) noexcept : stream_(stream) {}
+  Stream(::cudaStream_t stream, adopt_tag) noexcept : base(stream) {}
 
-  void reset() noexcept {
-    if (stream_ != nullptr) {
-      (void)::cudaStreamDestroy(stream_);  // destructors never throw
-      stream_ = nullptr;
-    }
+  static ::cudaStream_t create(StreamFlags flags, int priority, const ::std::source_location& where) {
+    ::cudaStream_t stream = nullptr;
+    check(::cudaStreamCreateWithPriority(&stream, to_underlying(flags), priority), "cudaStreamCreateWithPriority",
+          where);
+    return stream;
   }
-
-  ::cudaStream_t stream_ = nullptr;
 };
 
 }  // namespace replay

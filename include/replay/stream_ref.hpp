@@ -3,10 +3,15 @@
 // value. Built from a cudaStream_t (including the special handles
 // cudaStreamLegacy and cudaStreamPerThread); built from a literal 0 or nullptr
 // it is refused at compile time, because "which stream did you mean?" is a
-// common source of accidental legacy-stream work during capture.
+// common source of accidental legacy-stream work during capture. A Stream is a
+// StreamRef; a moved-from Stream holds an invalid handle, which every replay
+// call refuses with usage_error before it reaches CUDA.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <source_location>
 
 #include "replay/error.hpp"
@@ -19,6 +24,17 @@ enum class CaptureStatus {
   invalidated = ::cudaStreamCaptureStatusInvalidated,
 };
 
+namespace detail {
+// What a moved-from or released Stream holds: never a stream CUDA made (and
+// not the legacy stream, as a null handle would be).
+inline ::cudaStream_t invalid_stream() noexcept {
+  return reinterpret_cast<::cudaStream_t>(~::std::uintptr_t{0});  // NOLINT: a sentinel, never dereferenced
+}
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_stream_used_after_move(const ::std::source_location& where) {
+  throw usage_error("Stream used after move (or after release())", where);
+}
+}  // namespace detail
+
 class StreamRef {
  public:
   constexpr StreamRef(::cudaStream_t stream) noexcept : stream_(stream) {}  // NOLINT: implicit by design
@@ -26,11 +42,18 @@ class StreamRef {
   StreamRef(::std::nullptr_t) = delete;
 
   constexpr ::cudaStream_t get() const noexcept { return stream_; }
+  // The handle, for a CUDA call; usage_error when it is a moved-from Stream's.
+  ::cudaStream_t handle(::std::source_location where = ::std::source_location::current()) const {
+    if (stream_ == detail::invalid_stream()) [[unlikely]] {
+      detail::throw_stream_used_after_move(where);
+    }
+    return stream_;
+  }
 
   // cudaStreamIsCapturing for this stream.
   CaptureStatus capture_status(::std::source_location where = ::std::source_location::current()) const {
     ::cudaStreamCaptureStatus status = ::cudaStreamCaptureStatusNone;
-    check(::cudaStreamIsCapturing(stream_, &status), "cudaStreamIsCapturing", where);
+    check(::cudaStreamIsCapturing(handle(where), &status), "cudaStreamIsCapturing", where);
     return static_cast<CaptureStatus>(status);
   }
   bool is_capturing(::std::source_location where = ::std::source_location::current()) const {
@@ -49,7 +72,7 @@ class StreamRef {
     refuse_during_capture("ready()", where);
     const ::cudaError_t status = ::cudaStreamQuery(stream_);
     if (status == ::cudaErrorNotReady) {
-      (void)::cudaGetLastError();  // not-ready is an answer, not an error
+      detail::clear_error_slot(status);  // not-ready is an answer, not an error
       return false;
     }
     check(status, "cudaStreamQuery", where);
@@ -58,7 +81,7 @@ class StreamRef {
 
   int priority(::std::source_location where = ::std::source_location::current()) const {
     int value = 0;
-    check(::cudaStreamGetPriority(stream_, &value), "cudaStreamGetPriority", where);
+    check(::cudaStreamGetPriority(handle(where), &value), "cudaStreamGetPriority", where);
     return value;
   }
 
@@ -67,9 +90,9 @@ class StreamRef {
  private:
   void refuse_during_capture(const char* what, const ::std::source_location& where) const {
     if (capture_status(where) != CaptureStatus::none) {
-      throw usage_error(::std::string("StreamRef::") + what +
-                            " called on a stream that is capturing; it would invalidate the "
-                            "capture. Call it after CaptureScope::finish()",
+      throw usage_error(detail::concat("StreamRef::", what,
+                                       " called on a stream that is capturing; it would invalidate the capture. "
+                                       "Call it after CaptureScope::finish()"),
                         where);
     }
   }

@@ -1,6 +1,7 @@
 #pragma once
 // The one version of replay. CMakeLists.txt's project(VERSION) must equal it;
 // tests/host/version_test.cpp and the packaging checks keep them in step.
+#include <replay/detail/require_cxx20.hpp>
 #define REPLAY_VERSION_MAJOR 0
 #define REPLAY_VERSION_MINOR 1
 #define REPLAY_VERSION_PATCH 0

@@ -202,7 +202,6 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     expect_stream_usable(side_stream);
   }
 
-#if CUDART_VERSION >= 12030
   TEST_CASE("capture into an existing graph appends to it") {
     replay::Stream stream;
     replay::DeviceBuffer<float> buf(kN);
@@ -217,7 +216,6 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
                     std::runtime_error);
     expect_stream_usable(stream);
   }
-#endif
 
   TEST_CASE("the capture mode is the one asked for: what each mode lets an unsafe call do") {
     // cudaMalloc is a "potentially unsafe" call. On the capturing thread it is

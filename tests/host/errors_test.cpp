@@ -83,7 +83,10 @@ TEST_SUITE("host") {
         return status;
       }
       int driver_version() const { return driver; }
-      void clear_last_error() { ++cleared; }
+      void clear_last_error(cudaError_t failed) {
+        CHECK(failed == status);
+        ++cleared;
+      }
     };
     const auto here = std::source_location::current();
     FakeQuery ok{cudaSuccess, 3, 13000};

@@ -16,6 +16,21 @@ struct NotTrivial {
 };
 template <class T>
 concept CanMakeBuffer = requires { typename replay::DeviceBuffer<T>; };
+template <class Owner>
+concept AdoptsNull = requires { Owner::from_native_handle(nullptr); };
+template <class Owner>
+concept AdoptsZero = requires { Owner::from_native_handle(0); };
+
+// A moved-from owner, made without a device: adopt a handle that is never
+// used, move it on, and release it from there.
+template <class Owner>
+Owner moved_from_owner() {
+  static int never_used = 0;
+  Owner adopted = Owner::from_native_handle(reinterpret_cast<typename Owner::handle_type>(&never_used));
+  Owner taker = std::move(adopted);
+  (void)taker.release();
+  return adopted;
+}
 }  // namespace
 
 // Owning types are move-only with noexcept moves (compile-time: a broken claim breaks the build).
@@ -95,15 +110,37 @@ TEST_SUITE("host") {
   }
 
   TEST_CASE("moved-from owning handles refuse use with a clear error") {
-    auto graph = replay::Graph::from_native_handle(nullptr);
+    replay::Graph graph;  // empty, as a moved-from Graph is
+    CHECK_FALSE(graph);
     CHECK_THROWS_WITH_AS((void)graph.handle(), doctest::Contains("Graph used after move"), replay::usage_error);
-    auto exec = replay::GraphExec::from_native_handle(nullptr);
+    auto moved_graph = moved_from_owner<replay::Graph>();
+    CHECK_THROWS_WITH_AS((void)moved_graph.node_count(), doctest::Contains("Graph used after move"),
+                         replay::usage_error);
+    auto exec = moved_from_owner<replay::GraphExec>();
     CHECK_THROWS_WITH_AS(exec.launch(cudaStreamPerThread), doctest::Contains("GraphExec used after move"),
                          replay::usage_error);
-    auto stream = replay::Stream::from_native_handle(nullptr);
+    auto stream = moved_from_owner<replay::Stream>();
+    CHECK_FALSE(stream);
     CHECK_THROWS_WITH_AS((void)stream.ref(), doctest::Contains("Stream used after move"), replay::usage_error);
-    auto event = replay::Event::from_native_handle(nullptr);
+    // As a StreamRef it is refused too, before any CUDA call.
+    const replay::StreamRef as_view = stream;
+    CHECK_THROWS_WITH_AS((void)as_view.is_capturing(), doctest::Contains("Stream used after move"),
+                         replay::usage_error);
+    CHECK_THROWS_WITH_AS(exec.launch(stream), doctest::Contains("used after move"), replay::usage_error);
+    auto event = moved_from_owner<replay::Event>();
     CHECK_THROWS_WITH_AS(event.record(cudaStreamPerThread), doctest::Contains("Event used after move"),
                          replay::usage_error);
+  }
+
+  TEST_CASE("owning types are their views and refuse null and integer handles") {
+    static_assert(std::is_base_of_v<replay::StreamRef, replay::Stream>);
+    static_assert(std::is_base_of_v<replay::EventRef, replay::Event>);
+    static_assert(std::is_base_of_v<replay::GraphRef, replay::Graph>);
+    static_assert(!AdoptsNull<replay::Stream> && !AdoptsZero<replay::Stream>);
+    static_assert(!AdoptsNull<replay::Event> && !AdoptsZero<replay::Event>);
+    static_assert(!AdoptsNull<replay::Graph> && !AdoptsZero<replay::Graph>);
+    static_assert(!AdoptsNull<replay::GraphExec> && !AdoptsZero<replay::GraphExec>);
+    static_assert(std::is_nothrow_default_constructible_v<replay::Graph>);  // empty, no CUDA call
+    CHECK_FALSE(replay::Graph{});
   }
 }

@@ -1,15 +1,33 @@
 #pragma once
-// Per-thread bookkeeping shared by CaptureScope and the allocating types:
-// how many captures this thread has open and in which modes, and frees that
-// must wait until they close (cudaFree inside a global or thread-local mode
-// capture would invalidate it).
+// Per-thread capture bookkeeping: how many captures this thread has open and
+// in which modes, and the first call that broke one (recorded by check(), so
+// that the scope can name it).
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda_runtime_api.h>
 
-#include <vector>
-
-#include "replay/error.hpp"
+#include <source_location>
+#include <string>
 
 namespace replay::detail {
+
+// The first capture-breaking call seen by check() on this thread while a
+// CaptureScope is open, so that the scope can say which call broke it.
+struct CaptureBreak {
+  bool seen = false;
+  ::cudaError_t status = ::cudaSuccess;
+  ::std::string api;
+  ::std::source_location where;
+};
+inline CaptureBreak& capture_break() noexcept {
+  thread_local CaptureBreak record;
+  return record;
+}
+// CaptureScopes open on this thread (any mode).
+inline int& open_capture_scopes() noexcept {
+  thread_local int depth = 0;
+  return depth;
+}
 
 // Captures open on this thread whose mode is relaxed (allocation is legal there).
 inline int& open_relaxed_capture_scopes() noexcept {
@@ -20,52 +38,6 @@ inline int& open_relaxed_capture_scopes() noexcept {
 // True while this thread has a capture open in which cudaMalloc/cudaFree are illegal.
 inline bool allocation_is_illegal_now() noexcept {
   return open_capture_scopes() > open_relaxed_capture_scopes();
-}
-
-enum class FreeKind { device, pinned_host };
-struct DeferredFree {
-  void* ptr;
-  FreeKind kind;
-};
-inline ::std::vector<DeferredFree>& deferred_frees() noexcept {
-  thread_local ::std::vector<DeferredFree> pending;
-  return pending;
-}
-
-inline void free_now(void* ptr, FreeKind kind) noexcept {
-  if (kind == FreeKind::device) {
-    (void)::cudaFree(ptr);
-  } else {
-    (void)::cudaFreeHost(ptr);
-  }
-}
-
-// Frees now, or after the last open capture on this thread ends.
-inline void free_or_defer(void* ptr, FreeKind kind) noexcept {
-  if (ptr == nullptr) {
-    return;
-  }
-  if (allocation_is_illegal_now()) {
-    try {
-      deferred_frees().push_back({ptr, kind});
-      return;
-    } catch (...) {
-      // Out of host memory: leaking is better than invalidating the capture.
-      return;
-    }
-  }
-  free_now(ptr, kind);
-}
-
-inline void flush_deferred_frees() noexcept {
-  if (allocation_is_illegal_now()) {
-    return;
-  }
-  auto& pending = deferred_frees();
-  for (const DeferredFree& f : pending) {
-    free_now(f.ptr, f.kind);
-  }
-  pending.clear();
 }
 
 }  // namespace replay::detail

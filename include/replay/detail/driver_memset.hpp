@@ -2,6 +2,8 @@
 // Stream-ordered memset of 8-, 16- and 32-bit patterns. The runtime API only
 // sets bytes, so these come from the driver through the runtime's entry-point
 // query; replay still links CUDA::cudart alone (no libcuda at link time).
+#include <replay/detail/require_cxx20.hpp>
+
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 

@@ -3,6 +3,8 @@
 // a user callback calling back into the same object is refused with a
 // usage_error instead of re-locking a std::mutex (a deadlock). One slot per
 // Kind tag, per thread; scopes nest.
+#include <replay/detail/require_cxx20.hpp>
+
 #include <utility>
 
 namespace replay::detail {

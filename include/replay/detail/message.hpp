@@ -1,0 +1,45 @@
+#pragma once
+// Message helpers shared by replay's headers: concat() builds a message by
+// appending its parts, elements() counts, describe_current_exception() says
+// what was thrown.
+#include <replay/detail/require_cxx20.hpp>
+
+#include <cstddef>
+#include <exception>
+#include <string>
+#include <type_traits>
+
+namespace replay::detail {
+
+// Builds a message by appending (strings, string views, C strings, integers):
+// no "literal" + std::string temporaries, which GCC 12 misreports under -Wrestrict.
+template <class... Parts>
+::std::string concat(const Parts&... parts) {
+  ::std::string out;
+  auto append = [&out](const auto& part) {
+    using P = ::std::decay_t<decltype(part)>;
+    if constexpr (::std::is_integral_v<P>) {
+      out += ::std::to_string(part);
+    } else {
+      out += part;
+    }
+  };
+  (append(parts), ...);
+  return out;
+}
+
+// "1 element", "3 elements".
+inline ::std::string elements(::std::size_t n) { return ::std::to_string(n) + (n == 1 ? " element" : " elements"); }
+
+// What the exception being handled says (call inside a catch block).
+inline ::std::string describe_current_exception() {
+  try {
+    throw;
+  } catch (const ::std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
+}
+
+}  // namespace replay::detail

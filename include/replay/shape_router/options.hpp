@@ -1,0 +1,100 @@
+#pragma once
+// ShapeRouter's options: the routing and oversize policies, the capture-failure
+// handler, ShapeRouterOptions, and bucket-list builders.
+#include <replay/detail/require_cxx20.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <source_location>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "replay/detail/message.hpp"
+#include "replay/error.hpp"
+
+namespace replay {
+
+enum class RoutingPolicy : ::std::uint8_t {
+  exact,     // one graph per distinct key
+  bucketed,  // each dimension rounded up to the next bucket; one graph per bucket shape
+};
+
+// What run() does with a key above the largest bucket (bucketed policy only).
+enum class OversizePolicy : ::std::uint8_t {
+  run_eager,    // issue the work eagerly with the key as given (counted in stats().oversize)
+  throw_error,  // throw usage_error naming the key and the largest bucket
+};
+
+// Called once per key whose capture failed (the key runs eagerly from then
+// on): the padded key and what went wrong. Must not call back into the router.
+template <class Key>
+using CaptureFailureHandler = ::std::function<void(const Key& shape, ::std::string_view reason)>;
+
+template <class Key>
+struct ShapeRouterOptions {
+  static constexpr ::std::size_t unlimited = ::std::numeric_limits<::std::size_t>::max();
+
+  RoutingPolicy policy = RoutingPolicy::exact;
+  // Bucketed only: for each dimension of the key, the sizes to round up to,
+  // strictly ascending and positive. A single list serves every dimension.
+  ::std::vector<::std::vector<::std::int64_t>> buckets{};
+  OversizePolicy oversize = OversizePolicy::run_eager;
+  // Eager runs of a key before it is captured (lazy capture), e.g. to let
+  // libraries pick algorithms and allocators reach their steady state.
+  ::std::uint32_t warmup_runs = 0;
+  // Most graphs alive at once; the least recently used is evicted beyond it.
+  ::std::size_t max_graphs = unlimited;
+  // Most bytes of graph footprint (GraphMemory::footprint_bytes summed over
+  // live graphs); least recently used graphs are evicted beyond it.
+  ::std::size_t max_bytes = unlimited;
+  // Empty: one line on stderr per failed key.
+  CaptureFailureHandler<Key> on_capture_failure{};
+
+  static ShapeRouterOptions exact() { return {}; }
+  // Buckets for a key of rank 1, or the same buckets for every dimension.
+  static ShapeRouterOptions bucketed(::std::vector<::std::int64_t> sizes) {
+    ShapeRouterOptions options;
+    options.policy = RoutingPolicy::bucketed;
+    options.buckets.push_back(::std::move(sizes));
+    return options;
+  }
+  // One bucket list per dimension.
+  static ShapeRouterOptions bucketed_per_dimension(::std::vector<::std::vector<::std::int64_t>> lists) {
+    ShapeRouterOptions options;
+    options.policy = RoutingPolicy::bucketed;
+    options.buckets = ::std::move(lists);
+    return options;
+  }
+};
+
+// A bucket list 1, 2, 4, ... up to the first power of two >= `max` (max >= 1).
+inline ::std::vector<::std::int64_t> power_of_two_buckets(::std::int64_t max,
+                                                          ::std::source_location where = ::std::source_location::current()) {
+  if (max <= 0 || max > (::std::numeric_limits<::std::int64_t>::max() >> 1)) {
+    throw usage_error(detail::concat("power_of_two_buckets(): max must be in [1, 2^62], got ", max), where);
+  }
+  ::std::vector<::std::int64_t> out{1};
+  while (out.back() < max) {
+    out.push_back(out.back() * 2);
+  }
+  return out;
+}
+// A bucket list step, 2*step, ... up to the first multiple of `step` >= `max`
+// (vLLM's capture sizes are 1, 2, 4 then stepped_buckets(8, 512)).
+inline ::std::vector<::std::int64_t> stepped_buckets(::std::int64_t step, ::std::int64_t max,
+                                                     ::std::source_location where = ::std::source_location::current()) {
+  if (step <= 0 || max <= 0 || max > ::std::numeric_limits<::std::int64_t>::max() - step) {
+    throw usage_error(detail::concat("stepped_buckets(): step and max must be positive, got step ", step, ", max ", max),
+                      where);
+  }
+  ::std::vector<::std::int64_t> out{step};
+  while (out.back() < max) {
+    out.push_back(out.back() + step);
+  }
+  return out;
+}
+
+}  // namespace replay

@@ -1,0 +1,113 @@
+#pragma once
+// What ShapeRouter reports: the route a run took (RouteKind, Route), its
+// counters (RouterStats), and the memory of its graphs (GraphMemory,
+// GraphPoolMemory, RouterMemory, GraphInfo).
+#include <replay/detail/require_cxx20.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace replay {
+
+enum class RouteKind : ::std::uint8_t {
+  replayed,        // hit: the key's graph was launched
+  captured,        // miss: captured now, then launched
+  recaptured,      // the key was invalidated: re-captured, updated (or re-instantiated), launched
+  warmup,          // eager warm-up run before capture
+  eager_fallback,  // eager: the key's capture failed (now or earlier)
+  eager_oversize,  // eager: the key is above the largest bucket
+};
+
+constexpr ::std::string_view to_string(RouteKind kind) noexcept {
+  switch (kind) {
+    case RouteKind::replayed: return "replayed";
+    case RouteKind::captured: return "captured";
+    case RouteKind::recaptured: return "recaptured";
+    case RouteKind::warmup: return "warmup";
+    case RouteKind::eager_fallback: return "eager_fallback";
+    case RouteKind::eager_oversize: return "eager_oversize";
+  }
+  return "unknown";
+}
+
+// What run() did.
+template <class Key>
+struct Route {
+  Key shape;       // the shape the work ran with: the padded key (the key itself when exact or oversize)
+  RouteKind kind;  // how
+  // True when a graph ran (as opposed to an eager issue of the work).
+  constexpr bool graph() const noexcept {
+    return kind == RouteKind::replayed || kind == RouteKind::captured || kind == RouteKind::recaptured;
+  }
+};
+
+// Counters since construction or reset_stats(). Every run() is exactly one of
+// a hit or a miss; a miss is a warm-up, a capture, a re-capture, or an eager
+// fallback (failed key or oversize key).
+struct RouterStats {
+  ::std::uint64_t runs = 0;
+  ::std::uint64_t hits = 0;
+  ::std::uint64_t misses = 0;
+  ::std::uint64_t warmups = 0;           // eager warm-up runs (in run() and capture_all())
+  ::std::uint64_t captures = 0;          // new graphs (in run() and capture_all())
+  ::std::uint64_t updates = 0;           // re-captures applied in place (cudaGraphExecUpdate)
+  ::std::uint64_t reinstantiations = 0;  // re-captures that needed a new executable graph
+  ::std::uint64_t evictions = 0;         // graphs dropped for max_graphs / max_bytes
+  ::std::uint64_t capture_failures = 0;  // keys marked eager
+  ::std::uint64_t eager_fallbacks = 0;   // runs issued eagerly because the key's capture failed
+  ::std::uint64_t oversize = 0;          // runs issued eagerly because the key is above the largest bucket
+  ::std::uint64_t real_elements = 0;     // sum over runs of the key's element count
+  ::std::uint64_t padded_elements = 0;   // sum over runs of the padded shape's element count
+
+  // Padding waste: (padded - real) / real; 0 when nothing was padded.
+  double padding_waste() const noexcept {
+    return real_elements == 0 ? 0.0
+                              : static_cast<double>(padded_elements - real_elements) /
+                                    static_cast<double>(real_elements);
+  }
+  double hit_rate() const noexcept {
+    return runs == 0 ? 0.0 : static_cast<double>(hits) / static_cast<double>(runs);
+  }
+};
+
+// Memory of one graph.
+struct GraphMemory {
+  // Bytes the graph's memory-allocation nodes (cudaMallocAsync during capture)
+  // draw from the device's shared graph memory pool while it runs. Exact.
+  ::std::size_t alloc_bytes = 0;
+  // Device memory that instantiating and uploading the graph took (drop in
+  // free device memory, cudaMemGetInfo): executable-graph storage plus any
+  // growth of the shared pool this graph caused. Approximate (device-wide,
+  // page-granular); 0 where not measured.
+  ::std::size_t footprint_bytes = 0;
+};
+
+// The device's graph memory pool (cudaDeviceGetGraphMemAttribute), shared by
+// every graph on the device.
+struct GraphPoolMemory {
+  ::std::size_t used = 0;           // cudaGraphMemAttrUsedMemCurrent
+  ::std::size_t used_high = 0;      // cudaGraphMemAttrUsedMemHigh
+  ::std::size_t reserved = 0;       // cudaGraphMemAttrReservedMemCurrent
+  ::std::size_t reserved_high = 0;  // cudaGraphMemAttrReservedMemHigh
+};
+
+// Memory of a router's live graphs.
+struct RouterMemory {
+  ::std::size_t graphs = 0;
+  ::std::size_t alloc_bytes_sum = 0;  // what separate pools would hold
+  ::std::size_t alloc_bytes_max = 0;  // what the shared pool needs at least
+  ::std::size_t footprint_bytes = 0;  // sum of GraphMemory::footprint_bytes (what max_bytes bounds)
+  ::std::optional<GraphPoolMemory> pool;  // device-wide, where the backend can tell
+};
+
+template <class Key>
+struct GraphInfo {
+  Key shape;
+  GraphMemory memory;
+  ::std::uint64_t replays = 0;  // launches of this graph, the capturing run included
+  bool stale = false;           // invalidated; re-captured on next use
+};
+
+}  // namespace replay

@@ -1,0 +1,336 @@
+#pragma once
+// The CUDA-free heart of StreamPipeline: slot scheduling (a FIFO of free
+// slots, back-pressure), the size checks, the in-flight FIFO that delivers
+// results in submission order, the completion thread, and the tickets and
+// callbacks that carry outputs and errors across threads.
+//
+// It is a template over the stage runner (PipelineStageRunner), which issues
+// and awaits one slot's stages. StreamPipeline plugs in the CUDA runner; the
+// CPU tests plug in a fake one, so everything here is tested without a GPU.
+// StreamPipeline is BasicStreamPipeline over the CUDA stage runner.
+#include <replay/detail/require_cxx20.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <concepts>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <ranges>
+#include <source_location>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "replay/detail/message.hpp"
+#include "replay/detail/pipeline_state.hpp"
+#include "replay/error.hpp"
+#include "replay/stream_pipeline/completion.hpp"
+#include "replay/stream_pipeline/stage_runner.hpp"
+#include "replay/stream_pipeline/stats.hpp"
+#include "replay/stream_pipeline/ticket.hpp"
+
+namespace replay {
+
+template <PipelineStageRunner Runner>
+class BasicStreamPipeline {
+ public:
+  using runner_type = Runner;
+  using input_type = typename Runner::input_type;
+  using output_type = typename Runner::output_type;
+  using completion_type = PipelineCompletion<output_type>;
+  using callback_type = PipelineCallback<output_type>;
+
+  // Builds the runner in place from `args` and starts the completion thread.
+  template <class... Args>
+  explicit BasicStreamPipeline(::std::in_place_t, Args&&... args)
+      : state_(::std::make_unique<State>(::std::forward<Args>(args)...)) {}
+
+  BasicStreamPipeline(const BasicStreamPipeline&) = delete;
+  BasicStreamPipeline& operator=(const BasicStreamPipeline&) = delete;
+  BasicStreamPipeline(BasicStreamPipeline&&) noexcept = default;
+  // Drains and destroys this pipeline first.
+  BasicStreamPipeline& operator=(BasicStreamPipeline&&) noexcept = default;
+  // Drains: every submitted item is delivered (tickets become ready, callbacks
+  // run) before the resources go. Never throws; a callback's exception is dropped.
+  ~BasicStreamPipeline() = default;
+
+  bool moved_from() const noexcept { return state_ == nullptr; }
+
+  // ---- submit: blocks while every slot is busy -----------------------------
+
+  // The output comes back as a vector.
+  [[nodiscard]] PipelineTicket<::std::vector<output_type>> submit(
+      ::std::span<const input_type> input, ::std::source_location where = ::std::source_location::current()) {
+    return *submit_for_vector(input, true, where);
+  }
+  // The output is written to `destination` (pinned: directly by the copy
+  // engine; pageable: from the slot's pinned staging); get() returns how many
+  // elements were written. `destination` must stay valid until the item is done.
+  [[nodiscard]] PipelineTicket<::std::size_t> submit(
+      ::std::span<const input_type> input, ::std::span<output_type> destination,
+      ::std::source_location where = ::std::source_location::current()) {
+    return *submit_for_count(input, destination, true, where);
+  }
+  // `on_complete` runs on the completion thread with the output or the error.
+  // Returns the item's id.
+  ::std::uint64_t submit(::std::span<const input_type> input, callback_type on_complete,
+                         ::std::source_location where = ::std::source_location::current()) {
+    return *submit_with_callback(input, ::std::nullopt, ::std::move(on_complete), true, where);
+  }
+  ::std::uint64_t submit(::std::span<const input_type> input, ::std::span<output_type> destination,
+                         callback_type on_complete, ::std::source_location where = ::std::source_location::current()) {
+    return *submit_with_callback(input, destination, ::std::move(on_complete), true, where);
+  }
+
+  // ---- try_submit: empty at once when every slot is busy -------------------
+
+  [[nodiscard]] ::std::optional<PipelineTicket<::std::vector<output_type>>> try_submit(
+      ::std::span<const input_type> input, ::std::source_location where = ::std::source_location::current()) {
+    return submit_for_vector(input, false, where);
+  }
+  [[nodiscard]] ::std::optional<PipelineTicket<::std::size_t>> try_submit(
+      ::std::span<const input_type> input, ::std::span<output_type> destination,
+      ::std::source_location where = ::std::source_location::current()) {
+    return submit_for_count(input, destination, false, where);
+  }
+  [[nodiscard]] ::std::optional<::std::uint64_t> try_submit(
+      ::std::span<const input_type> input, callback_type on_complete,
+      ::std::source_location where = ::std::source_location::current()) {
+    return submit_with_callback(input, ::std::nullopt, ::std::move(on_complete), false, where);
+  }
+  [[nodiscard]] ::std::optional<::std::uint64_t> try_submit(
+      ::std::span<const input_type> input, ::std::span<output_type> destination, callback_type on_complete,
+      ::std::source_location where = ::std::source_location::current()) {
+    return submit_with_callback(input, destination, ::std::move(on_complete), false, where);
+  }
+
+  // ---- run: a whole batch ---------------------------------------------------
+
+  // Streams every input through the pipeline and returns the outputs in input
+  // order. Every item's size is checked before any is submitted; should a
+  // submission still throw (a CUDA error while issuing), the items already
+  // submitted are delivered before the exception leaves. If items fail, the
+  // others still complete, and the first failure is rethrown once the whole
+  // batch is done (use the callback overload to keep partial results).
+  template <::std::ranges::forward_range Inputs>
+    requires(::std::convertible_to<::std::ranges::range_reference_t<Inputs>, ::std::span<const input_type>>)
+  ::std::vector<::std::vector<output_type>> run(Inputs&& inputs,
+                                                ::std::source_location where = ::std::source_location::current()) {
+    check_batch(inputs, where);
+    ::std::vector<PipelineTicket<::std::vector<output_type>>> tickets;
+    try {
+      for (auto&& input : inputs) {
+        tickets.push_back(submit(::std::span<const input_type>(input), where));
+      }
+    } catch (...) {
+      settle_after_failed_submit(tickets.empty() ? ::std::nullopt : ::std::optional(tickets.back().id()));
+      throw;
+    }
+    wait_batch(tickets, where);
+    return collect_batch(tickets, where);
+  }
+
+  // Streams inputs[i] into outputs[i]; returns how many elements each output
+  // received. Errors as for run(inputs).
+  template <::std::ranges::forward_range Inputs, ::std::ranges::forward_range Outputs>
+    requires(::std::convertible_to<::std::ranges::range_reference_t<Inputs>, ::std::span<const input_type>> &&
+             ::std::convertible_to<::std::ranges::range_reference_t<Outputs>, ::std::span<output_type>>)
+  ::std::vector<::std::size_t> run(Inputs&& inputs, Outputs&& outputs,
+                                   ::std::source_location where = ::std::source_location::current()) {
+    if (::std::ranges::distance(inputs) != ::std::ranges::distance(outputs)) {
+      throw usage_error(detail::concat("StreamPipeline::run: ", ::std::ranges::distance(inputs), " inputs but ",
+                                       ::std::ranges::distance(outputs), " outputs; pass one output per input"),
+                        where);
+    }
+    // Every (input, destination) pair is checked before the first submission:
+    // a refusal half-way would leave earlier items writing into destinations
+    // the caller frees while the exception unwinds.
+    {
+      State& s = state(where);
+      auto output = ::std::ranges::begin(outputs);
+      for (auto&& input : inputs) {
+        s.check_item(::std::span<const In>(input).size(), ::std::optional(::std::span<Out>(*output)), where);
+        ++output;
+      }
+    }
+    ::std::vector<PipelineTicket<::std::size_t>> tickets;
+    try {
+      auto output = ::std::ranges::begin(outputs);
+      for (auto&& input : inputs) {
+        tickets.push_back(submit(::std::span<const input_type>(input), ::std::span<output_type>(*output), where));
+        ++output;
+      }
+    } catch (...) {
+      settle_after_failed_submit(tickets.empty() ? ::std::nullopt : ::std::optional(tickets.back().id()));
+      throw;
+    }
+    wait_batch(tickets, where);
+    return collect_batch(tickets, where);
+  }
+
+  // Streams every input; `on_complete` receives each item's output or error,
+  // in input order, on the completion thread. Returns when the batch is done.
+  template <::std::ranges::forward_range Inputs, class OnComplete>
+    requires(::std::convertible_to<::std::ranges::range_reference_t<Inputs>, ::std::span<const input_type>> &&
+             ::std::invocable<OnComplete&, const completion_type&>)
+  void run(Inputs&& inputs, OnComplete on_complete, ::std::source_location where = ::std::source_location::current()) {
+    check_batch(inputs, where);
+    auto shared = ::std::make_shared<OnComplete>(::std::move(on_complete));
+    ::std::optional<::std::uint64_t> last;
+    try {
+      for (auto&& input : inputs) {
+        last = submit(
+            ::std::span<const input_type>(input),
+            [shared](const completion_type& done) { ::std::invoke(*shared, done); }, where);
+      }
+    } catch (...) {
+      settle_after_failed_submit(last);  // the callback may refer to the caller's frame
+      throw;
+    }
+    if (last) {
+      state(where).wait_delivered(*last);
+    }
+    state(where).rethrow_callback_error();
+  }
+
+  // Blocks until every item submitted so far is delivered. Rethrows (once)
+  // the first exception that escaped a completion callback.
+  void drain(::std::source_location where = ::std::source_location::current()) {
+    State& s = state(where);
+    s.require_not_completion_thread("drain", where);
+    s.wait_idle();
+    s.rethrow_callback_error();
+  }
+
+  PipelineStats stats() const { return state().snapshot(); }
+  // Items submitted and not yet delivered.
+  ::std::size_t in_flight() const { return state().pending_count(); }
+  ::std::size_t slot_count() const { return state().runner.slot_count(); }
+  ::std::size_t input_capacity() const { return state().runner.input_capacity(); }
+  ::std::size_t output_capacity() const { return state().runner.output_capacity(); }
+
+ protected:
+  Runner& runner(::std::source_location where = ::std::source_location::current()) { return state(where).runner; }
+  const Runner& runner(::std::source_location where = ::std::source_location::current()) const {
+    return state(where).runner;
+  }
+
+ private:
+  using State = detail::PipelineState<Runner>;
+  using In = input_type;
+  using Out = output_type;
+  using Delivery = typename State::Delivery;
+
+  // Queries without a caller's location report the pipeline's own.
+  State& state(const ::std::source_location& where = ::std::source_location::current()) const {
+    if (state_ == nullptr) [[unlikely]] {
+      throw usage_error("StreamPipeline used after move", where);
+    }
+    return *state_;
+  }
+
+  // The results of a delivered batch, in order; a failed item leaves a
+  // value-initialized result, and the first failure is rethrown at the end.
+  template <class T>
+  static ::std::vector<T> collect_batch(::std::vector<PipelineTicket<T>>& tickets, const ::std::source_location& where) {
+    ::std::vector<T> results;
+    results.reserve(tickets.size());
+    ::std::exception_ptr first_error;
+    for (auto& ticket : tickets) {
+      try {
+        results.push_back(ticket.get(where));
+      } catch (...) {
+        if (first_error == nullptr) {
+          first_error = ::std::current_exception();
+        }
+        results.emplace_back();
+      }
+    }
+    if (first_error != nullptr) {
+      ::std::rethrow_exception(first_error);
+    }
+    return results;
+  }
+
+  // After a submission in a batch threw: waits until the items submitted
+  // before it are delivered, so that none still writes into the caller's
+  // memory (or calls its callback) once the exception has unwound the caller.
+  void settle_after_failed_submit(::std::optional<::std::uint64_t> last_submitted) noexcept {
+    if (!last_submitted || state_ == nullptr) {
+      return;
+    }
+    try {
+      state_->wait_delivered(*last_submitted);
+    } catch (...) {
+    }
+  }
+
+  template <::std::ranges::forward_range Inputs>
+  void check_batch(Inputs& inputs, const ::std::source_location& where) {
+    State& s = state(where);
+    for (auto&& input : inputs) {
+      s.check_item(::std::span<const In>(input).size(), ::std::nullopt, where);
+    }
+  }
+
+  // Returns once the batch is fully delivered (its counters included), not
+  // merely once its last ticket is ready.
+  template <class Ticket>
+  void wait_batch(const ::std::vector<Ticket>& tickets, const ::std::source_location& where) {
+    if (!tickets.empty()) {
+      state(where).wait_delivered(tickets.back().id());
+    }
+  }
+
+  ::std::optional<PipelineTicket<::std::vector<Out>>> submit_for_vector(::std::span<const In> input, bool block,
+                                                                       const ::std::source_location& where) {
+    State& s = state(where);
+    ::std::promise<::std::vector<Out>> promise;
+    auto future = promise.get_future();
+    Delivery delivery(::std::in_place_index<0>, ::std::move(promise));
+    const auto id = s.enqueue(input, ::std::nullopt, delivery, block, where);
+    if (!id) {
+      return ::std::nullopt;
+    }
+    return PipelineTicket<::std::vector<Out>>(*id, ::std::move(future));
+  }
+  ::std::optional<PipelineTicket<::std::size_t>> submit_for_count(::std::span<const In> input,
+                                                                 ::std::span<Out> destination, bool block,
+                                                                 const ::std::source_location& where) {
+    State& s = state(where);
+    ::std::promise<::std::size_t> promise;
+    auto future = promise.get_future();
+    Delivery delivery(::std::in_place_index<1>, ::std::move(promise));
+    const auto id = s.enqueue(input, destination, delivery, block, where);
+    if (!id) {
+      return ::std::nullopt;
+    }
+    return PipelineTicket<::std::size_t>(*id, ::std::move(future));
+  }
+  ::std::optional<::std::uint64_t> submit_with_callback(::std::span<const In> input,
+                                                       ::std::optional<::std::span<Out>> destination,
+                                                       callback_type on_complete, bool block,
+                                                       const ::std::source_location& where) {
+    if (!on_complete) {
+      throw usage_error("StreamPipeline::submit: the completion callback is empty", where);
+    }
+    State& s = state(where);
+    Delivery delivery(::std::in_place_index<2>, ::std::move(on_complete));
+    return s.enqueue(input, destination, delivery, block, where);
+  }
+
+  ::std::unique_ptr<State> state_;
+};
+
+}  // namespace replay

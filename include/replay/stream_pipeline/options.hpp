@@ -1,0 +1,61 @@
+#pragma once
+// StreamPipeline's options (PipelineFlags, PipelineOptions) and the
+// PipelineCompute concept its compute stage satisfies.
+#include <replay/detail/require_cxx20.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <functional>
+#include <type_traits>
+
+#include "replay/flags.hpp"
+#include "replay/static_buffer.hpp"
+#include "replay/stream_ref.hpp"
+
+namespace replay {
+
+enum class PipelineFlags : unsigned int {
+  none = 0,
+  // Copy every input into the slot's pinned staging, pinned or not, so that
+  // the caller may reuse any input as soon as submit() returns.
+  stage_inputs = 1U << 0,
+  // Capture the compute stage once per slot (on the slot's fixed buffers, full
+  // capacity) and replay that graph per item. Items must hold exactly
+  // input_capacity elements. Copies stay on their own streams.
+  graph_compute = 1U << 1,
+  // Capture each slot's copy-in, compute and copy-out as one graph, replayed
+  // per item on the slot's own stream; the copies' host addresses are updated
+  // in the executable graph per item. Items must hold exactly input_capacity.
+  graph_slot = 1U << 2,
+  // The completion thread sleeps (cudaEventBlockingSync) instead of spinning
+  // while it waits: less CPU, more latency per item.
+  blocking_wait = 1U << 3,
+};
+template <>
+inline constexpr bool enable_bitmask<PipelineFlags> = true;
+
+struct PipelineOptions {
+  // The most elements of In one item may hold. Required.
+  ::std::size_t input_capacity = 0;
+  // The most elements of Out one item may produce; 0 means input_capacity.
+  ::std::size_t output_capacity = 0;
+  // Items in flight at once (K). 3 lets copy-in, compute and copy-out of three
+  // items overlap; 4 or more also hides the completion latency (see the docs).
+  ::std::size_t slots = 3;
+  PipelineFlags flags = PipelineFlags::none;
+  // Output elements of an n-element item, for a compute that returns void;
+  // empty means n. Ignored when the compute returns its output count.
+  ::std::function<::std::size_t(::std::size_t)> output_count{};
+};
+
+// A compute stage: issues work on the stream that reads the slot's device
+// input (the item's elements) and writes the slot's device output. It returns
+// void (the output count is PipelineOptions::output_count(n)) or the number of
+// output elements it wrote (then `out` spans the whole output capacity).
+template <class F, class In, class Out>
+concept PipelineCompute =
+    ::std::invocable<F&, BufferView<In>, BufferView<Out>, StreamRef> &&
+    (::std::is_void_v<::std::invoke_result_t<F&, BufferView<In>, BufferView<Out>, StreamRef>> ||
+     ::std::convertible_to<::std::invoke_result_t<F&, BufferView<In>, BufferView<Out>, StreamRef>, ::std::size_t>);
+
+}  // namespace replay

@@ -1,0 +1,157 @@
+#pragma once
+// TorchCaptureContext: what the graphs of one model share (device, private
+// memory pool, capture stream, the outputs handed from work to backend).
+#include <replay/detail/require_cxx20.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <source_location>
+#include <utility>
+#include <vector>
+
+#include "replay/detail/message.hpp"
+#include "replay/error.hpp"
+#include "replay/stream.hpp"
+#include "replay/stream_ref.hpp"
+#include "replay/torch/detail/capture.hpp"
+
+namespace replay {
+
+// What the graphs of one model share: the device, the private memory pool of
+// the caching allocator, the stream captures run on, and the static outputs
+// handed from the work callable to the backend. Created by GraphedCallable;
+// create one yourself to use TorchGraphBackend with your own ShapeRouter (the
+// work callable then reports what it computed with set_outputs()).
+class TorchCaptureContext {
+ public:
+  explicit TorchCaptureContext(::c10::Device device, CaptureMode mode = CaptureMode::this_thread,
+                               ::std::vector<::at::Generator> generators = {},
+                               ::std::source_location where = ::std::source_location::current())
+      : device_(checked_device(device, where)),
+        mode_(mode),
+        generators_(::std::move(generators)),
+        pool_(::at::cuda::graph_pool_handle()),
+        capture_stream_(make_stream(device_, where)),
+        generation_(::std::make_shared<::std::atomic<::std::uint64_t>>(0)) {
+    // The context holds a reference on the pool for its whole life, as
+    // torch.cuda.MemPool does: a pool whose use count drops to 0 (every graph
+    // evicted, or a first capture that failed) becomes "freeable", and the
+    // caching allocator refuses to capture into it again.
+    ::at::globalContext().lazyInitDevice(::at::kCUDA);
+    ::c10::cuda::CUDAGuard guard(device_);
+    try {
+      ::c10::cuda::CUDACachingAllocator::createOrIncrefPool(device_.index(), pool_);
+      holds_pool_ = true;
+    } catch (const ::c10::Error&) {
+      holds_pool_ = false;  // an allocator backend without private pools (cudaMallocAsync)
+    }
+    // The pinned host allocator keeps its own private pool per graph pool id,
+    // with the same rule: once its use count reached 0 (the last graph
+    // evicted), a new capture into that id trips an internal assertion. Hold a
+    // reference there too: begin routing (which creates the pool, or takes a
+    // reference) with a filter that routes nothing, and end it at once.
+    try {
+      ::at::HostAllocator* host = ::at::getHostAllocator(::at::kCUDA);
+      host->begin_allocate_to_pool(pool_, [](::c10::Stream) { return false; });
+      host->end_allocate_to_pool(pool_);
+      holds_host_pool_ = true;
+    } catch (const ::c10::Error&) {
+      holds_host_pool_ = false;
+    }
+  }
+
+  TorchCaptureContext(const TorchCaptureContext&) = delete;
+  TorchCaptureContext& operator=(const TorchCaptureContext&) = delete;
+  TorchCaptureContext(TorchCaptureContext&&) = delete;
+  TorchCaptureContext& operator=(TorchCaptureContext&&) = delete;
+
+  // Every graph is gone by now (the backend holding them keeps this alive),
+  // and the caller has made sure no replay still runs: drop the capture
+  // stream's cuBLAS workspaces (the graphs' cuBLAS kernels used them) and
+  // hand the pool's cached segments back to the device. Segments still
+  // holding tensors the caller kept are freed by the allocator later.
+  ~TorchCaptureContext() {
+#ifdef REPLAY_TORCH_PREPARE_CUBLAS
+    detail::release_cublas_workspaces(capture_stream_.get());
+#endif
+    try {
+      ::c10::cuda::CUDAGuard guard(device_);
+      if (holds_pool_) {
+        ::c10::cuda::CUDACachingAllocator::releasePool(device_.index(), pool_);
+      }
+      if (holds_host_pool_) {
+        ::at::getHostAllocator(::at::kCUDA)->release_pool(pool_);
+      }
+      if (pool_touched_ || holds_pool_) {
+        ::c10::cuda::CUDACachingAllocator::emptyCache(pool_);
+      }
+    } catch (...) {
+    }
+  }
+
+  ::c10::Device device() const noexcept { return device_; }
+  ::c10::MempoolId_t pool() const noexcept { return pool_; }
+  CaptureMode mode() const noexcept { return mode_; }
+  const ::std::vector<::at::Generator>& generators() const noexcept { return generators_; }
+  StreamRef capture_stream() const noexcept { return StreamRef(capture_stream_.get()); }
+
+  // The work callable reports its outputs here; during a capture they become
+  // the graph's static outputs.
+  void set_outputs(::std::vector<::at::Tensor> outputs) { outputs_ = ::std::move(outputs); }
+  ::std::vector<::at::Tensor> take_outputs() noexcept { return ::std::exchange(outputs_, {}); }
+
+  // The static outputs of the graph launched last, and the replay count that
+  // fast-mode outputs are checked against.
+  const ::std::vector<::at::Tensor>* launched_outputs() const noexcept { return launched_; }
+  ::std::uint64_t generation() const noexcept { return generation_->load(::std::memory_order_acquire); }
+  ::std::shared_ptr<const ::std::atomic<::std::uint64_t>> generation_counter() const noexcept { return generation_; }
+  void note_launch(const ::std::vector<::at::Tensor>* outputs) noexcept {
+    launched_ = outputs;
+    generation_->fetch_add(1, ::std::memory_order_acq_rel);
+  }
+  void note_capture() noexcept { pool_touched_ = true; }
+
+  // Bytes of device memory in the pool's segments (the caching allocator's
+  // snapshot): what the graphs' intermediate and output tensors occupy.
+  ::std::size_t pool_reserved_bytes() const {
+    ::std::size_t bytes = 0;
+    const auto snapshot = ::c10::cuda::CUDACachingAllocator::snapshot(pool_);
+    for (const auto& segment : snapshot.segments) {
+      if (segment.owner_private_pool_id == pool_ && segment.device == device_.index()) {
+        bytes += segment.total_size;
+      }
+    }
+    return bytes;
+  }
+
+ private:
+  static ::c10::Device checked_device(::c10::Device device, const ::std::source_location& where) {
+    if (!device.is_cuda()) {
+      throw usage_error(detail::concat("TorchCaptureContext: the device must be a CUDA device, got ", device.str()),
+                        where);
+    }
+    if (!device.has_index()) {
+      return ::c10::Device(::c10::kCUDA, ::c10::cuda::current_device());
+    }
+    return device;
+  }
+  static Stream make_stream(::c10::Device device, const ::std::source_location& where) {
+    ::c10::cuda::CUDAGuard guard(device);
+    return Stream(StreamFlags::non_blocking, 0, where);
+  }
+
+  ::c10::Device device_;
+  CaptureMode mode_;
+  ::std::vector<::at::Generator> generators_;
+  ::c10::MempoolId_t pool_;
+  Stream capture_stream_;
+  ::std::vector<::at::Tensor> outputs_;
+  const ::std::vector<::at::Tensor>* launched_ = nullptr;
+  ::std::shared_ptr<::std::atomic<::std::uint64_t>> generation_;
+  bool pool_touched_ = false;
+  bool holds_pool_ = false;
+  bool holds_host_pool_ = false;
+};
+
+}  // namespace replay

@@ -1,0 +1,67 @@
+#pragma once
+// GraphedCallable's options: GraphedFlags and GraphedOptions.
+#include <replay/detail/require_cxx20.hpp>
+
+#include <ATen/ATen.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "replay/capture_scope.hpp"
+#include "replay/flags.hpp"
+#include "replay/shape_router/options.hpp"
+
+namespace replay {
+
+enum class GraphedFlags : unsigned int {
+  none = 0,
+  // Fast mode: outputs are views of the static output tensors, valid until the
+  // next replay of the same GraphedCallable; GraphedOutputs' accessors throw
+  // stale_output_error after that. Default (safe mode): outputs are clones.
+  view_outputs = 1U << 0,
+  // Warm up, capture and run under torch::NoGradGuard instead of
+  // c10::InferenceMode: outputs are normal tensors rather than inference tensors.
+  no_grad = 1U << 1,
+  // Capture each bucket the first time a batch maps to it (after
+  // GraphedOptions::warmup_runs eager runs) instead of all buckets, largest
+  // first, in the constructor.
+  lazy_capture = 1U << 2,
+  // Leave the padded rows of the static inputs as they are (whatever an earlier
+  // call left there) instead of zeroing them.
+  keep_padding = 1U << 3,
+  // A failed capture throws capture_failed_error instead of marking the bucket
+  // eager (from the constructor, or from the call that captured it lazily).
+  no_fallback = 1U << 4,
+};
+template <>
+inline constexpr bool enable_bitmask<GraphedFlags> = true;
+
+struct GraphedOptions {
+  GraphedFlags flags = GraphedFlags::none;
+  // Batch sizes to capture, strictly ascending; a batch is padded up to the
+  // next one. Empty: the example inputs' batch size only.
+  ::std::vector<::std::int64_t> batch_buckets;
+  // Eager runs of each bucket before its capture, as PyTorch does on a side
+  // stream: cuDNN/cuBLAS pick algorithms and create handles and workspaces,
+  // lazy modules load, the JIT profiles, before anything is recorded.
+  ::std::uint32_t warmup_runs = 3;
+  // cudaStreamCaptureModeThreadLocal by default: other threads may keep
+  // allocating and synchronizing while this one captures. CaptureMode::global
+  // is what torch.cuda.graph uses.
+  CaptureMode capture_mode = CaptureMode::this_thread;
+  // A batch above the largest bucket: run the callable eagerly on the caller's
+  // tensors, or throw usage_error.
+  OversizePolicy oversize = OversizePolicy::run_eager;
+  // Most graphs alive at once (least recently used evicted beyond it).
+  ::std::size_t max_graphs = ShapeRouterOptions<::std::int64_t>::unlimited;
+  // Told once per bucket whose capture failed (it runs eagerly from then on).
+  // Empty: one line on stderr.
+  CaptureFailureHandler<::std::int64_t> on_capture_failure;
+  // CUDA generators the callable draws random numbers from besides the
+  // device's default generator (which is always registered): their state is
+  // advanced on every replay, as torch.cuda.graph does.
+  ::std::vector<::at::Generator> generators;
+};
+
+}  // namespace replay
