@@ -56,6 +56,12 @@ struct FakeControl {
   std::size_t finished = 0;
   std::set<std::uint64_t> fail_start;   // ids whose start() throws
   std::set<std::uint64_t> fail_finish;  // ids whose finish() throws (an "asynchronous" error)
+  std::set<std::uint64_t> fail_prepare;  // ids whose prepare() throws
+  std::vector<std::uint64_t> prepared_ids;
+  int preparing = 0;
+  std::size_t sunk = 0;                  // outputs copied into a sink (vector deliveries)
+  std::set<std::thread::id> start_threads;
+  std::function<void(std::uint64_t)> on_prepare;  // runs inside prepare(), outside the lock
   std::vector<std::uint64_t> started_ids;
   std::vector<std::size_t> started_slots;
   std::vector<std::uint64_t> finished_ids;
@@ -103,13 +109,34 @@ struct FakeRunner {
   std::optional<std::size_t> required_input_count() const { return required_; }
   std::optional<std::size_t> planned_output_count(std::size_t n) const { return 2 * n; }
 
-  plan_type plan(std::span<const int> input, const std::optional<std::span<long long>>&,
+  plan_type plan(replay::HostRange<const int> input, const std::optional<replay::HostRange<long long>>&,
                  const std::source_location&) const {
     return {input.size()};
   }
 
-  void start(std::size_t slot, std::uint64_t id, std::span<const int> input,
-             std::optional<std::span<long long>> destination, const plan_type& plan, const std::source_location&) {
+  void prepare(std::size_t slot, std::uint64_t id, replay::HostRange<const int> input, const plan_type& plan,
+               const std::source_location&) {
+    if (control_->on_prepare) {
+      control_->on_prepare(id);
+    }
+    std::lock_guard lock(control_->mutex);
+    REQUIRE(plan.n == input.size());
+    if (busy_[slot]) {
+      ++control_->busy_slot_starts;
+    }
+    ++control_->preparing;
+    control_->prepared_ids.push_back(id);
+    if (control_->fail_prepare.count(id) != 0) {
+      busy_[slot] = true;  // settle() frees it
+      --control_->preparing;
+      throw std::runtime_error("prepare failed for item " + std::to_string(id));
+    }
+    --control_->preparing;
+  }
+
+  void start(std::size_t slot, std::uint64_t id, replay::HostRange<const int> input,
+             std::optional<replay::HostRange<long long>> destination, const plan_type& plan,
+             const std::source_location&) {
     if (control_->on_start) {
       control_->on_start();
     }
@@ -121,17 +148,18 @@ struct FakeRunner {
     busy_[slot] = true;
     ids_[slot] = id;
     control_->started_ids.push_back(id);
+    control_->start_threads.insert(std::this_thread::get_id());
     control_->started_slots.push_back(slot);
     if (control_->fail_start.count(id) != 0) {
       throw std::runtime_error("start failed for item " + std::to_string(id));
     }
-    const auto out = expected_output(input);
+    const auto out = expected_output(input.span());
     std::copy(out.begin(), out.end(), outputs_[slot].begin());
     counts_[slot] = out.size();
-    destinations_[slot] = destination;
+    destinations_[slot] = destination ? std::optional(destination->span()) : std::nullopt;
   }
 
-  std::span<const long long> finish(std::size_t slot) {
+  std::span<const long long> finish(std::size_t slot, replay::PipelineOutputSink<long long> sink) {
     std::unique_lock lock(control_->mutex);
     control_->cv.wait(lock, [&] { return control_->finished < control_->allowed; });
     ++control_->finished;
@@ -145,6 +173,12 @@ struct FakeRunner {
     if (destinations_[slot]) {
       std::copy(out.begin(), out.end(), destinations_[slot]->begin());
       return {destinations_[slot]->data(), counts_[slot]};
+    }
+    if (sink) {
+      ++control_->sunk;
+      long long* to = sink.allocate(sink.context, out.size());
+      std::copy(out.begin(), out.end(), to);
+      return {to, out.size()};
     }
     return out;
   }
