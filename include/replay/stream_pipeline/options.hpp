@@ -55,7 +55,7 @@ struct PipelineOptions {
   // chunks is copied by the submitting thread (inputs) or the completion
   // thread (outputs) together with these. Started on first use, asleep when
   // idle. 0: those two threads copy alone (still chunk by chunk).
-  ::std::size_t host_copy_threads = 4;
+  ::std::size_t host_copy_threads = 6;
 };
 
 // A compute stage: issues work on the stream that reads the slot's device
