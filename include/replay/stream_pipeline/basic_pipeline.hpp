@@ -1,8 +1,9 @@
 #pragma once
-// The CUDA-free heart of StreamPipeline: slot scheduling (a FIFO of free
-// slots, back-pressure), the size checks, the in-flight FIFO that delivers
-// results in submission order, the completion thread, and the tickets and
-// callbacks that carry outputs and errors across threads.
+// The heart of StreamPipeline, which makes no CUDA call itself: slot
+// scheduling (a FIFO of free slots, back-pressure), the size checks, the
+// in-order issue turn, the in-flight FIFO that delivers results in submission
+// order, the completion thread, and the tickets and callbacks that carry
+// outputs and errors across threads.
 //
 // It is a template over the stage runner (PipelineStageRunner), which issues
 // and awaits one slot's stages. StreamPipeline plugs in the CUDA runner; the
