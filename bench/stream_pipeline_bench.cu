@@ -20,8 +20,9 @@
 //      registered  the same buffers registered once (RegisteredHostBuffer), used in place
 //  pipeline/tiny/<mode>/<4KiB|16KiB|64KiB>: many small items, balanced stages,
 //      pinned memory passed as typed views (no memory-kind queries):
-//      serial against pipelined; host_us_per_item is the submitting thread's
-//      CPU time per item (budget_us: the 3 us target).
+//      serial against pipelined (and graph_slot, one graph launch per item);
+//      host_us_per_item is the submitting thread's CPU time per item
+//      (budget_us: the 3 us target).
 //
 // Time is host wall time per batch (manual time). Counters: GBps (bytes per
 // second in each direction), items_per_s, the stages' times for one item run
@@ -464,7 +465,17 @@ void pageable_batch(benchmark::State& state, PageableMode mode) {
 // Many small items through pinned memory passed as typed views. The host
 // cost per item is the submitting thread's CPU time (sleeping while every
 // slot is busy does not count).
-void tiny_batch(benchmark::State& state, bool pipelined, std::size_t bytes) {
+enum class TinyMode { serial, pipelined, graph_slot };
+const char* name_of(TinyMode m) {
+  switch (m) {
+    case TinyMode::serial: return "serial";
+    case TinyMode::pipelined: return "pipelined";
+    default: return "graph_slot";
+  }
+}
+
+void tiny_batch(benchmark::State& state, TinyMode mode, std::size_t bytes) {
+  const bool pipelined = mode != TinyMode::serial;
   if (skip_without_device(state)) {
     return;
   }
@@ -485,7 +496,10 @@ void tiny_batch(benchmark::State& state, bool pipelined, std::size_t bytes) {
       d_in.emplace(n);
       d_out.emplace(n);
     } else {
-      pipeline.emplace(replay::PipelineOptions{.input_capacity = n, .slots = 8},
+      pipeline.emplace(replay::PipelineOptions{.input_capacity = n,
+                                               .slots = 8,
+                                               .flags = mode == TinyMode::graph_slot ? replay::PipelineFlags::graph_slot
+                                                                                     : replay::PipelineFlags::none},
                        [iterations](replay::BufferView<float> i, replay::BufferView<float> o, replay::StreamRef s) {
                          launch_fma(i.data(), o.data(), i.size(), iterations, s);
                        });
@@ -568,11 +582,9 @@ void register_all() {
         ->Unit(benchmark::kMillisecond);
   }
   for (std::size_t bytes : {4 * kKiB, 16 * kKiB, 64 * kKiB}) {
-    for (bool pipelined : {false, true}) {
-      const std::string name =
-          std::string("pipeline/tiny/") + (pipelined ? "pipelined" : "serial") + "/" + size_label(bytes);
-      benchmark::RegisterBenchmark(name.c_str(),
-                                   [pipelined, bytes](benchmark::State& s) { tiny_batch(s, pipelined, bytes); })
+    for (TinyMode m : {TinyMode::serial, TinyMode::pipelined, TinyMode::graph_slot}) {
+      const std::string name = std::string("pipeline/tiny/") + name_of(m) + "/" + size_label(bytes);
+      benchmark::RegisterBenchmark(name.c_str(), [m, bytes](benchmark::State& s) { tiny_batch(s, m, bytes); })
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond);
     }
