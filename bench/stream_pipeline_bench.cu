@@ -20,7 +20,8 @@
 //      registered  the same buffers registered once (RegisteredHostBuffer), used in place
 //  pipeline/tiny/<mode>/<4KiB|16KiB|64KiB>: many small items, balanced stages,
 //      pinned memory passed as typed views (no memory-kind queries):
-//      serial against pipelined (and graph_slot, one graph launch per item);
+//      serial against pipelined (and slot_streams, each slot's stages on its
+//      own stream, and graph_slot, one graph launch per item);
 //      host_us_per_item is the submitting thread's CPU time per item
 //      (budget_us: the 3 us target).
 //
@@ -465,12 +466,20 @@ void pageable_batch(benchmark::State& state, PageableMode mode) {
 // Many small items through pinned memory passed as typed views. The host
 // cost per item is the submitting thread's CPU time (sleeping while every
 // slot is busy does not count).
-enum class TinyMode { serial, pipelined, graph_slot };
+enum class TinyMode { serial, pipelined, slot_streams, graph_slot };
 const char* name_of(TinyMode m) {
   switch (m) {
     case TinyMode::serial: return "serial";
     case TinyMode::pipelined: return "pipelined";
+    case TinyMode::slot_streams: return "slot_streams";
     default: return "graph_slot";
+  }
+}
+replay::PipelineFlags flags_of(TinyMode m) {
+  switch (m) {
+    case TinyMode::slot_streams: return replay::PipelineFlags::slot_streams;
+    case TinyMode::graph_slot: return replay::PipelineFlags::graph_slot;
+    default: return replay::PipelineFlags::none;
   }
 }
 
@@ -496,10 +505,7 @@ void tiny_batch(benchmark::State& state, TinyMode mode, std::size_t bytes) {
       d_in.emplace(n);
       d_out.emplace(n);
     } else {
-      pipeline.emplace(replay::PipelineOptions{.input_capacity = n,
-                                               .slots = 8,
-                                               .flags = mode == TinyMode::graph_slot ? replay::PipelineFlags::graph_slot
-                                                                                     : replay::PipelineFlags::none},
+      pipeline.emplace(replay::PipelineOptions{.input_capacity = n, .slots = 8, .flags = flags_of(mode)},
                        [iterations](replay::BufferView<float> i, replay::BufferView<float> o, replay::StreamRef s) {
                          launch_fma(i.data(), o.data(), i.size(), iterations, s);
                        });
@@ -582,7 +588,7 @@ void register_all() {
         ->Unit(benchmark::kMillisecond);
   }
   for (std::size_t bytes : {4 * kKiB, 16 * kKiB, 64 * kKiB}) {
-    for (TinyMode m : {TinyMode::serial, TinyMode::pipelined, TinyMode::graph_slot}) {
+    for (TinyMode m : {TinyMode::serial, TinyMode::pipelined, TinyMode::slot_streams, TinyMode::graph_slot}) {
       const std::string name = std::string("pipeline/tiny/") + name_of(m) + "/" + size_label(bytes);
       benchmark::RegisterBenchmark(name.c_str(), [m, bytes](benchmark::State& s) { tiny_batch(s, m, bytes); })
           ->UseManualTime()

@@ -815,4 +815,72 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     std::vector<float> none;
     CHECK(pipeline.submit(std::span<const float>(), std::span<float>(none)).get() == 0);
   }
+
+  TEST_CASE("slot_streams: every stage on the slot's own stream, any size, chunked staging, every output checked") {
+    constexpr std::size_t per_chunk = 4096 / sizeof(float);
+    const std::size_t capacity = 6 * per_chunk + 9;
+    replay::StreamPipeline<float> pipeline({.input_capacity = capacity,
+                                            .slots = 5,
+                                            .flags = replay::PipelineFlags::slot_streams,
+                                            .staging_chunk_bytes = 4096,
+                                            .host_copy_threads = 2},
+                                           affine);
+    const std::size_t items = under_sanitizer() ? 60 : 600;
+    replay::PinnedBuffer<float> pinned_in(items * capacity);
+    replay::PinnedBuffer<float> pinned_out(items * capacity);
+    std::vector<std::vector<float>> inputs(items);
+    std::vector<std::vector<float>> pageable_out(items);
+    std::vector<replay::PipelineTicket<std::vector<float>>> vector_tickets(items);
+    std::vector<replay::PipelineTicket<std::size_t>> count_tickets(items);
+    for (std::size_t i = 0; i < items; ++i) {
+      const std::size_t n = i < 4 ? std::vector<std::size_t>{0, 1, per_chunk, capacity}[i] : random_size(0, capacity);
+      inputs[i] = replay_test::random_floats(n);
+      std::memcpy(pinned_in.data() + i * capacity, inputs[i].data(), n * sizeof(float));
+      const replay::HostRange<const float> in = i % 2 == 0
+                                                    ? replay::HostRange<const float>(inputs[i])
+                                                    : replay::HostRange<const float>(pinned_in.subview(i * capacity, n));
+      switch (i % 3) {
+        case 0: vector_tickets[i] = pipeline.submit(in); break;
+        case 1:
+          pageable_out[i].assign(n, 0.0F);
+          count_tickets[i] = pipeline.submit(in, std::span<float>(pageable_out[i]));
+          break;
+        default: count_tickets[i] = pipeline.submit(in, pinned_out.subview(i * capacity, n));
+      }
+    }
+    for (std::size_t i = 0; i < items; ++i) {
+      INFO("item " << i << " of " << inputs[i].size() << " elements");
+      switch (i % 3) {
+        case 0: REQUIRE(first_mismatch(inputs[i], vector_tickets[i].get()) == kNone); break;
+        case 1:
+          REQUIRE(count_tickets[i].get() == inputs[i].size());
+          REQUIRE(first_mismatch(inputs[i], pageable_out[i]) == kNone);
+          break;
+        default:
+          REQUIRE(count_tickets[i].get() == inputs[i].size());
+          REQUIRE(first_mismatch(inputs[i], std::span<const float>(pinned_out.data() + i * capacity,
+                                                                   inputs[i].size())) == kNone);
+      }
+    }
+    pipeline.drain();
+    CHECK(pipeline.stats().completed == items);
+
+    // With graph_compute: the per-slot compute graphs replay on the slot streams.
+    replay::StreamPipeline<float> graphed(
+        {.input_capacity = 777, .slots = 3,
+         .flags = replay::PipelineFlags::slot_streams | replay::PipelineFlags::graph_compute},
+        affine);
+    std::vector<std::vector<float>> fixed(40);
+    std::vector<replay::PipelineTicket<std::vector<float>>> fixed_tickets(fixed.size());
+    for (std::size_t i = 0; i < fixed.size(); ++i) {
+      fixed[i] = replay_test::random_floats(777);
+      fixed_tickets[i] = graphed.submit(fixed[i]);
+    }
+    for (std::size_t i = 0; i < fixed.size(); ++i) {
+      REQUIRE(first_mismatch(fixed[i], fixed_tickets[i].get()) == kNone);
+    }
+    constexpr auto clash = replay::PipelineFlags::slot_streams | replay::PipelineFlags::graph_slot;
+    CHECK_THROWS_WITH_AS(replay::StreamPipeline<float>({.input_capacity = 8, .flags = clash}, affine),
+                         doctest::Contains("exclude each other"), replay::usage_error);
+  }
 }

@@ -177,8 +177,18 @@ class CudaStageRunner {
       slots_.emplace_back(input_capacity_, output_capacity_,
                           max_chunks_for(output_capacity_ * sizeof(Out), chunk_bytes_), event_flags, where);
     }
+    if (has_flag(flags_, PipelineFlags::slot_streams)) {
+      for (Slot& slot : slots_) {
+        slot.stream.emplace(StreamFlags::non_blocking, 0, where);
+      }
+    }
     if (graph_mode()) {
       capture_graphs(where);
+      if (has_flag(flags_, PipelineFlags::slot_streams)) {
+        // The compute graphs were uploaded on the compute stream; they are
+        // launched on the slot streams.
+        compute_stream_->synchronize(where);
+      }
     }
   }
 
@@ -258,20 +268,25 @@ class CudaStageRunner {
       if (has_flag(flags_, PipelineFlags::graph_slot)) {
         in_place = in_place && point_h2d(slot, input.data(), bytes);  // bytes == capacity: checked by the core
         if (!in_place) {
-          stage_input(slot, input, false, where);
+          stage_input(slot, input, nullptr, where);
           if (!point_h2d(slot, slot.staging_in.data(), bytes)) {
             throw cuda_error(::cudaErrorInvalidValue, "cudaGraphExecMemcpyNodeSetParams1D", where,
                              "StreamPipeline: could not point the slot graph's copy-in back at its staging buffer");
           }
         }
       } else {
+        // slot_streams: the copy-in is on the slot's own stream, ahead of its
+        // compute, so no event is needed between them.
+        const ::cudaStream_t copy_in = slot.stream ? slot.stream->get() : h2d_->get();
         if (bytes != 0 && in_place) {
-          check(::cudaMemcpyAsync(slot.device_in.data(), input.data(), bytes, ::cudaMemcpyHostToDevice, h2d_->get()),
+          check(::cudaMemcpyAsync(slot.device_in.data(), input.data(), bytes, ::cudaMemcpyHostToDevice, copy_in),
                 "cudaMemcpyAsync", where);
         } else if (bytes != 0) {
-          stage_input(slot, input, true, where);
+          stage_input(slot, input, copy_in, where);
         }
-        slot.copied_in.record(h2d_->get(), where);
+        if (!slot.stream) {
+          slot.copied_in.record(h2d_->get(), where);
+        }
       }
       if (bytes != 0) {
         (in_place ? inputs_in_place_ : inputs_staged_).fetch_add(1, ::std::memory_order_relaxed);
@@ -454,8 +469,13 @@ class CudaStageRunner {
                         "captures the compute stage",
                         where);
     }
+    if (has_flag(flags_, PipelineFlags::slot_streams) && has_flag(flags_, PipelineFlags::graph_slot)) {
+      throw usage_error("PipelineFlags::slot_streams and graph_slot exclude each other: graph_slot already runs "
+                        "each slot on a stream of its own",
+                        where);
+    }
     constexpr auto known = PipelineFlags::stage_inputs | PipelineFlags::graph_compute | PipelineFlags::graph_slot |
-                           PipelineFlags::blocking_wait;
+                           PipelineFlags::blocking_wait | PipelineFlags::slot_streams;
     if ((flags_ & ~known) != PipelineFlags::none) {
       throw usage_error("PipelineFlags holds unknown bits", where);
     }
@@ -544,11 +564,15 @@ class CudaStageRunner {
 
   void start_on_streams(Slot& slot, ::std::size_t n, bool has_destination, const plan_type& plan,
                         const ::std::source_location& where) {
-    const StreamRef compute = compute_stream_->get();
-    const StreamRef d2h = d2h_->get();
+    // slot_streams: every stage on the slot's stream, in order, no events between.
+    const bool own_stream = slot.stream.has_value();
+    const StreamRef compute = own_stream ? slot.stream->get() : compute_stream_->get();
+    const StreamRef d2h = own_stream ? slot.stream->get() : d2h_->get();
 
     // Compute, once prepare()'s copy-in is done.
-    slot.copied_in.wait_on(compute, where);
+    if (!own_stream) {
+      slot.copied_in.wait_on(compute, where);
+    }
     ::std::size_t produced = 0;
     if (slot.compute_graph) {
       slot.compute_graph->launch(compute, where);
@@ -556,12 +580,16 @@ class CudaStageRunner {
     } else {
       produced = run_compute(slot, n, compute, where);
     }
-    slot.computed.record(compute, where);
+    if (!own_stream) {
+      slot.computed.record(compute, where);
+    }
 
     // Copy-out: a staged output of several chunks gets an event per chunk, so
     // that finish() copies each one out as soon as it has landed.
     Out* target = output_target(slot, produced, has_destination, plan, where);
-    slot.computed.wait_on(d2h, where);
+    if (!own_stream) {
+      slot.computed.wait_on(d2h, where);
+    }
     const ::std::size_t bytes = produced * sizeof(Out);
     if (target == slot.staging_out.data()) {
       slot.out_chunks = plan_chunks(bytes, chunk_bytes_);
@@ -607,19 +635,19 @@ class CudaStageRunner {
   }
 
   // The input's host copy into the slot's staging, chunk by chunk on this
-  // thread and the copy helpers; with `dma`, each chunk's H2D copy is issued
-  // as soon as the chunk is in staging.
-  void stage_input(Slot& slot, const HostRange<const In>& input, bool dma, const ::std::source_location& where) {
+  // thread and the copy helpers; with a `dma` stream, each chunk's H2D copy
+  // is issued on it as soon as the chunk is in staging.
+  void stage_input(Slot& slot, const HostRange<const In>& input, ::cudaStream_t dma,
+                   const ::std::source_location& where) {
     const ChunkPlan chunks = plan_chunks(input.size_bytes(), chunk_bytes_);
     const auto* from = reinterpret_cast<const unsigned char*>(input.data());
     auto* staging = reinterpret_cast<unsigned char*>(slot.staging_in.data());
     auto* device = reinterpret_cast<unsigned char*>(slot.device_in.data());
-    const ::cudaStream_t h2d = h2d_->get();
     auto copy_chunk = [&](::std::size_t k) {
       const ::std::size_t offset = chunks.offset(k);
       ::std::memcpy(staging + offset, from + offset, chunks.length(k));
-      if (dma) {
-        check(::cudaMemcpyAsync(device + offset, staging + offset, chunks.length(k), ::cudaMemcpyHostToDevice, h2d),
+      if (dma != nullptr) {
+        check(::cudaMemcpyAsync(device + offset, staging + offset, chunks.length(k), ::cudaMemcpyHostToDevice, dma),
               "cudaMemcpyAsync", where);
       }
     };

@@ -30,6 +30,13 @@ enum class PipelineFlags : unsigned int {
   // The completion thread sleeps (cudaEventBlockingSync) instead of spinning
   // while it waits: less CPU, more latency per item.
   blocking_wait = 1U << 3,
+  // Each slot runs its copy-in, compute and copy-out on a stream of its own
+  // (eager stages, any item size): half the CUDA calls per item (no events
+  // between stages), so small items cost the host less. Overlap then comes
+  // from K slots in flight on K streams, and the compute stages of different
+  // items may run at the same time on the device: the stage must not share
+  // device buffers between items.
+  slot_streams = 1U << 4,
 };
 template <>
 inline constexpr bool enable_bitmask<PipelineFlags> = true;
