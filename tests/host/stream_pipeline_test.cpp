@@ -62,6 +62,7 @@ struct FakeControl {
   std::size_t sunk = 0;                  // outputs copied into a sink (vector deliveries)
   std::set<std::thread::id> start_threads;
   std::function<void(std::uint64_t)> on_prepare;  // runs inside prepare(), outside the lock
+  bool runner_destroyed = false;
   std::vector<std::uint64_t> started_ids;
   std::vector<std::size_t> started_slots;
   std::vector<std::uint64_t> finished_ids;
@@ -102,6 +103,13 @@ struct FakeRunner {
         ids_(slots, 0),
         counts_(slots, 0),
         destinations_(slots) {}
+  FakeRunner(const FakeRunner&) = delete;
+  FakeRunner& operator=(const FakeRunner&) = delete;
+  ~FakeRunner() {
+    std::lock_guard lock(control_->mutex);
+    control_->runner_destroyed = true;
+    control_->cv.notify_all();
+  }
 
   std::size_t slot_count() const { return outputs_.size(); }
   std::size_t input_capacity() const { return capacity_; }
@@ -769,7 +777,8 @@ TEST_SUITE("host") {
 
   TEST_CASE("the copy pool runs every chunk once on the caller and its helpers, jobs from several threads at once") {
     std::atomic<int> bound{0};
-    replay::detail::HostCopyPool pool(3, [&]() noexcept { ++bound; });
+    auto owned_pool = std::make_unique<replay::detail::HostCopyPool>(3, [&]() noexcept { ++bound; });
+    replay::detail::HostCopyPool& pool = *owned_pool;
     CHECK(pool.started() == 0);  // helpers start on first use
     // A single-chunk job runs inline and starts no helper.
     int inline_runs = 0;
@@ -819,8 +828,28 @@ TEST_SUITE("host") {
     }
     CHECK(failures.load() == 0);
     CHECK(pool.started() == 3);
+    CHECK(workers.size() >= 3);
+    // A helper takes chunks while the owner is busy with one: the owner's
+    // chunk returns only once another thread has run a chunk of the same job.
+    {
+      const auto owner = std::this_thread::get_id();
+      std::mutex m;
+      std::condition_variable cv;
+      bool helper_ran = false;
+      auto work = [&](std::size_t) {
+        std::unique_lock lock(m);
+        if (std::this_thread::get_id() == owner) {
+          cv.wait_for(lock, std::chrono::seconds(20), [&] { return helper_ran; });
+        } else {
+          helper_ran = true;
+          cv.notify_all();
+        }
+      };
+      pool.run(4, work);
+      CHECK(helper_ran);
+    }
+    owned_pool.reset();  // joins the helpers
     CHECK(bound.load() == 3);   // `bind` ran once on each helper
-    CHECK(workers.size() > 3);  // the owners and at least one helper did chunks
   }
 
   TEST_CASE("a failing chunk fails its job only: the rest are skipped or finished, the error reaches the caller") {
@@ -1002,5 +1031,79 @@ TEST_SUITE("host") {
       late.join();
     });
     waiter.join();
+  }
+
+  TEST_CASE("a callback may destroy its pipeline: the rest is still delivered, then the pipeline frees itself") {
+    FakeControl control;
+    control.allow(0);  // nothing completes before everything was submitted
+    auto pipeline = std::make_unique<FakePipeline>(std::in_place, control, 12, 8);
+    std::vector<std::vector<int>> inputs;
+    std::vector<replay::PipelineTicket<std::vector<long long>>> tickets;
+    std::atomic<bool> destroyed{false};
+    for (int i = 0; i < 10; ++i) {
+      inputs.push_back(random_item(static_cast<std::size_t>(random_int(1, 8))));
+      if (i == 3) {
+        (void)pipeline->submit(std::span<const int>(inputs.back()), [&](const auto& done) {
+          CHECK(done.ok());
+          pipeline.reset();  // from the completion thread
+          destroyed = true;
+        });
+        tickets.emplace_back();
+      } else {
+        tickets.push_back(pipeline->submit(std::span<const int>(inputs.back())));
+      }
+    }
+    control.open();  // from here on only the callback touches `pipeline`
+    for (std::size_t i = 0; i < tickets.size(); ++i) {
+      if (i != 3) {
+        REQUIRE(tickets[i].get() == expected_output(inputs[i]));  // items after the callback's too
+      }
+    }
+    CHECK(destroyed.load());
+    std::unique_lock lock(control.mutex);
+    CHECK(control.cv.wait_for(lock, std::chrono::seconds(20), [&] { return control.runner_destroyed; }));
+  }
+
+  TEST_CASE("run(range, callback) reports its own callback's exception, never another producer's") {
+    FakeControl control;
+    FakePipeline pipeline(std::in_place, control, 3, 8);
+    std::vector<std::vector<int>> inputs;
+    for (int i = 0; i < 30; ++i) {
+      inputs.push_back(random_item(static_cast<std::size_t>(random_int(0, 8))));
+    }
+    std::atomic<int> clean_errors{0};
+    std::atomic<int> thrower_errors{0};
+    std::thread thrower([&] {
+      for (int round = 0; round < 20; ++round) {
+        try {
+          pipeline.run(inputs, [&](const replay::PipelineCompletion<long long>& done) {
+            if (done.id % 7 == 0) {
+              throw std::runtime_error("batch callback threw");
+            }
+          });
+        } catch (const std::runtime_error&) {
+          ++thrower_errors;
+        }
+      }
+    });
+    std::thread clean([&] {
+      for (int round = 0; round < 20; ++round) {
+        try {
+          std::size_t seen = 0;
+          pipeline.run(inputs, [&](const replay::PipelineCompletion<long long>&) { ++seen; });
+          pipeline.drain();
+          if (seen != inputs.size()) {
+            ++clean_errors;
+          }
+        } catch (...) {
+          ++clean_errors;
+        }
+      }
+    });
+    thrower.join();
+    clean.join();
+    CHECK(clean_errors.load() == 0);
+    CHECK(thrower_errors.load() >= 1);  // ids 0, 7, 14, ... land in some of its batches
+    CHECK_NOTHROW(pipeline.drain());
   }
 }

@@ -108,16 +108,24 @@ struct PipelineState {
     }
     work_ready.notify_all();
     if (completion.joinable()) {
-      if (completion.get_id() == ::std::this_thread::get_id()) {
-        completion.detach();  // destroyed from a callback: documented as forbidden
-      } else {
-        completion.join();  // delivers everything still in flight first
-      }
+      completion.join();  // delivers everything still in flight first
+    }
+  }
+
+  bool on_completion_thread() const noexcept { return ::std::this_thread::get_id() == completion.get_id(); }
+
+  // The pipeline was destroyed from a callback: the completion thread
+  // finishes delivering and then deletes this state itself.
+  void orphan() noexcept {
+    {
+      ::std::lock_guard lock(mutex);
+      orphaned = true;
+      stopping = true;
     }
   }
 
   void require_not_completion_thread(const char* what, const ::std::source_location& where) const {
-    if (::std::this_thread::get_id() == completion.get_id()) {
+    if (on_completion_thread()) {
       throw usage_error(detail::concat("StreamPipeline::", what,
                                        " called from a completion callback; it could wait for the callback's own "
                                        "slot and deadlock. Hand the work to another thread"),
@@ -254,6 +262,11 @@ struct PipelineState {
         ::std::unique_lock lock(mutex);
         work_ready.wait(lock, [&] { return order.empty() ? stopping : records[order.front()]->issued; });
         if (order.empty()) {
+          if (orphaned) {
+            lock.unlock();
+            completion.detach();  // this thread owns the state now: nobody joins it
+            delete this;
+          }
           return;  // stopping, and everything was delivered
         }
         slot = order.pop();
@@ -384,6 +397,7 @@ struct PipelineState {
   ::std::uint64_t delivered = 0;
   ::std::size_t pending = 0;
   bool stopping = false;
+  bool orphaned = false;  // destroyed from a callback: the completion thread frees the state
   ::std::exception_ptr callback_error;
   PipelineStats stats;
 

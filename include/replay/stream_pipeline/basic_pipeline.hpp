@@ -61,10 +61,18 @@ class BasicStreamPipeline {
   BasicStreamPipeline& operator=(const BasicStreamPipeline&) = delete;
   BasicStreamPipeline(BasicStreamPipeline&&) noexcept = default;
   // Drains and destroys this pipeline first.
-  BasicStreamPipeline& operator=(BasicStreamPipeline&&) noexcept = default;
+  BasicStreamPipeline& operator=(BasicStreamPipeline&& other) noexcept {
+    if (this != &other) {
+      reset();
+      state_ = ::std::move(other.state_);
+    }
+    return *this;
+  }
   // Drains: every submitted item is delivered (tickets become ready, callbacks
-  // run) before the resources go. Never throws; a callback's exception is dropped.
-  ~BasicStreamPipeline() = default;
+  // run) before the resources go. Never throws; a callback's exception is
+  // dropped. From a completion callback it returns at once, and the
+  // completion thread delivers the rest and then frees the pipeline itself.
+  ~BasicStreamPipeline() { reset(); }
 
   bool moved_from() const noexcept { return state_ == nullptr; }
 
@@ -194,26 +202,44 @@ class BasicStreamPipeline {
              ::std::invocable<OnComplete&, const completion_type&>)
   void run(Inputs&& inputs, OnComplete on_complete, ::std::source_location where = ::std::source_location::current()) {
     check_batch(inputs, where);
-    auto shared = ::std::make_shared<OnComplete>(::std::move(on_complete));
+    // The batch lives in this frame until its last item is delivered; its
+    // callback's first exception is this batch's, not the pipeline's, so it
+    // never reaches another producer's drain() or run().
+    struct Batch {
+      OnComplete* on_complete;
+      ::std::exception_ptr error;
+    } batch{&on_complete, nullptr};
     ::std::optional<::std::uint64_t> last;
     try {
       for (auto&& input : inputs) {
         last = submit(
             input_range(input),
-            [shared](const completion_type& done) { ::std::invoke(*shared, done); }, where);
+            [b = &batch](const completion_type& done) {  // one pointer: no allocation per item
+              try {
+                ::std::invoke(*b->on_complete, done);
+              } catch (...) {
+                if (b->error == nullptr) {
+                  b->error = ::std::current_exception();
+                }
+              }
+            },
+            where);
       }
     } catch (...) {
-      settle_after_failed_submit(last);  // the callback may refer to the caller's frame
+      settle_after_failed_submit(last);  // the callback refers to this frame
       throw;
     }
     if (last) {
-      state(where).wait_delivered(*last);
+      state(where).wait_delivered(*last);  // orders the callbacks' writes before the reads below
     }
-    state(where).rethrow_callback_error();
+    if (batch.error != nullptr) {
+      ::std::rethrow_exception(batch.error);
+    }
   }
 
   // Blocks until every item submitted so far is delivered. Rethrows (once)
-  // the first exception that escaped a completion callback.
+  // the first exception that escaped a callback passed to submit/try_submit
+  // (run's callbacks report to their run instead).
   void drain(::std::source_location where = ::std::source_location::current()) {
     State& s = state(where);
     s.require_not_completion_thread("drain", where);
@@ -239,6 +265,17 @@ class BasicStreamPipeline {
   using In = input_type;
   using Out = output_type;
   using Delivery = typename State::Delivery;
+
+  // From the completion thread (a callback destroying the pipeline) the
+  // state cannot be joined: it is handed to that thread, which delivers the
+  // rest and frees it once its loop ends.
+  void reset() noexcept {
+    if (state_ != nullptr && state_->on_completion_thread()) {
+      state_.release()->orphan();
+      return;
+    }
+    state_.reset();
+  }
 
   // Queries without a caller's location report the pipeline's own.
   State& state(const ::std::source_location& where = ::std::source_location::current()) const {
