@@ -139,7 +139,7 @@ Pools& pools() {
 // Pageable input and output pools for the pageable benchmarks (touched once,
 // as a server's reused request buffers are), and a second pair that is
 // registered with CUDA for the `registered` variant.
-constexpr std::size_t kPageableItems = 16;
+constexpr std::size_t kPageableItems = 32;  // enough that one fill and one drain are a small part
 constexpr std::size_t kPageableItemBytes = 16 * kMiB;
 struct PageablePools {
   std::vector<float> in = std::vector<float>(kPageableItems * kPageableItemBytes / sizeof(float), 0.5F);
