@@ -12,6 +12,19 @@
 //      pipelined_3slots  the same with the default 3 slots (16 MiB, balanced)
 //      graph_slot  StreamPipeline with PipelineFlags::graph_slot
 //
+//  pipeline/pageable/<mode>/16MiB: pageable (ordinary) host memory both ways,
+//      balanced stages, against the fair baseline, a serial loop on the same
+//      pageable buffers:
+//      serial      one stream, cudaMemcpyAsync straight from and to pageable memory
+//      pipelined   StreamPipeline: chunked staging over its copy helpers
+//      registered  the same buffers registered once (RegisteredHostBuffer), used in place
+//  pipeline/tiny/<mode>/<4KiB|16KiB|64KiB>: many small items, balanced stages,
+//      pinned memory passed as typed views (no memory-kind queries):
+//      serial against pipelined (and slot_streams, each slot's stages on its
+//      own stream, and graph_slot, one graph launch per item);
+//      host_us_per_item is the submitting thread's CPU time per item
+//      (budget_us: the 3 us target).
+//
 // Time is host wall time per batch (manual time). Counters: GBps (bytes per
 // second in each direction), items_per_s, the stages' times for one item run
 // alone (h2d_us, compute_us, d2h_us, from events), and ideal_s: the bound
@@ -22,6 +35,8 @@
 // a plain copy kernel), ~ 1x (balanced) or ~ 4x (compute_bound) the time of
 // one item's host-to-device copy.
 #include <benchmark/benchmark.h>
+
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -34,6 +49,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "replay/replay.hpp"
 #include "replay/stream_pipeline.hpp"
@@ -118,6 +134,36 @@ struct Pools {
 Pools& pools() {
   static Pools instance;
   return instance;
+}
+
+// Pageable input and output pools for the pageable benchmarks (touched once,
+// as a server's reused request buffers are), and a second pair that is
+// registered with CUDA for the `registered` variant.
+constexpr std::size_t kPageableItems = 32;  // enough that one fill and one drain are a small part
+constexpr std::size_t kPageableItemBytes = 16 * kMiB;
+struct PageablePools {
+  std::vector<float> in = std::vector<float>(kPageableItems * kPageableItemBytes / sizeof(float), 0.5F);
+  std::vector<float> out = std::vector<float>(kPageableItems * kPageableItemBytes / sizeof(float), 0.0F);
+};
+PageablePools& pageable_pools() {
+  static PageablePools instance;
+  return instance;
+}
+struct RegisteredPools {
+  PageablePools memory;
+  replay::RegisteredHostBuffer<float> in{std::span<float>(memory.in)};
+  replay::RegisteredHostBuffer<float> out{std::span<float>(memory.out)};
+};
+RegisteredPools& registered_pools() {
+  static RegisteredPools instance;
+  return instance;
+}
+
+// CPU time of the calling thread (what submitting costs the host, waits excluded).
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -330,6 +376,187 @@ void pipeline_batch(benchmark::State& state, Balance balance, Mode mode, std::si
   }
 }
 
+enum class PageableMode { serial, pipelined, registered };
+const char* name_of(PageableMode m) {
+  switch (m) {
+    case PageableMode::serial: return "serial";
+    case PageableMode::pipelined: return "pipelined";
+    default: return "registered";
+  }
+}
+
+void pageable_batch(benchmark::State& state, PageableMode mode) {
+  if (skip_without_device(state)) {
+    return;
+  }
+  try {
+    const std::size_t bytes = kPageableItemBytes;
+    const std::size_t n = bytes / sizeof(float);
+    const std::size_t items = kPageableItems;
+    const Calibration& cal = calibration(bytes, Balance::balanced);
+    const int iterations = cal.iterations;
+    PageablePools& pageable = pageable_pools();
+    RegisteredPools* registered = mode == PageableMode::registered ? &registered_pools() : nullptr;
+    std::optional<replay::Stream> stream;
+    std::optional<replay::DeviceBuffer<float>> d_in;
+    std::optional<replay::DeviceBuffer<float>> d_out;
+    std::optional<replay::StreamPipeline<float>> pipeline;
+    if (mode == PageableMode::serial) {
+      stream.emplace();
+      d_in.emplace(n);
+      d_out.emplace(n);
+    } else {
+      pipeline.emplace(replay::PipelineOptions{.input_capacity = n, .slots = slots_for(bytes)},
+                       [iterations](replay::BufferView<float> in, replay::BufferView<float> out, replay::StreamRef s) {
+                         launch_fma(in.data(), out.data(), in.size(), iterations, s);
+                       });
+    }
+    const auto run_batch = [&](std::size_t count) {
+      if (mode == PageableMode::serial) {
+        for (std::size_t i = 0; i < count; ++i) {
+          replay::check(cudaMemcpyAsync(d_in->data(), pageable.in.data() + i * n, bytes, cudaMemcpyHostToDevice,
+                                        stream->get()),
+                        "cudaMemcpyAsync");
+          launch_fma(d_in->data(), d_out->data(), n, iterations, *stream);
+          replay::check(cudaMemcpyAsync(pageable.out.data() + i * n, d_out->data(), bytes, cudaMemcpyDeviceToHost,
+                                        stream->get()),
+                        "cudaMemcpyAsync");
+        }
+        stream->synchronize();
+      } else if (registered != nullptr) {
+        for (std::size_t i = 0; i < count; ++i) {
+          (void)pipeline->submit(registered->in.subview(i * n, n), registered->out.subview(i * n, n));
+        }
+        pipeline->drain();
+      } else {
+        for (std::size_t i = 0; i < count; ++i) {
+          (void)pipeline->submit(std::span<const float>(pageable.in.data() + i * n, n),
+                                 std::span<float>(pageable.out.data() + i * n, n));
+        }
+        pipeline->drain();
+      }
+    };
+    run_batch(4);  // warm: first launches, the copy helpers
+    double total = 0;
+    for (auto _ : state) {
+      const auto start = std::chrono::steady_clock::now();
+      run_batch(items);
+      const double batch = seconds_since(start);
+      total += batch;
+      state.SetIterationTime(batch);
+    }
+    if (pipeline && pipeline->stats().failed != 0) {
+      state.SkipWithError("pipeline items failed");
+      return;
+    }
+    set_rate_counters(state, items, bytes, total, state.iterations());
+    state.counters["goal_GBps"] = 20.0;
+    state.counters["compute_us"] = cal.compute_s * 1e6;
+    state.counters["h2d_pinned_us"] = cal.h2d_s * 1e6;
+    if (pipeline) {
+      const auto stats = pipeline->stats();
+      state.counters["staged_inputs"] = static_cast<double>(stats.inputs_staged);
+      state.counters["in_place_inputs"] = static_cast<double>(stats.inputs_in_place);
+    }
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// Many small items through pinned memory passed as typed views. The host
+// cost per item is the submitting thread's CPU time (sleeping while every
+// slot is busy does not count).
+enum class TinyMode { serial, pipelined, slot_streams, graph_slot };
+const char* name_of(TinyMode m) {
+  switch (m) {
+    case TinyMode::serial: return "serial";
+    case TinyMode::pipelined: return "pipelined";
+    case TinyMode::slot_streams: return "slot_streams";
+    default: return "graph_slot";
+  }
+}
+replay::PipelineFlags flags_of(TinyMode m) {
+  switch (m) {
+    case TinyMode::slot_streams: return replay::PipelineFlags::slot_streams;
+    case TinyMode::graph_slot: return replay::PipelineFlags::graph_slot;
+    default: return replay::PipelineFlags::none;
+  }
+}
+
+void tiny_batch(benchmark::State& state, TinyMode mode, std::size_t bytes) {
+  const bool pipelined = mode != TinyMode::serial;
+  if (skip_without_device(state)) {
+    return;
+  }
+  try {
+    Pools& p = pools();
+    const std::size_t n = bytes / sizeof(float);
+    const std::size_t items = 2048;
+    const Calibration& cal = calibration(bytes, Balance::balanced);
+    const int iterations = cal.iterations;
+    const replay::BufferView<float, replay::MemorySpace::pinned_host> in = p.in.view();
+    const replay::BufferView<float, replay::MemorySpace::pinned_host> out = p.out.view();
+    std::optional<replay::Stream> stream;
+    std::optional<replay::DeviceBuffer<float>> d_in;
+    std::optional<replay::DeviceBuffer<float>> d_out;
+    std::optional<replay::StreamPipeline<float>> pipeline;
+    if (!pipelined) {
+      stream.emplace();
+      d_in.emplace(n);
+      d_out.emplace(n);
+    } else {
+      pipeline.emplace(replay::PipelineOptions{.input_capacity = n, .slots = 8, .flags = flags_of(mode)},
+                       [iterations](replay::BufferView<float> i, replay::BufferView<float> o, replay::StreamRef s) {
+                         launch_fma(i.data(), o.data(), i.size(), iterations, s);
+                       });
+    }
+    double cpu = 0;
+    const auto run_batch = [&](std::size_t count) {
+      const double cpu_start = thread_cpu_seconds();
+      if (!pipelined) {
+        for (std::size_t i = 0; i < count; ++i) {
+          replay::check(
+              cudaMemcpyAsync(d_in->data(), in.data() + i * n, bytes, cudaMemcpyHostToDevice, stream->get()),
+              "cudaMemcpyAsync");
+          launch_fma(d_in->data(), d_out->data(), n, iterations, *stream);
+          replay::check(
+              cudaMemcpyAsync(out.data() + i * n, d_out->data(), bytes, cudaMemcpyDeviceToHost, stream->get()),
+              "cudaMemcpyAsync");
+        }
+        cpu += thread_cpu_seconds() - cpu_start;
+        stream->synchronize();
+      } else {
+        for (std::size_t i = 0; i < count; ++i) {
+          (void)pipeline->submit(in.subview(i * n, n), out.subview(i * n, n));
+        }
+        cpu += thread_cpu_seconds() - cpu_start;
+        pipeline->drain();
+      }
+    };
+    run_batch(64);  // warm
+    cpu = 0;
+    double total = 0;
+    for (auto _ : state) {
+      const auto start = std::chrono::steady_clock::now();
+      run_batch(items);
+      const double batch = seconds_since(start);
+      total += batch;
+      state.SetIterationTime(batch);
+    }
+    if (pipeline && pipeline->stats().failed != 0) {
+      state.SkipWithError("pipeline items failed");
+      return;
+    }
+    set_rate_counters(state, items, bytes, total, state.iterations());
+    state.counters["host_us_per_item"] =
+        cpu * 1e6 / (static_cast<double>(items) * static_cast<double>(state.iterations()));
+    state.counters["budget_us"] = 3.0;
+    state.counters["compute_us"] = cal.compute_s * 1e6;
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
 void register_all() {
   for (std::size_t bytes : kSizes) {
     for (Direction d : {Direction::h2d, Direction::d2h, Direction::duplex}) {
@@ -352,6 +579,20 @@ void register_all() {
             ->UseManualTime()
             ->Unit(benchmark::kMillisecond);
       }
+    }
+  }
+  for (PageableMode m : {PageableMode::serial, PageableMode::pipelined, PageableMode::registered}) {
+    const std::string name = std::string("pipeline/pageable/") + name_of(m) + "/" + size_label(kPageableItemBytes);
+    benchmark::RegisterBenchmark(name.c_str(), [m](benchmark::State& s) { pageable_batch(s, m); })
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  for (std::size_t bytes : {4 * kKiB, 16 * kKiB, 64 * kKiB}) {
+    for (TinyMode m : {TinyMode::serial, TinyMode::pipelined, TinyMode::slot_streams, TinyMode::graph_slot}) {
+      const std::string name = std::string("pipeline/tiny/") + name_of(m) + "/" + size_label(bytes);
+      benchmark::RegisterBenchmark(name.c_str(), [m, bytes](benchmark::State& s) { tiny_batch(s, m, bytes); })
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
     }
   }
 }

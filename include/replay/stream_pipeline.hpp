@@ -16,13 +16,18 @@
 //
 // Results come back in submission order; an error in one item reaches that
 // item's ticket (or callback) alone. Pinned inputs and destinations are used
-// in place; pageable ones go through the slot's pinned staging. A completion
-// thread owned by the pipeline waits for items, delivers their outputs and
-// frees their slots; no CUDA host callback is used. See docs/stream_pipeline.md.
+// in place (a PinnedBuffer, pinned BufferView or RegisteredHostBuffer is known
+// pinned from its type); pageable ones go through the slot's pinned staging in
+// chunks, the host copy of one chunk overlapping the DMA of the last, spread
+// over a few helper threads for large items. A completion thread owned by the
+// pipeline waits for items, delivers their outputs and frees their slots; no
+// CUDA host callback is used. See docs/stream_pipeline.md.
 #include <replay/detail/require_cxx20.hpp>
 
 // IWYU pragma: begin_exports
 #include "replay/stream_pipeline/options.hpp"
+#include "replay/stream_pipeline/registered_host_buffer.hpp"
+#include "replay/stream_pipeline/host_range.hpp"
 #include "replay/stream_pipeline/completion.hpp"
 #include "replay/stream_pipeline/stats.hpp"
 #include "replay/stream_pipeline/ticket.hpp"

@@ -17,6 +17,11 @@
 #include <thread>
 #include <vector>
 
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+
 #include "gpu_suite.hpp"
 #include "replay/replay.hpp"
 #include "replay/stream_pipeline.hpp"
@@ -280,6 +285,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
         REQUIRE(first_mismatch(inputs[i], get(i)) == kNone);
       }
     }
+    pipeline.drain();  // a ticket is ready a moment before its item is counted
     const auto stats = pipeline.stats();
     CHECK(stats.failed == 3);
     CHECK(stats.completed == items - 3);
@@ -401,7 +407,11 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     const std::size_t capacity = 2500;
     int captured = 0;
     replay::StreamPipeline<float> pipeline(
-        {.input_capacity = capacity, .slots = 4, .flags = replay::PipelineFlags::graph_slot},
+        {.input_capacity = capacity,
+         .slots = 4,
+         .flags = replay::PipelineFlags::graph_slot,
+         .staging_chunk_bytes = 4096,  // staged copies in three chunks, both ways
+         .host_copy_threads = 2},
         [&](replay::BufferView<float> in, replay::BufferView<float> out, replay::StreamRef s) {
           ++captured;
           affine(in, out, s);
@@ -557,5 +567,320 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       REQUIRE(first_mismatch(inputs[i], outputs[i]) == kNone);
     }
     CHECK_THROWS_AS(pipeline.drain(), replay::usage_error);
+  }
+
+  TEST_CASE("several producers, pageable and pinned memory, sizes on and off chunk boundaries: every output checked") {
+    constexpr std::size_t chunk_bytes = 4096;
+    constexpr std::size_t per_chunk = chunk_bytes / sizeof(float);
+    const std::size_t capacity = 20 * per_chunk + 3;
+    const std::vector<std::size_t> edges{0,
+                                         1,
+                                         2,
+                                         per_chunk - 1,
+                                         per_chunk,
+                                         per_chunk + 1,
+                                         2 * per_chunk,
+                                         3 * per_chunk + 5,
+                                         17 * per_chunk - 1,
+                                         capacity - 1,
+                                         capacity};
+    constexpr int producers = 4;
+    const std::size_t per_producer = under_sanitizer() ? 24 : 120;
+    replay::StreamPipeline<float> pipeline(
+        {.input_capacity = capacity, .slots = 4, .staging_chunk_bytes = chunk_bytes, .host_copy_threads = 3}, affine);
+
+    // Delivery kinds: 0 vector, 1 pageable destination, 2 pinned destination
+    // (typed), 3 callback (output in the slot), 4 callback into a pageable destination.
+    struct Item {
+      std::vector<float> input;
+      bool pinned_input = false;
+      int delivery = 0;
+      std::vector<float> pageable_out;
+      std::vector<float> callback_out;
+      bool callback_ok = false;
+      replay::PipelineTicket<std::vector<float>> vector_ticket;
+      replay::PipelineTicket<std::size_t> count_ticket;
+    };
+    std::vector<std::vector<Item>> items(producers);
+    for (auto& list : items) {
+      list = std::vector<Item>(per_producer);
+    }
+    std::vector<replay::PinnedBuffer<float>> pinned_in;
+    std::vector<replay::PinnedBuffer<float>> pinned_out;
+    for (int p = 0; p < producers; ++p) {
+      pinned_in.emplace_back(per_producer * capacity);
+      pinned_out.emplace_back(per_producer * capacity);
+      for (std::size_t i = 0; i < per_producer; ++i) {
+        Item& item = items[p][i];
+        const std::size_t n = i < edges.size() ? edges[(i + static_cast<std::size_t>(p)) % edges.size()]
+                                               : random_size(0, capacity);
+        item.input = replay_test::random_floats(n);
+        item.pinned_input = replay_test::rng()() % 2 == 0;
+        item.delivery = static_cast<int>(replay_test::rng()() % 5);
+        std::memcpy(pinned_in[p].data() + i * capacity, item.input.data(), n * sizeof(float));
+        if (item.delivery == 1 || item.delivery == 4) {
+          item.pageable_out.assign(n + 1, -7.0F);  // one past the output: must stay untouched
+        }
+      }
+    }
+    std::vector<std::thread> threads;
+    std::atomic<int> submit_errors{0};
+    for (int p = 0; p < producers; ++p) {
+      threads.emplace_back([&, p] {
+        try {
+          for (std::size_t i = 0; i < per_producer; ++i) {
+            Item& item = items[p][i];
+            const std::size_t n = item.input.size();
+            const replay::HostRange<const float> in =
+                item.pinned_input ? replay::HostRange<const float>(pinned_in[p].subview(i * capacity, n))
+                                  : replay::HostRange<const float>(item.input);
+            switch (item.delivery) {
+              case 0: item.vector_ticket = pipeline.submit(in); break;
+              case 1: item.count_ticket = pipeline.submit(in, std::span<float>(item.pageable_out).first(n)); break;
+              case 2: item.count_ticket = pipeline.submit(in, pinned_out[p].subview(i * capacity, n)); break;
+              case 3:
+                (void)pipeline.submit(in, [&item](const replay::PipelineCompletion<float>& done) {
+                  item.callback_ok = done.ok();
+                  item.callback_out.assign(done.output.begin(), done.output.end());
+                });
+                break;
+              default:
+                (void)pipeline.submit(in, std::span<float>(item.pageable_out).first(n),
+                                      [&item](const replay::PipelineCompletion<float>& done) {
+                                        item.callback_ok = done.ok();
+                                        item.callback_out.assign(done.output.begin(), done.output.end());
+                                      });
+            }
+          }
+        } catch (...) {
+          ++submit_errors;
+        }
+      });
+    }
+    for (auto& t : threads) {
+      t.join();
+    }
+    pipeline.drain();
+    REQUIRE(submit_errors.load() == 0);
+    std::size_t pinned_inputs = 0;
+    std::size_t pageable_inputs = 0;
+    for (int p = 0; p < producers; ++p) {
+      for (std::size_t i = 0; i < per_producer; ++i) {
+        Item& item = items[p][i];
+        const std::size_t n = item.input.size();
+        INFO("producer " << p << " item " << i << ": " << n << " elements, delivery " << item.delivery
+                         << (item.pinned_input ? ", pinned input" : ", pageable input"));
+        if (n != 0) {
+          (item.pinned_input ? pinned_inputs : pageable_inputs) += 1;
+        }
+        switch (item.delivery) {
+          case 0: REQUIRE(first_mismatch(item.input, item.vector_ticket.get()) == kNone); break;
+          case 1:
+            REQUIRE(item.count_ticket.get() == n);
+            REQUIRE(first_mismatch(item.input, std::span<const float>(item.pageable_out).first(n)) == kNone);
+            REQUIRE(item.pageable_out[n] == -7.0F);
+            break;
+          case 2:
+            REQUIRE(item.count_ticket.get() == n);
+            REQUIRE(first_mismatch(item.input, std::span<const float>(pinned_out[p].data() + i * capacity, n)) ==
+                    kNone);
+            break;
+          case 3:
+            REQUIRE(item.callback_ok);
+            REQUIRE(first_mismatch(item.input, item.callback_out) == kNone);
+            break;
+          default:
+            REQUIRE(item.callback_ok);
+            REQUIRE(first_mismatch(item.input, item.callback_out) == kNone);
+            REQUIRE(first_mismatch(item.input, std::span<const float>(item.pageable_out).first(n)) == kNone);
+            REQUIRE(item.pageable_out[n] == -7.0F);
+        }
+      }
+    }
+    const auto stats = pipeline.stats();
+    CHECK(stats.submitted == producers * per_producer);
+    CHECK(stats.completed == producers * per_producer);
+    CHECK(stats.failed == 0);
+    CHECK(stats.inputs_in_place == pinned_inputs);
+    CHECK(stats.inputs_staged == pageable_inputs);
+  }
+
+  TEST_CASE("a huge pageable item: more chunks than a job takes, larger chunks instead, every element checked") {
+    // 72 MiB (plus a few elements) with 1 MiB chunks needs 73 chunks; a job
+    // takes at most 64, so the chunks grow. Under the sanitizer: 2 MiB, 16 KiB chunks.
+    const std::size_t n = under_sanitizer() ? (std::size_t{2} << 20) / sizeof(float) + 7
+                                            : (std::size_t{72} << 20) / sizeof(float) + 7;
+    const std::size_t chunk = under_sanitizer() ? 16384 : std::size_t{1} << 20;
+    replay::StreamPipeline<float> pipeline(
+        {.input_capacity = n, .slots = 2, .staging_chunk_bytes = chunk, .host_copy_threads = 4}, affine);
+    const auto a = replay_test::random_floats(n);
+    const auto b = replay_test::random_floats(n - 5);
+    replay::PinnedBuffer<float> pinned(n);
+    const auto c = replay_test::random_floats(n);
+    std::memcpy(pinned.data(), c.data(), n * sizeof(float));
+    std::vector<float> out_a(n, 0.0F);
+    std::vector<float> out_c(n, 0.0F);
+    auto ta = pipeline.submit(std::span<const float>(a), std::span<float>(out_a));  // pageable both ways
+    auto tb = pipeline.submit(std::span<const float>(b));                            // into a vector
+    auto tc = pipeline.submit(pinned, std::span<float>(out_c));                      // pinned in, pageable out
+    CHECK(ta.get() == n);
+    CHECK(first_mismatch(a, out_a) == kNone);
+    CHECK(first_mismatch(b, tb.get()) == kNone);
+    CHECK(tc.get() == n);
+    CHECK(first_mismatch(c, out_c) == kNone);
+    pipeline.drain();
+    CHECK(pipeline.stats().inputs_staged == 2);
+    CHECK(pipeline.stats().inputs_in_place == 1);
+    CHECK(pipeline.stats().outputs_staged == 3);
+  }
+
+  TEST_CASE("a RegisteredHostBuffer is used in place while it lives and staged again after it is gone") {
+    const std::size_t n = (std::size_t{3} << 20) / sizeof(float) + 11;  // large enough for their own pages
+    replay::StreamPipeline<float> pipeline({.input_capacity = n, .slots = 3}, affine);
+    std::vector<float> request = replay_test::random_floats(n);
+    std::vector<float> response(n, 0.0F);
+    {
+      replay::RegisteredHostBuffer<float> in{std::span<float>(request)};
+      replay::RegisteredHostBuffer<float> out{std::span<float>(response)};
+      CHECK(in.size() == n);
+      CHECK(in.data() == request.data());
+      for (int round = 0; round < 5; ++round) {
+        const auto fresh = replay_test::random_floats(n);
+        std::copy(fresh.begin(), fresh.end(), request.begin());
+        REQUIRE(pipeline.submit(in, out).get() == n);
+        REQUIRE(first_mismatch(fresh, response) == kNone);
+      }
+      pipeline.drain();
+      CHECK(pipeline.stats().inputs_in_place == 5);
+      CHECK(pipeline.stats().outputs_direct == 5);
+      // The plain span over registered memory is found pinned too (asked once per item).
+      REQUIRE(pipeline.submit(std::span<const float>(request), std::span<float>(response)).get() == n);
+      pipeline.drain();
+      CHECK(pipeline.stats().inputs_in_place == 6);
+      if (!under_sanitizer()) {  // the sanitizer reports the refused call itself
+        try {
+          replay::RegisteredHostBuffer<float> twice{std::span<float>(request)};
+          FAIL("registering the same memory twice was accepted");
+        } catch (const replay::cuda_error& e) {
+          CHECK(e.status() == cudaErrorHostMemoryAlreadyRegistered);
+          CHECK(std::string(e.what()).find("cudaHostRegister") != std::string::npos);
+        }
+        CHECK(cudaGetLastError() == cudaSuccess);
+      }
+      replay::RegisteredHostBuffer<float> moved = std::move(in);
+      CHECK(in.moved_from());
+      CHECK_THROWS_AS((void)in.view(), replay::usage_error);
+      CHECK(moved.data() == request.data());
+    }  // unregistered here
+    const auto again = replay_test::random_floats(n);
+    std::copy(again.begin(), again.end(), request.begin());
+    REQUIRE(pipeline.submit(std::span<const float>(request), std::span<float>(response)).get() == n);
+    CHECK(first_mismatch(again, response) == kNone);
+    pipeline.drain();
+    CHECK(pipeline.stats().inputs_staged == 1);  // pageable again
+    CHECK(pipeline.stats().outputs_staged == 1);
+    replay::RegisteredHostBuffer<float> empty{std::span<float>()};
+    CHECK(empty.empty());
+  }
+
+  TEST_CASE("pinned views are typed pinned; bad staging options and bad sizes are refused with usage_error") {
+    CHECK_THROWS_WITH_AS(replay::StreamPipeline<float>({.input_capacity = 64, .staging_chunk_bytes = 1000}, affine),
+                         doctest::Contains("multiple of 4096"), replay::usage_error);
+    CHECK_THROWS_WITH_AS(replay::StreamPipeline<float>({.input_capacity = 64, .staging_chunk_bytes = 0}, affine),
+                         doctest::Contains("staging_chunk_bytes"), replay::usage_error);
+    CHECK_THROWS_WITH_AS(replay::StreamPipeline<float>({.input_capacity = 64, .host_copy_threads = 65}, affine),
+                         doctest::Contains("host_copy_threads"), replay::usage_error);
+    replay::StreamPipeline<float> pipeline({.input_capacity = 1000, .slots = 2}, affine);
+    replay::PinnedBuffer<float> big(1001);
+    replay::PinnedBuffer<float> out(1000);
+    CHECK_THROWS_WITH_AS((void)pipeline.submit(big), doctest::Contains("holds 1001 elements but a slot holds at most 1000"),
+                         replay::usage_error);
+    CHECK_THROWS_WITH_AS((void)pipeline.submit(big.subview(0, 1000), out.subview(0, 999)),
+                         doctest::Contains("destination holds 999 elements but the item produces 1000"),
+                         replay::usage_error);
+    CHECK(pipeline.stats().submitted == 0);
+    const auto data = replay_test::random_floats(1000);
+    std::memcpy(big.data(), data.data(), 1000 * sizeof(float));
+    CHECK(pipeline.submit(big.subview(0, 1000), out).get() == 1000);
+    CHECK(first_mismatch(data, std::span<const float>(out.data(), 1000)) == kNone);
+    pipeline.drain();
+    CHECK(pipeline.stats().inputs_in_place == 1);
+    CHECK(pipeline.stats().outputs_direct == 1);
+    // A pinned range the caller vouches for, and a zero-length item.
+    const auto one = replay_test::random_floats(1);
+    big[0] = one[0];
+    CHECK(pipeline.submit(replay::HostRange<const float>::pinned(std::span<const float>(big.data(), 1))).get() ==
+          std::vector<float>{expected_affine(one[0])});
+    CHECK(pipeline.submit(std::span<const float>()).get().empty());
+    std::vector<float> none;
+    CHECK(pipeline.submit(std::span<const float>(), std::span<float>(none)).get() == 0);
+  }
+
+  TEST_CASE("slot_streams: every stage on the slot's own stream, any size, chunked staging, every output checked") {
+    constexpr std::size_t per_chunk = 4096 / sizeof(float);
+    const std::size_t capacity = 6 * per_chunk + 9;
+    replay::StreamPipeline<float> pipeline({.input_capacity = capacity,
+                                            .slots = 5,
+                                            .flags = replay::PipelineFlags::slot_streams,
+                                            .staging_chunk_bytes = 4096,
+                                            .host_copy_threads = 2},
+                                           affine);
+    const std::size_t items = under_sanitizer() ? 60 : 600;
+    replay::PinnedBuffer<float> pinned_in(items * capacity);
+    replay::PinnedBuffer<float> pinned_out(items * capacity);
+    std::vector<std::vector<float>> inputs(items);
+    std::vector<std::vector<float>> pageable_out(items);
+    std::vector<replay::PipelineTicket<std::vector<float>>> vector_tickets(items);
+    std::vector<replay::PipelineTicket<std::size_t>> count_tickets(items);
+    for (std::size_t i = 0; i < items; ++i) {
+      const std::size_t n = i < 4 ? std::vector<std::size_t>{0, 1, per_chunk, capacity}[i] : random_size(0, capacity);
+      inputs[i] = replay_test::random_floats(n);
+      std::memcpy(pinned_in.data() + i * capacity, inputs[i].data(), n * sizeof(float));
+      const replay::HostRange<const float> in = i % 2 == 0
+                                                    ? replay::HostRange<const float>(inputs[i])
+                                                    : replay::HostRange<const float>(pinned_in.subview(i * capacity, n));
+      switch (i % 3) {
+        case 0: vector_tickets[i] = pipeline.submit(in); break;
+        case 1:
+          pageable_out[i].assign(n, 0.0F);
+          count_tickets[i] = pipeline.submit(in, std::span<float>(pageable_out[i]));
+          break;
+        default: count_tickets[i] = pipeline.submit(in, pinned_out.subview(i * capacity, n));
+      }
+    }
+    for (std::size_t i = 0; i < items; ++i) {
+      INFO("item " << i << " of " << inputs[i].size() << " elements");
+      switch (i % 3) {
+        case 0: REQUIRE(first_mismatch(inputs[i], vector_tickets[i].get()) == kNone); break;
+        case 1:
+          REQUIRE(count_tickets[i].get() == inputs[i].size());
+          REQUIRE(first_mismatch(inputs[i], pageable_out[i]) == kNone);
+          break;
+        default:
+          REQUIRE(count_tickets[i].get() == inputs[i].size());
+          REQUIRE(first_mismatch(inputs[i], std::span<const float>(pinned_out.data() + i * capacity,
+                                                                   inputs[i].size())) == kNone);
+      }
+    }
+    pipeline.drain();
+    CHECK(pipeline.stats().completed == items);
+
+    // With graph_compute: the per-slot compute graphs replay on the slot streams.
+    replay::StreamPipeline<float> graphed(
+        {.input_capacity = 777, .slots = 3,
+         .flags = replay::PipelineFlags::slot_streams | replay::PipelineFlags::graph_compute},
+        affine);
+    std::vector<std::vector<float>> fixed(40);
+    std::vector<replay::PipelineTicket<std::vector<float>>> fixed_tickets(fixed.size());
+    for (std::size_t i = 0; i < fixed.size(); ++i) {
+      fixed[i] = replay_test::random_floats(777);
+      fixed_tickets[i] = graphed.submit(fixed[i]);
+    }
+    for (std::size_t i = 0; i < fixed.size(); ++i) {
+      REQUIRE(first_mismatch(fixed[i], fixed_tickets[i].get()) == kNone);
+    }
+    constexpr auto clash = replay::PipelineFlags::slot_streams | replay::PipelineFlags::graph_slot;
+    CHECK_THROWS_WITH_AS(replay::StreamPipeline<float>({.input_capacity = 8, .flags = clash}, affine),
+                         doctest::Contains("exclude each other"), replay::usage_error);
   }
 }

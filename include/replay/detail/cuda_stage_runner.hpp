@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "replay/capture_scope.hpp"
+#include "replay/detail/host_copy_pool.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/device.hpp"
 #include "replay/error.hpp"
@@ -30,6 +31,7 @@
 #include "replay/graph_exec.hpp"
 #include "replay/static_buffer.hpp"
 #include "replay/stream.hpp"
+#include "replay/stream_pipeline/host_range.hpp"
 #include "replay/stream_pipeline/options.hpp"
 #include "replay/stream_pipeline/stage_runner.hpp"
 #include "replay/stream_pipeline/stats.hpp"
@@ -53,17 +55,31 @@ inline HostMemory host_memory_at(const void* address) noexcept {
 }
 
 // Pinned only when both ends of the range are: a range that runs off a pinned
-// allocation would make the copy engine fall back to a synchronous path.
+// allocation would make the copy engine fall back to a synchronous path. A
+// range that starts in pageable memory is pageable (one query).
 inline HostMemory host_memory_of(const void* data, ::std::size_t bytes) noexcept {
   if (bytes == 0 || data == nullptr) {
     return HostMemory::pageable;
   }
   const HostMemory first = host_memory_at(data);
+  if (first == HostMemory::pageable) {
+    return first;
+  }
   const HostMemory last = host_memory_at(static_cast<const unsigned char*>(data) + bytes - 1);
   if (first == HostMemory::device || last == HostMemory::device) {
     return HostMemory::device;
   }
   return first == HostMemory::pinned && last == HostMemory::pinned ? HostMemory::pinned : HostMemory::pageable;
+}
+
+// The kind of a HostRange: from its type when known, else asked.
+template <class T>
+HostMemory host_memory_of(const HostRange<T>& range) noexcept {
+  switch (range.kind()) {
+    case HostMemoryKind::pinned: return HostMemory::pinned;
+    case HostMemoryKind::pageable: return HostMemory::pageable;
+    default: return host_memory_of(range.data(), range.size_bytes());
+  }
 }
 
 // Makes `device` current for a scope and restores the previous one.
@@ -145,7 +161,9 @@ class CudaStageRunner {
         output_capacity_(options.output_capacity != 0 ? options.output_capacity : options.input_capacity),
         flags_(options.flags),
         output_count_(::std::move(options.output_count)),
-        compute_(::std::move(compute)) {
+        compute_(::std::move(compute)),
+        chunk_bytes_(options.staging_chunk_bytes),
+        copiers_(options.host_copy_threads, [this]() noexcept { (void)::cudaSetDevice(device_); }) {
     validate(options, where);
     device_ = current_device(where);
     const EventFlags event_flags =
@@ -156,10 +174,21 @@ class CudaStageRunner {
     d2h_.emplace(StreamFlags::non_blocking, 0, where);
     slots_.reserve(options.slots);
     for (::std::size_t i = 0; i < options.slots; ++i) {
-      slots_.emplace_back(input_capacity_, output_capacity_, event_flags, where);
+      slots_.emplace_back(input_capacity_, output_capacity_,
+                          max_chunks_for(output_capacity_ * sizeof(Out), chunk_bytes_), event_flags, where);
+    }
+    if (has_flag(flags_, PipelineFlags::slot_streams)) {
+      for (Slot& slot : slots_) {
+        slot.stream.emplace(StreamFlags::non_blocking, 0, where);
+      }
     }
     if (graph_mode()) {
       capture_graphs(where);
+      if (has_flag(flags_, PipelineFlags::slot_streams)) {
+        // The compute graphs were uploaded on the compute stream; they are
+        // launched on the slot streams.
+        compute_stream_->synchronize(where);
+      }
     }
   }
 
@@ -200,10 +229,10 @@ class CudaStageRunner {
     return output_count_ ? output_count_(n) : n;
   }
 
-  plan_type plan(::std::span<const In> input, const ::std::optional<::std::span<Out>>& destination,
+  plan_type plan(const HostRange<const In>& input, const ::std::optional<HostRange<Out>>& destination,
                  const ::std::source_location& where) const {
     plan_type plan;
-    const HostMemory input_memory = host_memory_of(input.data(), input.size_bytes());
+    const HostMemory input_memory = host_memory_of(input);
     if (input_memory == HostMemory::device) {
       throw usage_error("StreamPipeline: the input points to device memory; submit host memory (pageable or "
                         "pinned), or do device-to-device work inside the compute stage",
@@ -211,7 +240,7 @@ class CudaStageRunner {
     }
     plan.input_pinned = input_memory == HostMemory::pinned && !has_flag(flags_, PipelineFlags::stage_inputs);
     if (destination) {
-      const HostMemory out_memory = host_memory_of(destination->data(), destination->size_bytes());
+      const HostMemory out_memory = host_memory_of(*destination);
       if (out_memory == HostMemory::device) {
         throw usage_error("StreamPipeline: the destination points to device memory; pass host memory "
                           "(pageable or pinned)",
@@ -222,8 +251,55 @@ class CudaStageRunner {
     return plan;
   }
 
-  void start(::std::size_t index, ::std::uint64_t id, ::std::span<const In> input,
-             ::std::optional<::std::span<Out>> destination, const plan_type& plan,
+  // Phase one, without the pipeline's serialization: the input's host
+  // staging (chunk by chunk, each chunk's DMA issued as soon as it is in
+  // staging) and the copy-in, then copied_in. The slot's staging and device
+  // input are free: the slot's previous item was delivered.
+  void prepare(::std::size_t index, ::std::uint64_t id, const HostRange<const In>& input, const plan_type& plan,
+               const ::std::source_location& where) {
+    Slot& slot = slots_[index];
+    slot.id = id;
+    slot.submitted_at = where;
+    slot.needs_stream_sync = false;
+    const ::std::size_t bytes = input.size_bytes();
+    DeviceScope device(device_, where);
+    try {
+      bool in_place = plan.input_pinned;
+      if (has_flag(flags_, PipelineFlags::graph_slot)) {
+        in_place = in_place && point_h2d(slot, input.data(), bytes);  // bytes == capacity: checked by the core
+        if (!in_place) {
+          stage_input(slot, input, nullptr, where);
+          if (!point_h2d(slot, slot.staging_in.data(), bytes)) {
+            throw cuda_error(::cudaErrorInvalidValue, "cudaGraphExecMemcpyNodeSetParams1D", where,
+                             "StreamPipeline: could not point the slot graph's copy-in back at its staging buffer");
+          }
+        }
+      } else {
+        // slot_streams: the copy-in is on the slot's own stream, ahead of its
+        // compute, so no event is needed between them.
+        const ::cudaStream_t copy_in = slot.stream ? slot.stream->get() : h2d_->get();
+        if (bytes != 0 && in_place) {
+          check(::cudaMemcpyAsync(slot.device_in.data(), input.data(), bytes, ::cudaMemcpyHostToDevice, copy_in),
+                "cudaMemcpyAsync", where);
+        } else if (bytes != 0) {
+          stage_input(slot, input, copy_in, where);
+        }
+        if (!slot.stream) {
+          slot.copied_in.record(h2d_->get(), where);
+        }
+      }
+      if (bytes != 0) {
+        (in_place ? inputs_in_place_ : inputs_staged_).fetch_add(1, ::std::memory_order_relaxed);
+      }
+    } catch (...) {
+      fence(slot);
+      throw;
+    }
+  }
+
+  // Phase two, serialized and in id order: compute and copy-out.
+  void start(::std::size_t index, ::std::uint64_t id, const HostRange<const In>& input,
+             const ::std::optional<HostRange<Out>>& destination, const plan_type& plan,
              const ::std::source_location& where) {
     Slot& slot = slots_[index];
     slot.id = id;
@@ -233,13 +309,14 @@ class CudaStageRunner {
     slot.destination = destination ? destination->data() : nullptr;
     slot.destination_size = destination ? destination->size() : 0;
     slot.copy_to_destination = false;
-    slot.needs_stream_sync = false;
+    slot.out_chunks = ChunkPlan{};
+    slot.out_chunk_events = false;
     DeviceScope device(device_, where);
     try {
       if (has_flag(flags_, PipelineFlags::graph_slot)) {
-        start_slot_graph(slot, input, destination.has_value(), plan, where);
+        start_slot_graph(slot, destination.has_value(), plan, where);
       } else {
-        start_on_streams(slot, input, destination.has_value(), plan, where);
+        start_on_streams(slot, input.size(), destination.has_value(), plan, where);
       }
     } catch (...) {
       fence(slot);
@@ -247,24 +324,42 @@ class CudaStageRunner {
     }
   }
 
-  ::std::span<const Out> finish(::std::size_t index) {
+  // Waits for the item. A staged output bound for the caller's memory (a
+  // pageable destination, or the sink) is copied out chunk by chunk as each
+  // chunk's DMA completes, by this thread and the copy helpers together.
+  ::std::span<const Out> finish(::std::size_t index, PipelineOutputSink<Out> sink) {
     Slot& slot = slots_[index];
-    const ::cudaError_t status = ::cudaEventSynchronize(slot.copied_out.get());
-    if (status != ::cudaSuccess) {
-      clear_error_slot(status);
-      throw cuda_error(status, "cudaEventSynchronize", slot.submitted_at,
-                       detail::concat("StreamPipeline item ", slot.id,
-                                      ": an asynchronous error in its copy-in, compute or copy-out stage (a sticky "
-                                      "error, such as an illegal address, fails every later item too)"));
+    Out* target = nullptr;
+    if (slot.copy_to_destination) {
+      target = slot.destination;
+    } else if (sink && slot.output == slot.staging_out.data()) {
+      target = sink.allocate(sink.context, slot.count);
+    }
+    if (target == nullptr) {
+      await(slot, slot.copied_out.get(), "cudaEventSynchronize");
+      return {slot.output, slot.count};
+    }
+    const ChunkPlan& chunks = slot.out_chunks;
+    const auto* from = reinterpret_cast<const unsigned char*>(slot.staging_out.data());
+    auto* to = reinterpret_cast<unsigned char*>(target);
+    const bool per_chunk = slot.out_chunk_events;
+    auto copy_chunk = [&](::std::size_t k) {
+      if (per_chunk) {
+        await(slot, slot.chunk_events[k].get(), "cudaEventSynchronize");
+      }
+      ::std::memcpy(to + chunks.offset(k), from + chunks.offset(k), chunks.length(k));
+    };
+    if (!per_chunk) {
+      await(slot, slot.copied_out.get(), "cudaEventSynchronize");
+    }
+    copiers_.run(chunks.count, copy_chunk);
+    if (per_chunk) {
+      await(slot, slot.copied_out.get(), "cudaEventSynchronize");
     }
     if (slot.copy_to_destination) {
-      if (slot.count != 0) {
-        ::std::memcpy(slot.destination, slot.output, slot.count * sizeof(Out));
-      }
       outputs_staged_.fetch_add(1, ::std::memory_order_relaxed);
-      return {slot.destination, slot.count};
     }
-    return {slot.output, slot.count};
+    return {target, slot.count};
   }
 
   void settle(::std::size_t index) noexcept {
@@ -304,15 +399,22 @@ class CudaStageRunner {
 
  private:
   struct Slot {
-    Slot(::std::size_t in_capacity, ::std::size_t out_capacity, EventFlags event_flags,
-         const ::std::source_location& where)
+    Slot(::std::size_t in_capacity, ::std::size_t out_capacity, ::std::size_t out_chunk_count,
+         EventFlags event_flags, const ::std::source_location& where)
         : staging_in(in_capacity, where),
           staging_out(out_capacity, where),
           device_in(in_capacity, where),
           device_out(out_capacity, where),
           copied_in(event_flags, where),
           computed(event_flags, where),
-          copied_out(event_flags, where) {}
+          copied_out(event_flags, where) {
+      if (out_chunk_count >= 2) {
+        chunk_events.reserve(out_chunk_count);
+        for (::std::size_t k = 0; k < out_chunk_count; ++k) {
+          chunk_events.emplace_back(event_flags, where);
+        }
+      }
+    }
 
     PinnedBuffer<In> staging_in;
     PinnedBuffer<Out> staging_out;
@@ -321,6 +423,8 @@ class CudaStageRunner {
     Event copied_in;   // H2D done: compute may read device_in
     Event computed;    // compute done: D2H may read device_out
     Event copied_out;  // everything the item issued is done: the slot may be reused
+    // A staged output's chunk k is in staging_out: its host copy may start.
+    ::std::vector<Event> chunk_events;
 
     // graph_compute: the compute stage captured on this slot's buffers.
     ::std::optional<GraphExec> compute_graph;
@@ -342,6 +446,8 @@ class CudaStageRunner {
     Out* destination = nullptr;
     ::std::size_t destination_size = 0;
     bool copy_to_destination = false;  // pageable destination: copy from staging in finish()
+    ChunkPlan out_chunks;              // how a staged output is copied out
+    bool out_chunk_events = false;     // chunk_events were recorded for it
     bool needs_stream_sync = false;    // fence failed: settle() synchronizes the streams
   };
 
@@ -363,13 +469,29 @@ class CudaStageRunner {
                         "captures the compute stage",
                         where);
     }
+    if (has_flag(flags_, PipelineFlags::slot_streams) && has_flag(flags_, PipelineFlags::graph_slot)) {
+      throw usage_error("PipelineFlags::slot_streams and graph_slot exclude each other: graph_slot already runs "
+                        "each slot on a stream of its own",
+                        where);
+    }
     constexpr auto known = PipelineFlags::stage_inputs | PipelineFlags::graph_compute | PipelineFlags::graph_slot |
-                           PipelineFlags::blocking_wait;
+                           PipelineFlags::blocking_wait | PipelineFlags::slot_streams;
     if ((flags_ & ~known) != PipelineFlags::none) {
       throw usage_error("PipelineFlags holds unknown bits", where);
     }
     if (!compute_) {
       throw usage_error("StreamPipeline needs a compute stage", where);
+    }
+    if (options.staging_chunk_bytes == 0 || options.staging_chunk_bytes % staging_page_bytes != 0) {
+      throw usage_error(detail::concat("PipelineOptions::staging_chunk_bytes must be a positive multiple of ",
+                                       staging_page_bytes, " (got ", options.staging_chunk_bytes,
+                                       "); 1 MiB or 2 MiB is typical"),
+                        where);
+    }
+    if (options.host_copy_threads > 64) {
+      throw usage_error(detail::concat("PipelineOptions::host_copy_threads must be at most 64 (got ",
+                                       options.host_copy_threads, "); a few are enough to outrun the link"),
+                        where);
     }
   }
 
@@ -440,27 +562,17 @@ class CudaStageRunner {
     }
   }
 
-  void start_on_streams(Slot& slot, ::std::span<const In> input, bool has_destination, const plan_type& plan,
+  void start_on_streams(Slot& slot, ::std::size_t n, bool has_destination, const plan_type& plan,
                         const ::std::source_location& where) {
-    const ::std::size_t n = input.size();
-    const StreamRef h2d = h2d_->get();
-    const StreamRef compute = compute_stream_->get();
-    const StreamRef d2h = d2h_->get();
+    // slot_streams: every stage on the slot's stream, in order, no events between.
+    const bool own_stream = slot.stream.has_value();
+    const StreamRef compute = own_stream ? slot.stream->get() : compute_stream_->get();
+    const StreamRef d2h = own_stream ? slot.stream->get() : d2h_->get();
 
-    // Copy-in. The slot's staging is free: its previous item was delivered.
-    const In* source = input.data();
-    if (n != 0 && !plan.input_pinned) {
-      ::std::memcpy(slot.staging_in.data(), input.data(), input.size_bytes());
-      source = slot.staging_in.data();
+    // Compute, once prepare()'s copy-in is done.
+    if (!own_stream) {
+      slot.copied_in.wait_on(compute, where);
     }
-    if (n != 0) {
-      check(::cudaMemcpyAsync(slot.device_in.data(), source, input.size_bytes(), ::cudaMemcpyHostToDevice, h2d.get()),
-            "cudaMemcpyAsync", where);
-    }
-    slot.copied_in.record(h2d, where);
-
-    // Compute.
-    slot.copied_in.wait_on(compute, where);
     ::std::size_t produced = 0;
     if (slot.compute_graph) {
       slot.compute_graph->launch(compute, where);
@@ -468,31 +580,40 @@ class CudaStageRunner {
     } else {
       produced = run_compute(slot, n, compute, where);
     }
-    slot.computed.record(compute, where);
+    if (!own_stream) {
+      slot.computed.record(compute, where);
+    }
 
-    // Copy-out.
+    // Copy-out: a staged output of several chunks gets an event per chunk, so
+    // that finish() copies each one out as soon as it has landed.
     Out* target = output_target(slot, produced, has_destination, plan, where);
-    slot.computed.wait_on(d2h, where);
-    if (produced != 0) {
-      check(::cudaMemcpyAsync(target, slot.device_out.data(), produced * sizeof(Out), ::cudaMemcpyDeviceToHost,
-                              d2h.get()),
+    if (!own_stream) {
+      slot.computed.wait_on(d2h, where);
+    }
+    const ::std::size_t bytes = produced * sizeof(Out);
+    if (target == slot.staging_out.data()) {
+      slot.out_chunks = plan_chunks(bytes, chunk_bytes_);
+    }
+    if (slot.out_chunks.count >= 2 && slot.out_chunks.count <= slot.chunk_events.size()) {
+      const auto* from = reinterpret_cast<const unsigned char*>(slot.device_out.data());
+      auto* to = reinterpret_cast<unsigned char*>(target);
+      for (::std::size_t k = 0; k < slot.out_chunks.count; ++k) {
+        check(::cudaMemcpyAsync(to + slot.out_chunks.offset(k), from + slot.out_chunks.offset(k),
+                                slot.out_chunks.length(k), ::cudaMemcpyDeviceToHost, d2h.get()),
+              "cudaMemcpyAsync", where);
+        slot.chunk_events[k].record(d2h, where);
+      }
+      slot.out_chunk_events = true;
+    } else if (bytes != 0) {
+      check(::cudaMemcpyAsync(target, slot.device_out.data(), bytes, ::cudaMemcpyDeviceToHost, d2h.get()),
             "cudaMemcpyAsync", where);
     }
     slot.copied_out.record(d2h, where);
-    count_paths(slot, plan, n);
+    count_output_path(slot);
   }
 
-  void start_slot_graph(Slot& slot, ::std::span<const In> input, bool has_destination, const plan_type& plan,
+  void start_slot_graph(Slot& slot, bool has_destination, const plan_type& plan,
                         const ::std::source_location& where) {
-    const ::std::size_t in_bytes = input.size_bytes();  // == capacity: checked by the core
-    bool in_place = plan.input_pinned && point_h2d(slot, input.data(), in_bytes);
-    if (!in_place) {
-      ::std::memcpy(slot.staging_in.data(), input.data(), in_bytes);
-      if (!point_h2d(slot, slot.staging_in.data(), in_bytes)) {
-        throw cuda_error(::cudaErrorInvalidValue, "cudaGraphExecMemcpyNodeSetParams1D", where,
-                         "StreamPipeline: could not point the slot graph's copy-in back at its staging buffer");
-      }
-    }
     const ::std::size_t produced = fixed_output_count_;
     Out* target = output_target(slot, produced, has_destination, plan, where);
     if (produced != 0 && !point_d2h(slot, target, produced * sizeof(Out))) {
@@ -505,9 +626,44 @@ class CudaStageRunner {
                          "StreamPipeline: could not point the slot graph's copy-out back at its staging buffer");
       }
     }
+    if (target == slot.staging_out.data()) {
+      slot.out_chunks = plan_chunks(produced * sizeof(Out), chunk_bytes_);  // copied out after the graph, in parallel
+    }
     slot.slot_graph->launch(slot.stream->get(), where);
     slot.copied_out.record(slot.stream->get(), where);
-    count_paths(slot, plan_type{in_place, plan.destination_pinned}, input.size());
+    count_output_path(slot);
+  }
+
+  // The input's host copy into the slot's staging, chunk by chunk on this
+  // thread and the copy helpers; with a `dma` stream, each chunk's H2D copy
+  // is issued on it as soon as the chunk is in staging.
+  void stage_input(Slot& slot, const HostRange<const In>& input, ::cudaStream_t dma,
+                   const ::std::source_location& where) {
+    const ChunkPlan chunks = plan_chunks(input.size_bytes(), chunk_bytes_);
+    const auto* from = reinterpret_cast<const unsigned char*>(input.data());
+    auto* staging = reinterpret_cast<unsigned char*>(slot.staging_in.data());
+    auto* device = reinterpret_cast<unsigned char*>(slot.device_in.data());
+    auto copy_chunk = [&](::std::size_t k) {
+      const ::std::size_t offset = chunks.offset(k);
+      ::std::memcpy(staging + offset, from + offset, chunks.length(k));
+      if (dma != nullptr) {
+        check(::cudaMemcpyAsync(device + offset, staging + offset, chunks.length(k), ::cudaMemcpyHostToDevice, dma),
+              "cudaMemcpyAsync", where);
+      }
+    };
+    copiers_.run(chunks.count, copy_chunk);
+  }
+
+  // Waits for one of the slot's events; an error is the item's asynchronous failure.
+  static void await(const Slot& slot, ::cudaEvent_t event, const char* api) {
+    const ::cudaError_t status = ::cudaEventSynchronize(event);
+    if (status != ::cudaSuccess) {
+      clear_error_slot(status);
+      throw cuda_error(status, api, slot.submitted_at,
+                       detail::concat("StreamPipeline item ", slot.id,
+                                      ": an asynchronous error in its copy-in, compute or copy-out stage (a sticky "
+                                      "error, such as an illegal address, fails every later item too)"));
+    }
   }
 
   // Where the D2H copy writes: the caller's pinned destination, or the slot's
@@ -529,10 +685,7 @@ class CudaStageRunner {
     return target;
   }
 
-  void count_paths(const Slot& slot, const plan_type& plan, ::std::size_t n) {
-    if (n != 0) {
-      (plan.input_pinned ? inputs_in_place_ : inputs_staged_).fetch_add(1, ::std::memory_order_relaxed);
-    }
+  void count_output_path(const Slot& slot) {
     if (!slot.copy_to_destination) {
       // Staged outputs delivered through a pageable destination are counted in finish().
       (slot.output == slot.staging_out.data() ? outputs_staged_ : outputs_direct_)
@@ -587,6 +740,8 @@ class CudaStageRunner {
   PipelineFlags flags_;
   ::std::function<::std::size_t(::std::size_t)> output_count_;
   ComputeStage<In, Out> compute_;
+  ::std::size_t chunk_bytes_;
+  HostCopyPool copiers_;  // helpers for large staged copies (started on first use)
   ::std::size_t fixed_output_count_ = 0;  // graph modes
   int device_ = 0;
   // Streams first: destroyed after the slots' buffers, events and graphs.

@@ -1,7 +1,8 @@
 #pragma once
 // Internals of BasicStreamPipeline: the state it shares with its completion
-// thread (slot scheduling, the in-flight FIFO that delivers results in
-// submission order, the completion loop) and the fixed-capacity slot FIFO.
+// thread (slot scheduling, the in-order issue turn, the in-flight FIFO that
+// delivers results in submission order, the completion loop) and the
+// fixed-capacity slot FIFO.
 #include <replay/detail/require_cxx20.hpp>
 
 #include <atomic>
@@ -9,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <future>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <source_location>
@@ -20,8 +21,10 @@
 #include <vector>
 
 #include "replay/detail/message.hpp"
+#include "replay/detail/ticket_state.hpp"
 #include "replay/error.hpp"
 #include "replay/stream_pipeline/completion.hpp"
+#include "replay/stream_pipeline/host_range.hpp"
 #include "replay/stream_pipeline/stage_runner.hpp"
 #include "replay/stream_pipeline/stats.hpp"
 
@@ -38,6 +41,7 @@ class SlotRing {
     items_[(head_ + count_) % items_.size()] = value;
     ++count_;
   }
+  ::std::size_t front() const noexcept { return items_[head_]; }
   ::std::size_t pop() noexcept {
     const ::std::size_t value = items_[head_];
     head_ = (head_ + 1) % items_.size();
@@ -54,21 +58,30 @@ class SlotRing {
 // What a BasicStreamPipeline shares with its completion thread: the runner,
 // the slots, the in-flight FIFO, the counters and the thread itself.
 // Heap-held so that the pipeline can move while the completion thread runs.
+//
+// One item's path: take a slot and an id (one lock; the item joins the
+// in-flight FIFO at once, so ids, slots and delivery order agree), prepare it
+// (the input's host staging and copy-in, concurrently with other producers),
+// wait for its turn (ids are issued in order; usually no wait and no lock),
+// start it (compute and copy-out, serialized), mark it issued (one lock). The
+// completion thread delivers the FIFO's head once it is issued.
 template <PipelineStageRunner Runner>
 struct PipelineState {
   using In = typename Runner::input_type;
   using Out = typename Runner::output_type;
   using callback_type = PipelineCallback<Out>;
   using completion_type = PipelineCompletion<Out>;
-  // How an item's output is handed over: a vector, a count (the output went
-  // to the caller's destination), or a callback.
-  using Delivery = ::std::variant<::std::promise<::std::vector<Out>>, ::std::promise<::std::size_t>, callback_type>;
+  using VectorPool = TicketPool<::std::vector<Out>>;
+  using CountPool = TicketPool<::std::size_t>;
+  // How an item's output is handed over: a vector ticket, a count ticket
+  // (the output went to the caller's destination), or a callback.
+  using Delivery = ::std::variant<typename VectorPool::record_type*, typename CountPool::record_type*, callback_type>;
 
   struct InFlight {
-    ::std::uint64_t id;
-    ::std::size_t slot;
+    ::std::uint64_t id = 0;
     Delivery delivery;
-    ::std::exception_ptr error;  // set when start() threw
+    ::std::exception_ptr error;  // set when prepare() or start() threw
+    bool issued = false;         // prepare() and start() returned
   };
 
   template <class... Args>
@@ -95,16 +108,24 @@ struct PipelineState {
     }
     work_ready.notify_all();
     if (completion.joinable()) {
-      if (completion.get_id() == ::std::this_thread::get_id()) {
-        completion.detach();  // destroyed from a callback: documented as forbidden
-      } else {
-        completion.join();  // delivers everything still in flight first
-      }
+      completion.join();  // delivers everything still in flight first
+    }
+  }
+
+  bool on_completion_thread() const noexcept { return ::std::this_thread::get_id() == completion.get_id(); }
+
+  // The pipeline was destroyed from a callback: the completion thread
+  // finishes delivering and then deletes this state itself.
+  void orphan() noexcept {
+    {
+      ::std::lock_guard lock(mutex);
+      orphaned = true;
+      stopping = true;
     }
   }
 
   void require_not_completion_thread(const char* what, const ::std::source_location& where) const {
-    if (::std::this_thread::get_id() == completion.get_id()) {
+    if (on_completion_thread()) {
       throw usage_error(detail::concat("StreamPipeline::", what,
                                        " called from a completion callback; it could wait for the callback's own "
                                        "slot and deadlock. Hand the work to another thread"),
@@ -112,10 +133,24 @@ struct PipelineState {
     }
   }
 
-  // Takes a slot (waiting if `block`), issues the item and queues it for
-  // the completion thread. Empty when !block and no slot (or the producer
-  // lock) is free at once.
-  ::std::optional<::std::uint64_t> enqueue(::std::span<const In> input, ::std::optional<::std::span<Out>> destination,
+  // A delivery made before the item is accepted; handed back by discard()
+  // when the item is refused.
+  Delivery make_vector_delivery() { return Delivery(::std::in_place_index<0>, vectors->acquire()); }
+  Delivery make_count_delivery() { return Delivery(::std::in_place_index<1>, counts->acquire()); }
+  void discard(Delivery& delivery) noexcept {
+    if (auto* record = ::std::get_if<0>(&delivery)) {
+      vectors->release(*record);  // both shares: no ticket was made
+      vectors->release(*record);
+    } else if (auto* count_record = ::std::get_if<1>(&delivery)) {
+      counts->release(*count_record);
+      counts->release(*count_record);
+    }
+  }
+
+  // Takes a slot (waiting if `block`), issues the item and queues it for the
+  // completion thread. Empty when !block and no slot is free at once; then
+  // (and when it throws) `delivery` is left to the caller.
+  ::std::optional<::std::uint64_t> enqueue(HostRange<const In> input, ::std::optional<HostRange<Out>> destination,
                                            Delivery& delivery, bool block, const ::std::source_location& where) {
     require_not_completion_thread(block ? "submit" : "try_submit", where);
     if (issuing.load(::std::memory_order_relaxed) == ::std::this_thread::get_id()) {
@@ -124,19 +159,12 @@ struct PipelineState {
           "issues work for the item it was given",
           where);
     }
-    check_item(input.size(), destination, where);
+    check_item(input.size(), destination ? ::std::optional(destination->size()) : ::std::nullopt, where);
     const auto plan = runner.plan(input, destination, where);
 
-    // Producers are serialized so that ids, slots and the in-flight order agree.
-    ::std::unique_lock producer(producer_mutex, ::std::defer_lock);
-    if (block) {
-      producer.lock();
-    } else if (!producer.try_lock()) {
-      count_refused();
-      return ::std::nullopt;
-    }
     ::std::size_t slot = 0;
     ::std::uint64_t id = 0;
+    bool my_turn = false;
     {
       ::std::unique_lock lock(mutex);
       if (free_slots.empty()) {
@@ -151,25 +179,48 @@ struct PipelineState {
       id = next_id++;
       ++pending;
       ++stats.submitted;
+      records[slot].emplace(InFlight{id, ::std::move(delivery), nullptr, false});
+      order.push(slot);
+      my_turn = next_issue == id;  // stays true: later ids wait for this one
     }
+    // From here on the item is accepted: whatever fails is its own error.
     ::std::exception_ptr error;
-    issuing.store(::std::this_thread::get_id(), ::std::memory_order_relaxed);
     try {
-      runner.start(slot, id, input, destination, plan, where);
+      runner.prepare(slot, id, input, plan, where);
     } catch (...) {
-      error = ::std::current_exception();  // belongs to this item alone
+      error = ::std::current_exception();
     }
-    issuing.store(::std::thread::id(), ::std::memory_order_relaxed);
+    if (!my_turn) {
+      ::std::unique_lock lock(mutex);
+      ++turn_waiters;
+      turn.wait(lock, [&] { return next_issue == id; });
+      --turn_waiters;
+    }
+    if (error == nullptr) {
+      issuing.store(::std::this_thread::get_id(), ::std::memory_order_relaxed);
+      try {
+        runner.start(slot, id, input, destination, plan, where);
+      } catch (...) {
+        error = ::std::current_exception();  // belongs to this item alone
+      }
+      issuing.store(::std::thread::id(), ::std::memory_order_relaxed);
+    }
+    bool wake_producers = false;
     {
       ::std::lock_guard lock(mutex);
-      records[slot].emplace(InFlight{id, slot, ::std::move(delivery), error});
-      order.push(slot);
+      records[slot]->error = error;
+      records[slot]->issued = true;
+      ++next_issue;
+      wake_producers = turn_waiters != 0;
     }
     work_ready.notify_one();
+    if (wake_producers) {
+      turn.notify_all();
+    }
     return id;
   }
 
-  void check_item(::std::size_t n, const ::std::optional<::std::span<Out>>& destination,
+  void check_item(::std::size_t n, const ::std::optional<::std::size_t>& destination_size,
                   const ::std::source_location& where) const {
     const ::std::size_t capacity = runner.input_capacity();
     if (n > capacity) {
@@ -193,9 +244,9 @@ struct PipelineState {
                            " (PipelineOptions::output_capacity / output_count)"),
             where);
       }
-      if (destination && destination->size() < *planned) {
+      if (destination_size && *destination_size < *planned) {
         throw usage_error(
-            detail::concat("StreamPipeline: the destination holds ", detail::elements(destination->size()),
+            detail::concat("StreamPipeline: the destination holds ", detail::elements(*destination_size),
                            " but the item produces ", detail::elements(*planned)),
             where);
       }
@@ -206,62 +257,69 @@ struct PipelineState {
     runner.bind_completion_thread();
     for (;;) {
       ::std::optional<InFlight> item;
+      ::std::size_t slot = 0;
       {
         ::std::unique_lock lock(mutex);
-        work_ready.wait(lock, [&] { return stopping || !order.empty(); });
+        work_ready.wait(lock, [&] { return order.empty() ? stopping : records[order.front()]->issued; });
         if (order.empty()) {
+          if (orphaned) {
+            lock.unlock();
+            completion.detach();  // this thread owns the state now: nobody joins it
+            delete this;
+          }
           return;  // stopping, and everything was delivered
         }
-        const ::std::size_t slot = order.pop();
+        slot = order.pop();
         item.swap(records[slot]);
       }
-      deliver(*item);
+      deliver(slot, *item);
     }
   }
 
-  void deliver(InFlight& item) noexcept {
+  void deliver(::std::size_t slot, InFlight& item) noexcept {
     ::std::span<const Out> output;
     ::std::exception_ptr error = item.error;
+    ::std::vector<Out> result;
+    const bool to_vector = item.delivery.index() == 0;
     if (error == nullptr) {
       try {
-        output = runner.finish(item.slot);
+        PipelineOutputSink<Out> sink;
+        if (to_vector) {
+          sink.context = &result;
+          sink.allocate = [](void* context, ::std::size_t n) -> Out* {
+            auto& vector = *static_cast<::std::vector<Out>*>(context);
+            vector.resize(n);
+            return vector.data();
+          };
+        }
+        output = runner.finish(slot, sink);
       } catch (...) {
         error = ::std::current_exception();
       }
     }
     if (error != nullptr) {
-      runner.settle(item.slot);
+      runner.settle(slot);
     }
-    bool released = false;
-    const auto release = [&]() noexcept {
-      if (!released) {
-        released = true;
-        release_slot(item.slot);
-      }
-    };
-    if (auto* vector_promise = ::std::get_if<0>(&item.delivery)) {
+    if (auto* vector_record = ::std::get_if<0>(&item.delivery)) {
       if (error == nullptr) {
-        try {
-          ::std::vector<Out> result(output.begin(), output.end());
-          release();  // the output is out of the slot: let a producer reuse it now
-          vector_promise->set_value(::std::move(result));
-        } catch (...) {
-          error = ::std::current_exception();  // out of memory for the result
+        if (output.data() != result.data() || output.size() != result.size()) {
+          try {  // a runner that ignored the sink
+            result.assign(output.begin(), output.end());
+          } catch (...) {
+            error = ::std::current_exception();
+          }
         }
       }
-      if (error != nullptr) {
-        release();
-        set_exception(*vector_promise, error);
-      }
-    } else if (auto* count_promise = ::std::get_if<1>(&item.delivery)) {
-      release();  // finish() already placed the output in the destination
       if (error == nullptr) {
-        try {
-          count_promise->set_value(output.size());
-        } catch (...) {
-        }
+        vectors->fulfill(*vector_record, ::std::move(result));
       } else {
-        set_exception(*count_promise, error);
+        vectors->fail(*vector_record, error);
+      }
+    } else if (auto* count_record = ::std::get_if<1>(&item.delivery)) {
+      if (error == nullptr) {
+        counts->fulfill(*count_record, output.size());
+      } else {
+        counts->fail(*count_record, error);
       }
     } else {
       auto& callback = ::std::get<2>(item.delivery);
@@ -274,36 +332,16 @@ struct PipelineState {
           callback_error = ::std::current_exception();
         }
       }
-      release();
     }
     {
       ::std::lock_guard lock(mutex);
+      free_slots.push(slot);
       --pending;
       ++delivered;
       ++(error == nullptr ? stats.completed : stats.failed);
     }
+    slot_freed.notify_one();
     progress.notify_all();
-  }
-
-  template <class T>
-  static void set_exception(::std::promise<T>& promise, const ::std::exception_ptr& error) noexcept {
-    try {
-      promise.set_exception(error);
-    } catch (...) {
-    }
-  }
-
-  void release_slot(::std::size_t slot) noexcept {
-    {
-      ::std::lock_guard lock(mutex);
-      free_slots.push(slot);
-    }
-    slot_freed.notify_all();
-  }
-
-  void count_refused() {
-    ::std::lock_guard lock(mutex);
-    ++stats.refused;
   }
 
   void wait_idle() {
@@ -340,20 +378,26 @@ struct PipelineState {
   }
 
   Runner runner;  // first: destroyed last, after the completion thread is joined
+  // Shared with the tickets, which may outlive the pipeline.
+  ::std::shared_ptr<VectorPool> vectors = ::std::make_shared<VectorPool>();
+  ::std::shared_ptr<CountPool> counts = ::std::make_shared<CountPool>();
 
-  ::std::mutex producer_mutex;                 // serializes submit/try_submit/run
   ::std::atomic<::std::thread::id> issuing{};  // the producer inside runner.start(), if any
   mutable ::std::mutex mutex;                  // guards everything below
   ::std::condition_variable slot_freed;
+  ::std::condition_variable turn;  // producers waiting to start their item in id order
   ::std::condition_variable work_ready;
   ::std::condition_variable progress;
   SlotRing free_slots;
   SlotRing order;                                    // slots in flight, in submission order
   ::std::vector<::std::optional<InFlight>> records;  // per slot
   ::std::uint64_t next_id = 0;
+  ::std::uint64_t next_issue = 0;  // the id whose start() is next
+  ::std::size_t turn_waiters = 0;
   ::std::uint64_t delivered = 0;
   ::std::size_t pending = 0;
   bool stopping = false;
+  bool orphaned = false;  // destroyed from a callback: the completion thread frees the state
   ::std::exception_ptr callback_error;
   PipelineStats stats;
 

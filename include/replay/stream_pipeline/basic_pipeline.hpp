@@ -1,8 +1,9 @@
 #pragma once
-// The CUDA-free heart of StreamPipeline: slot scheduling (a FIFO of free
-// slots, back-pressure), the size checks, the in-flight FIFO that delivers
-// results in submission order, the completion thread, and the tickets and
-// callbacks that carry outputs and errors across threads.
+// The heart of StreamPipeline, which makes no CUDA call itself: slot
+// scheduling (a FIFO of free slots, back-pressure), the size checks, the
+// in-order issue turn, the in-flight FIFO that delivers results in submission
+// order, the completion thread, and the tickets and callbacks that carry
+// outputs and errors across threads.
 //
 // It is a template over the stage runner (PipelineStageRunner), which issues
 // and awaits one slot's stages. StreamPipeline plugs in the CUDA runner; the
@@ -18,7 +19,6 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
-#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -36,6 +36,7 @@
 #include "replay/detail/pipeline_state.hpp"
 #include "replay/error.hpp"
 #include "replay/stream_pipeline/completion.hpp"
+#include "replay/stream_pipeline/host_range.hpp"
 #include "replay/stream_pipeline/stage_runner.hpp"
 #include "replay/stream_pipeline/stats.hpp"
 #include "replay/stream_pipeline/ticket.hpp"
@@ -60,57 +61,72 @@ class BasicStreamPipeline {
   BasicStreamPipeline& operator=(const BasicStreamPipeline&) = delete;
   BasicStreamPipeline(BasicStreamPipeline&&) noexcept = default;
   // Drains and destroys this pipeline first.
-  BasicStreamPipeline& operator=(BasicStreamPipeline&&) noexcept = default;
+  BasicStreamPipeline& operator=(BasicStreamPipeline&& other) noexcept {
+    if (this != &other) {
+      reset();
+      state_ = ::std::move(other.state_);
+    }
+    return *this;
+  }
   // Drains: every submitted item is delivered (tickets become ready, callbacks
-  // run) before the resources go. Never throws; a callback's exception is dropped.
-  ~BasicStreamPipeline() = default;
+  // run) before the resources go. Never throws; a callback's exception is
+  // dropped. From a completion callback it returns at once, and the
+  // completion thread delivers the rest and then frees the pipeline itself.
+  ~BasicStreamPipeline() { reset(); }
 
   bool moved_from() const noexcept { return state_ == nullptr; }
 
+  // Inputs and destinations are HostRanges: anything a std::span converts
+  // from (the memory kind is then asked per item), or a PinnedBuffer, pinned
+  // BufferView or RegisteredHostBuffer (known pinned: used in place, no query).
+  using input_range = HostRange<const input_type>;
+  using destination_range = HostRange<output_type>;
+
   // ---- submit: blocks while every slot is busy -----------------------------
 
-  // The output comes back as a vector.
+  // The output comes back as a vector (allocated per item; a destination
+  // avoids that).
   [[nodiscard]] PipelineTicket<::std::vector<output_type>> submit(
-      ::std::span<const input_type> input, ::std::source_location where = ::std::source_location::current()) {
+      input_range input, ::std::source_location where = ::std::source_location::current()) {
     return *submit_for_vector(input, true, where);
   }
   // The output is written to `destination` (pinned: directly by the copy
   // engine; pageable: from the slot's pinned staging); get() returns how many
   // elements were written. `destination` must stay valid until the item is done.
   [[nodiscard]] PipelineTicket<::std::size_t> submit(
-      ::std::span<const input_type> input, ::std::span<output_type> destination,
+      input_range input, destination_range destination,
       ::std::source_location where = ::std::source_location::current()) {
     return *submit_for_count(input, destination, true, where);
   }
   // `on_complete` runs on the completion thread with the output or the error.
   // Returns the item's id.
-  ::std::uint64_t submit(::std::span<const input_type> input, callback_type on_complete,
+  ::std::uint64_t submit(input_range input, callback_type on_complete,
                          ::std::source_location where = ::std::source_location::current()) {
     return *submit_with_callback(input, ::std::nullopt, ::std::move(on_complete), true, where);
   }
-  ::std::uint64_t submit(::std::span<const input_type> input, ::std::span<output_type> destination,
-                         callback_type on_complete, ::std::source_location where = ::std::source_location::current()) {
+  ::std::uint64_t submit(input_range input, destination_range destination, callback_type on_complete,
+                         ::std::source_location where = ::std::source_location::current()) {
     return *submit_with_callback(input, destination, ::std::move(on_complete), true, where);
   }
 
   // ---- try_submit: empty at once when every slot is busy -------------------
 
   [[nodiscard]] ::std::optional<PipelineTicket<::std::vector<output_type>>> try_submit(
-      ::std::span<const input_type> input, ::std::source_location where = ::std::source_location::current()) {
+      input_range input, ::std::source_location where = ::std::source_location::current()) {
     return submit_for_vector(input, false, where);
   }
   [[nodiscard]] ::std::optional<PipelineTicket<::std::size_t>> try_submit(
-      ::std::span<const input_type> input, ::std::span<output_type> destination,
+      input_range input, destination_range destination,
       ::std::source_location where = ::std::source_location::current()) {
     return submit_for_count(input, destination, false, where);
   }
   [[nodiscard]] ::std::optional<::std::uint64_t> try_submit(
-      ::std::span<const input_type> input, callback_type on_complete,
+      input_range input, callback_type on_complete,
       ::std::source_location where = ::std::source_location::current()) {
     return submit_with_callback(input, ::std::nullopt, ::std::move(on_complete), false, where);
   }
   [[nodiscard]] ::std::optional<::std::uint64_t> try_submit(
-      ::std::span<const input_type> input, ::std::span<output_type> destination, callback_type on_complete,
+      input_range input, destination_range destination, callback_type on_complete,
       ::std::source_location where = ::std::source_location::current()) {
     return submit_with_callback(input, destination, ::std::move(on_complete), false, where);
   }
@@ -124,14 +140,14 @@ class BasicStreamPipeline {
   // others still complete, and the first failure is rethrown once the whole
   // batch is done (use the callback overload to keep partial results).
   template <::std::ranges::forward_range Inputs>
-    requires(::std::convertible_to<::std::ranges::range_reference_t<Inputs>, ::std::span<const input_type>>)
+    requires(::std::convertible_to<::std::ranges::range_reference_t<Inputs>, input_range>)
   ::std::vector<::std::vector<output_type>> run(Inputs&& inputs,
                                                 ::std::source_location where = ::std::source_location::current()) {
     check_batch(inputs, where);
     ::std::vector<PipelineTicket<::std::vector<output_type>>> tickets;
     try {
       for (auto&& input : inputs) {
-        tickets.push_back(submit(::std::span<const input_type>(input), where));
+        tickets.push_back(submit(input_range(input), where));
       }
     } catch (...) {
       settle_after_failed_submit(tickets.empty() ? ::std::nullopt : ::std::optional(tickets.back().id()));
@@ -144,8 +160,8 @@ class BasicStreamPipeline {
   // Streams inputs[i] into outputs[i]; returns how many elements each output
   // received. Errors as for run(inputs).
   template <::std::ranges::forward_range Inputs, ::std::ranges::forward_range Outputs>
-    requires(::std::convertible_to<::std::ranges::range_reference_t<Inputs>, ::std::span<const input_type>> &&
-             ::std::convertible_to<::std::ranges::range_reference_t<Outputs>, ::std::span<output_type>>)
+    requires(::std::convertible_to<::std::ranges::range_reference_t<Inputs>, input_range> &&
+             ::std::convertible_to<::std::ranges::range_reference_t<Outputs>, destination_range>)
   ::std::vector<::std::size_t> run(Inputs&& inputs, Outputs&& outputs,
                                    ::std::source_location where = ::std::source_location::current()) {
     if (::std::ranges::distance(inputs) != ::std::ranges::distance(outputs)) {
@@ -160,7 +176,7 @@ class BasicStreamPipeline {
       State& s = state(where);
       auto output = ::std::ranges::begin(outputs);
       for (auto&& input : inputs) {
-        s.check_item(::std::span<const In>(input).size(), ::std::optional(::std::span<Out>(*output)), where);
+        s.check_item(input_range(input).size(), ::std::optional(destination_range(*output).size()), where);
         ++output;
       }
     }
@@ -168,7 +184,7 @@ class BasicStreamPipeline {
     try {
       auto output = ::std::ranges::begin(outputs);
       for (auto&& input : inputs) {
-        tickets.push_back(submit(::std::span<const input_type>(input), ::std::span<output_type>(*output), where));
+        tickets.push_back(submit(input_range(input), destination_range(*output), where));
         ++output;
       }
     } catch (...) {
@@ -182,30 +198,48 @@ class BasicStreamPipeline {
   // Streams every input; `on_complete` receives each item's output or error,
   // in input order, on the completion thread. Returns when the batch is done.
   template <::std::ranges::forward_range Inputs, class OnComplete>
-    requires(::std::convertible_to<::std::ranges::range_reference_t<Inputs>, ::std::span<const input_type>> &&
+    requires(::std::convertible_to<::std::ranges::range_reference_t<Inputs>, input_range> &&
              ::std::invocable<OnComplete&, const completion_type&>)
   void run(Inputs&& inputs, OnComplete on_complete, ::std::source_location where = ::std::source_location::current()) {
     check_batch(inputs, where);
-    auto shared = ::std::make_shared<OnComplete>(::std::move(on_complete));
+    // The batch lives in this frame until its last item is delivered; its
+    // callback's first exception is this batch's, not the pipeline's, so it
+    // never reaches another producer's drain() or run().
+    struct Batch {
+      OnComplete* on_complete;
+      ::std::exception_ptr error;
+    } batch{&on_complete, nullptr};
     ::std::optional<::std::uint64_t> last;
     try {
       for (auto&& input : inputs) {
         last = submit(
-            ::std::span<const input_type>(input),
-            [shared](const completion_type& done) { ::std::invoke(*shared, done); }, where);
+            input_range(input),
+            [b = &batch](const completion_type& done) {  // one pointer: no allocation per item
+              try {
+                ::std::invoke(*b->on_complete, done);
+              } catch (...) {
+                if (b->error == nullptr) {
+                  b->error = ::std::current_exception();
+                }
+              }
+            },
+            where);
       }
     } catch (...) {
-      settle_after_failed_submit(last);  // the callback may refer to the caller's frame
+      settle_after_failed_submit(last);  // the callback refers to this frame
       throw;
     }
     if (last) {
-      state(where).wait_delivered(*last);
+      state(where).wait_delivered(*last);  // orders the callbacks' writes before the reads below
     }
-    state(where).rethrow_callback_error();
+    if (batch.error != nullptr) {
+      ::std::rethrow_exception(batch.error);
+    }
   }
 
   // Blocks until every item submitted so far is delivered. Rethrows (once)
-  // the first exception that escaped a completion callback.
+  // the first exception that escaped a callback passed to submit/try_submit
+  // (run's callbacks report to their run instead).
   void drain(::std::source_location where = ::std::source_location::current()) {
     State& s = state(where);
     s.require_not_completion_thread("drain", where);
@@ -231,6 +265,17 @@ class BasicStreamPipeline {
   using In = input_type;
   using Out = output_type;
   using Delivery = typename State::Delivery;
+
+  // From the completion thread (a callback destroying the pipeline) the
+  // state cannot be joined: it is handed to that thread, which delivers the
+  // rest and frees it once its loop ends.
+  void reset() noexcept {
+    if (state_ != nullptr && state_->on_completion_thread()) {
+      state_.release()->orphan();
+      return;
+    }
+    state_.reset();
+  }
 
   // Queries without a caller's location report the pipeline's own.
   State& state(const ::std::source_location& where = ::std::source_location::current()) const {
@@ -280,7 +325,7 @@ class BasicStreamPipeline {
   void check_batch(Inputs& inputs, const ::std::source_location& where) {
     State& s = state(where);
     for (auto&& input : inputs) {
-      s.check_item(::std::span<const In>(input).size(), ::std::nullopt, where);
+      s.check_item(input_range(input).size(), ::std::nullopt, where);
     }
   }
 
@@ -293,33 +338,30 @@ class BasicStreamPipeline {
     }
   }
 
-  ::std::optional<PipelineTicket<::std::vector<Out>>> submit_for_vector(::std::span<const In> input, bool block,
+  ::std::optional<PipelineTicket<::std::vector<Out>>> submit_for_vector(input_range input, bool block,
                                                                        const ::std::source_location& where) {
     State& s = state(where);
-    ::std::promise<::std::vector<Out>> promise;
-    auto future = promise.get_future();
-    Delivery delivery(::std::in_place_index<0>, ::std::move(promise));
-    const auto id = s.enqueue(input, ::std::nullopt, delivery, block, where);
+    Delivery delivery = s.make_vector_delivery();
+    auto* record = ::std::get<0>(delivery);
+    const auto id = enqueue_or_discard(s, input, ::std::nullopt, delivery, block, where);
     if (!id) {
       return ::std::nullopt;
     }
-    return PipelineTicket<::std::vector<Out>>(*id, ::std::move(future));
+    return PipelineTicket<::std::vector<Out>>(*id, s.vectors, record);
   }
-  ::std::optional<PipelineTicket<::std::size_t>> submit_for_count(::std::span<const In> input,
-                                                                 ::std::span<Out> destination, bool block,
-                                                                 const ::std::source_location& where) {
+  ::std::optional<PipelineTicket<::std::size_t>> submit_for_count(input_range input, destination_range destination,
+                                                                 bool block, const ::std::source_location& where) {
     State& s = state(where);
-    ::std::promise<::std::size_t> promise;
-    auto future = promise.get_future();
-    Delivery delivery(::std::in_place_index<1>, ::std::move(promise));
-    const auto id = s.enqueue(input, destination, delivery, block, where);
+    Delivery delivery = s.make_count_delivery();
+    auto* record = ::std::get<1>(delivery);
+    const auto id = enqueue_or_discard(s, input, destination, delivery, block, where);
     if (!id) {
       return ::std::nullopt;
     }
-    return PipelineTicket<::std::size_t>(*id, ::std::move(future));
+    return PipelineTicket<::std::size_t>(*id, s.counts, record);
   }
-  ::std::optional<::std::uint64_t> submit_with_callback(::std::span<const In> input,
-                                                       ::std::optional<::std::span<Out>> destination,
+  ::std::optional<::std::uint64_t> submit_with_callback(input_range input,
+                                                       ::std::optional<destination_range> destination,
                                                        callback_type on_complete, bool block,
                                                        const ::std::source_location& where) {
     if (!on_complete) {
@@ -328,6 +370,23 @@ class BasicStreamPipeline {
     State& s = state(where);
     Delivery delivery(::std::in_place_index<2>, ::std::move(on_complete));
     return s.enqueue(input, destination, delivery, block, where);
+  }
+  // A refused item (empty, or a usage_error) hands its ticket record back.
+  static ::std::optional<::std::uint64_t> enqueue_or_discard(State& s, input_range input,
+                                                            ::std::optional<destination_range> destination,
+                                                            Delivery& delivery, bool block,
+                                                            const ::std::source_location& where) {
+    ::std::optional<::std::uint64_t> id;
+    try {
+      id = s.enqueue(input, destination, delivery, block, where);
+    } catch (...) {
+      s.discard(delivery);
+      throw;
+    }
+    if (!id) {
+      s.discard(delivery);
+    }
+    return id;
   }
 
   ::std::unique_ptr<State> state_;

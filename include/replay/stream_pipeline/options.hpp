@@ -30,6 +30,13 @@ enum class PipelineFlags : unsigned int {
   // The completion thread sleeps (cudaEventBlockingSync) instead of spinning
   // while it waits: less CPU, more latency per item.
   blocking_wait = 1U << 3,
+  // Each slot runs its copy-in, compute and copy-out on a stream of its own
+  // (eager stages, any item size): half the CUDA calls per item (no events
+  // between stages), so small items cost the host less. Overlap then comes
+  // from K slots in flight on K streams, and the compute stages of different
+  // items may run at the same time on the device: the stage must not share
+  // device buffers between items.
+  slot_streams = 1U << 4,
 };
 template <>
 inline constexpr bool enable_bitmask<PipelineFlags> = true;
@@ -46,6 +53,16 @@ struct PipelineOptions {
   // Output elements of an n-element item, for a compute that returns void;
   // empty means n. Ignored when the compute returns its output count.
   ::std::function<::std::size_t(::std::size_t)> output_count{};
+  // Pageable inputs and outputs go through the slot's pinned staging in
+  // chunks of this many bytes, so that the host copy of one chunk overlaps the
+  // DMA of the one before. A positive multiple of 4096; 1-2 MiB suits PCIe
+  // and NVLink-C2C hosts alike.
+  ::std::size_t staging_chunk_bytes = ::std::size_t{1} << 20;
+  // Helper threads for the host side of staged copies: an item of two or more
+  // chunks is copied by the submitting thread (inputs) or the completion
+  // thread (outputs) together with these. Started on first use, asleep when
+  // idle. 0: those two threads copy alone (still chunk by chunk).
+  ::std::size_t host_copy_threads = 6;
 };
 
 // A compute stage: issues work on the stream that reads the slot's device

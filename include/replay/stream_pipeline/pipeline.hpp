@@ -43,7 +43,8 @@ class StreamPipeline : public BasicStreamPipeline<detail::CudaStageRunner<In, Ou
     check_slot(slot, where);
     return this->runner(where).device_output(slot).view(where);
   }
-  // The stage streams (the compute stage runs on compute_stream()).
+  // The stage streams (the compute stage runs on compute_stream(), except with
+  // PipelineFlags::slot_streams or graph_slot, where each slot has its own).
   StreamRef h2d_stream() const { return this->runner().h2d_stream(); }
   StreamRef compute_stream() const { return this->runner().compute_stream(); }
   StreamRef d2h_stream() const { return this->runner().d2h_stream(); }

@@ -11,26 +11,46 @@
 #include <source_location>
 #include <span>
 
+#include "replay/stream_pipeline/host_range.hpp"
 #include "replay/stream_pipeline/stats.hpp"
 
 namespace replay {
 
+// Where a runner's finish() puts an output that the pipeline wants in memory
+// of its own (a result vector): allocate(context, n) returns room for n
+// elements. Empty (allocate == nullptr): the output may stay where it is.
+template <class Out>
+struct PipelineOutputSink {
+  void* context = nullptr;
+  Out* (*allocate)(void* context, ::std::size_t count) = nullptr;
+
+  explicit operator bool() const noexcept { return allocate != nullptr; }
+};
+
 // A stage runner issues the stages of one item into one slot and awaits them.
-// The pipeline guarantees: start() is called for a slot only when the slot's
-// previous item was finished or settled (and delivered); start() calls are
-// serialized; finish()/settle() run on the completion thread, one at a time,
-// in submission order.
+// The pipeline guarantees: prepare() and start() are called for a slot only
+// when the slot's previous item was finished or settled (and delivered);
+// start() calls are serialized and come in id order; finish()/settle() run on
+// the completion thread, one at a time, in id order.
 //   plan(input, destination, where): per-item checks that need the runner
 //       (e.g. memory kinds); throws usage_error to refuse the item. Called
 //       before a slot is taken and before producers are serialized, so it may
 //       run on several producer threads at once (it must not mutate the
 //       runner; PipelineOptions::output_count likewise); its result is
-//       handed to start().
-//   start(slot, id, input, destination, plan, where): issues the item's
-//       stages. May throw; whether it throws or not, everything it issued must
-//       be ordered before what finish()/settle() await.
-//   finish(slot): blocks until the slot's item is done and returns its output
-//       (in the destination when one was given); throws an asynchronous error.
+//       handed to prepare() and start().
+//   prepare(slot, id, input, plan, where): moves the input toward the device
+//       (host staging, the copy-in). Runs on the producer thread without the
+//       pipeline's serialization, so prepare() calls for different slots may
+//       overlap each other and one start(). May throw: the item then fails
+//       and start() is not called for it.
+//   start(slot, id, input, destination, plan, where): issues the rest of the
+//       item's stages. May throw.
+//       Whether prepare() or start() throws or not, everything they issued
+//       must be ordered before what finish()/settle() await.
+//   finish(slot, sink): blocks until the slot's item is done and returns its
+//       output: in the destination when one was given, else in memory from
+//       `sink` when it is set, else wherever it is (valid until the slot is
+//       reused); throws an asynchronous error.
 //   settle(slot): blocks until whatever a failed item issued is done.
 //   required_input_count(): an exact item size the runner needs, if any.
 //   planned_output_count(n): the output size of an n-element item when known
@@ -39,17 +59,19 @@ template <class R>
 concept PipelineStageRunner =
     requires { typename R::input_type; typename R::output_type; typename R::plan_type; } &&
     requires(R& runner, const R& const_runner, ::std::size_t n, ::std::uint64_t id,
-             ::std::span<const typename R::input_type> input,
-             ::std::optional<::std::span<typename R::output_type>> destination,
-             const typename R::plan_type& plan, const ::std::source_location& where, PipelineStats& stats) {
+             HostRange<const typename R::input_type> input,
+             ::std::optional<HostRange<typename R::output_type>> destination,
+             PipelineOutputSink<typename R::output_type> sink, const typename R::plan_type& plan,
+             const ::std::source_location& where, PipelineStats& stats) {
       { const_runner.slot_count() } -> ::std::convertible_to<::std::size_t>;
       { const_runner.input_capacity() } -> ::std::convertible_to<::std::size_t>;
       { const_runner.output_capacity() } -> ::std::convertible_to<::std::size_t>;
       { const_runner.required_input_count() } -> ::std::same_as<::std::optional<::std::size_t>>;
       { const_runner.planned_output_count(n) } -> ::std::same_as<::std::optional<::std::size_t>>;
       { runner.plan(input, destination, where) } -> ::std::same_as<typename R::plan_type>;
+      runner.prepare(n, id, input, plan, where);
       runner.start(n, id, input, destination, plan, where);
-      { runner.finish(n) } -> ::std::same_as<::std::span<const typename R::output_type>>;
+      { runner.finish(n, sink) } -> ::std::same_as<::std::span<const typename R::output_type>>;
       { runner.settle(n) } noexcept;
       { runner.bind_completion_thread() } noexcept;
       { const_runner.add_stats(stats) } noexcept;
