@@ -4,12 +4,14 @@
 #include <replay/detail/require_cxx20.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <source_location>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,48 +69,14 @@ class GraphedCallable {
   // OversizePolicy::throw_error.
   GraphedOutputs run(const ::std::vector<::at::Tensor>& inputs,
                      ::std::source_location where = ::std::source_location::current()) {
-    detail::GraphedState& s = state(where);
-    const detail::ActiveGraphedScope active(&s, "run()", where);
-    ::std::lock_guard<::std::mutex> lock(s.mutex);
-    const ::std::int64_t batch = s.check_inputs(inputs, where);
-    const ::std::int64_t padded = s.router->padded_shape(batch, where);
-    ::c10::cuda::CUDAGuard device_guard(s.device);
-    const ::cudaStream_t stream = ::c10::cuda::getCurrentCUDAStream(s.device.index()).stream();
-    if (s.has_last && s.last_stream != stream) {
-      s.done->wait_on(StreamRef(stream), where);
-    }
-    detail::SettleOnThrow settle(s, stream);
-    if (padded <= s.capacity) {
-      s.stage_inputs(inputs, batch, padded, stream, where);
-    } else {
-      s.oversize_inputs.clear();
-      for (const ::at::Tensor& t : inputs) {
-        s.oversize_inputs.push_back(t.device() == s.device ? t : t.to(s.device, /*non_blocking=*/true));
-      }
-    }
-    s.failure.clear();
-    const Route<::std::int64_t> route = s.router->run(batch, StreamRef(stream), where);
-    s.oversize_inputs.clear();
-    GraphedOutputs out = collect(s, route, batch, where);
-    s.done->record(StreamRef(stream), where);
-    s.last_stream = stream;
-    s.has_last = true;
-    settle.disarm();
-    if (!s.failure.empty() && has_flag(s.flags, GraphedFlags::no_fallback)) {
-      // The router marked the bucket eager; under no_fallback it must try
-      // (and fail loudly) again next time instead of silently running eagerly.
-      (void)s.router->invalidate(batch, where);
-      throw capture_failed_error(
-          detail::concat("replay: GraphedCallable (GraphedFlags::no_fallback): batch ", route.shape, ": ", s.failure));
-    }
-    return out;
+    return run_inputs(::std::span<const ::at::Tensor>(inputs), where);
   }
-
   // run() with the tensors as separate arguments.
   template <class... T>
     requires(sizeof...(T) > 0 && (::std::same_as<::std::remove_cvref_t<T>, ::at::Tensor> && ...))
   GraphedOutputs operator()(T&&... inputs) {
-    return run(::std::vector<::at::Tensor>{::std::forward<T>(inputs)...});
+    const ::std::array<::at::Tensor, sizeof...(T)> held{::std::forward<T>(inputs)...};
+    return run_inputs(::std::span<const ::at::Tensor>(held), ::std::source_location::current());
   }
 
   // The callable run eagerly on `inputs` as given, under the same grad mode on
@@ -149,6 +117,49 @@ class GraphedCallable {
   const TorchCaptureContext& context() const { return *state().context; }
 
  private:
+  // run() on a span (operator() passes an array: no allocation).
+  GraphedOutputs run_inputs(::std::span<const ::at::Tensor> inputs, const ::std::source_location& where) {
+    detail::GraphedState& s = state(where);
+    const detail::ActiveGraphedScope active(&s, "run()", where);
+    ::std::lock_guard<::std::mutex> lock(s.mutex);
+    const ::std::int64_t batch = s.check_inputs(inputs, where);
+    // The bucket from the per-batch table; the router plans oversize batches
+    // (and refuses them under OversizePolicy::throw_error).
+    const ::std::int64_t cached_padded = s.cache.padded(batch);
+    const ::std::int64_t padded = cached_padded > 0 ? cached_padded : s.router->padded_shape(batch, where);
+    ::c10::cuda::CUDAGuard device_guard(s.device);
+    const ::cudaStream_t stream = ::c10::cuda::getCurrentCUDAStream(s.device.index()).stream();
+    if (s.has_last && s.last_stream != stream) {
+      s.done->wait_on(StreamRef(stream), where);
+    }
+    detail::SettleOnThrow settle(s, stream);
+    if (padded <= s.capacity) {
+      s.stage_inputs(inputs, batch, padded, stream, where);
+    } else {
+      s.oversize_inputs.clear();
+      for (const ::at::Tensor& t : inputs) {
+        s.oversize_inputs.push_back(t.device() == s.device ? t : t.to(s.device, /*non_blocking=*/true));
+      }
+    }
+    s.failure.clear();
+    const Route<::std::int64_t> route = s.router->run(batch, StreamRef(stream), where);
+    s.oversize_inputs.clear();
+    GraphedOutputs out = collect(s, route, batch, where);
+    s.done->record(StreamRef(stream), where);
+    s.last_stream = stream;
+    s.has_last = true;
+    settle.disarm();
+    if (!s.failure.empty() && has_flag(s.flags, GraphedFlags::no_fallback)) {
+      // The router marked the bucket eager; under no_fallback it must try
+      // (and fail loudly) again next time instead of silently running eagerly.
+      (void)s.router->invalidate(batch, where);
+      throw capture_failed_error(
+          detail::concat("replay: GraphedCallable (GraphedFlags::no_fallback): batch ", route.shape, ": ", s.failure));
+    }
+    return out;
+  }
+
+
   detail::GraphedState& state(::std::source_location where = ::std::source_location::current()) const {
     if (!state_) [[unlikely]] {
       throw usage_error("GraphedCallable used after move", where);
@@ -226,9 +237,12 @@ class GraphedCallable {
       for (const ::at::Tensor& t : examples) {
         ::std::vector<::std::int64_t> sizes(t.sizes().begin(), t.sizes().end());
         sizes[0] = s.capacity;
-        ::at::Tensor buffer = ::at::empty(sizes, t.options().memory_format(::at::MemoryFormat::Contiguous));
+        // In the example's memory format: a channels-last example gives a
+        // channels-last static input (rows stay contiguous blocks either way).
+        const ::at::MemoryFormat format = t.suggest_memory_format();
+        ::at::Tensor buffer = ::at::empty(sizes, t.options().memory_format(format));
         buffer.copy_(t.index_select(0, rows));
-        detail::GraphedInputSpec spec{t.scalar_type(), sizes, 0};
+        detail::GraphedInputSpec spec{t.scalar_type(), sizes, 0, format};
         spec.row_bytes = static_cast<::std::size_t>(buffer.numel() / s.capacity) * buffer.element_size();
         s.specs.push_back(::std::move(spec));
         s.static_inputs.push_back(::std::move(buffer));
@@ -241,6 +255,7 @@ class GraphedCallable {
         s.bucket_inputs.push_back(::std::move(views));
       }
     }
+    s.cache.reset(s.buckets);
     if (!has_flag(s.flags, GraphedFlags::lazy_capture)) {
       (void)capture_buckets(s, where);
     }
@@ -297,34 +312,49 @@ class GraphedCallable {
     return with_graph;
   }
 
+  // The call's outputs: fast mode, the cached views of this batch (made once
+  // per batch and graph); safe mode, clones; eager runs, what they returned.
   static GraphedOutputs collect(detail::GraphedState& s, const Route<::std::int64_t>& route, ::std::int64_t batch,
                                 const ::std::source_location& where) {
     GraphedOutputs out;
     out.batch_ = batch;
     out.padded_batch_ = route.shape;
     out.route_ = route.kind;
-    const bool graphed = route.graph();
-    ::std::vector<::at::Tensor> produced;
-    if (graphed) {
-      const ::std::vector<::at::Tensor>* launched = s.context->launched_outputs();
-      if (launched == nullptr) {
-        throw usage_error("GraphedCallable: internal error: a graph ran but no static outputs are known", where);
-      }
-      produced = *launched;
-    } else {
-      produced = s.context->take_outputs();
+    if (!route.graph()) {
+      out.tensors_ = ::std::make_shared<::std::vector<::at::Tensor>>(s.context->take_outputs());
+      return out;
     }
-    const bool slice = route.shape > batch;
-    const bool views = graphed && has_flag(s.flags, GraphedFlags::view_outputs);
-    detail::GradScope grad(s.flags);  // the static outputs are inference tensors by default
-    out.tensors_.reserve(produced.size());
-    for (::at::Tensor& t : produced) {
-      ::at::Tensor part = slice && t.dim() > 0 && t.size(0) == route.shape ? t.narrow(0, 0, batch) : ::std::move(t);
-      out.tensors_.push_back(graphed && !views ? part.clone() : ::std::move(part));
+    const ::std::vector<::at::Tensor>* launched = s.context->launched_outputs();
+    if (launched == nullptr) {
+      throw usage_error("GraphedCallable: internal error: a graph ran but no static outputs are known", where);
     }
-    if (views) {
+    if (has_flag(s.flags, GraphedFlags::view_outputs)) {
       out.generation_ = s.context->generation_counter();
       out.valid_generation_ = s.context->generation();
+      if (const auto* cached = s.cache.find_views(batch, route.shape, *launched)) [[likely]] {
+        out.tensors_ = *cached;
+        return out;
+      }
+      out.tensors_ = s.cache.store_views(batch, *launched, output_views(s, *launched, route.shape, batch, false));
+      s.cache.note_views_stored();
+      return out;
+    }
+    out.tensors_ = output_views(s, *launched, route.shape, batch, true);
+    return out;
+  }
+
+  // The static outputs sliced back to `batch` rows (those whose dimension 0
+  // is the bucket), cloned when asked.
+  static ::std::shared_ptr<::std::vector<::at::Tensor>> output_views(detail::GraphedState& s,
+                                                                     const ::std::vector<::at::Tensor>& launched,
+                                                                     ::std::int64_t padded, ::std::int64_t batch,
+                                                                     bool clone) {
+    detail::GradScope grad(s.flags);  // the static outputs are inference tensors by default
+    auto out = ::std::make_shared<::std::vector<::at::Tensor>>();
+    out->reserve(launched.size());
+    for (const ::at::Tensor& t : launched) {
+      ::at::Tensor part = detail::GraphedCallCache::sliced(t, batch, padded) ? t.narrow(0, 0, batch) : t;
+      out->push_back(clone ? part.clone() : ::std::move(part));
     }
     return out;
   }
