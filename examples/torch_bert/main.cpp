@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli.hpp"
 #include "latency.hpp"
 #include "replay/torch.hpp"
 #include "sequence_graphs.hpp"
@@ -79,12 +80,7 @@ int main(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string_view arg(argv[i]);
-      auto value = [&]() -> std::string {
-        if (i + 1 >= argc) {
-          throw std::invalid_argument(std::string(arg) + " needs a value");
-        }
-        return argv[++i];
-      };
+      auto value = [&] { return replay_examples::option_value(argc, argv, i); };
       if (arg == "--model") {
         model_path = value();
       } else if (arg == "--reference") {

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -67,16 +68,60 @@ class GraphedCallable {
   // dimension that differs from the examples (both shapes in the message),
   // inputs of different batch sizes, or a batch above the largest bucket under
   // OversizePolicy::throw_error.
-  GraphedOutputs run(const ::std::vector<::at::Tensor>& inputs,
+  // (A std::vector converts to the span; a braced list takes the overload
+  // below. Neither allocates.)
+  GraphedOutputs run(::std::span<const ::at::Tensor> inputs,
                      ::std::source_location where = ::std::source_location::current()) {
-    return run_inputs(::std::span<const ::at::Tensor>(inputs), where);
+    detail::GraphedState& s = state(where);
+    const detail::ActiveGraphedScope active(&s, "run()", where);
+    ::std::lock_guard<::std::mutex> lock(s.mutex);
+    const ::std::int64_t batch = s.check_inputs(inputs, where);
+    // The bucket from the per-batch table; the router plans oversize batches
+    // (and refuses them under OversizePolicy::throw_error).
+    const ::std::int64_t cached_padded = s.cache.padded(batch);
+    const ::std::int64_t padded = cached_padded > 0 ? cached_padded : s.router->padded_shape(batch, where);
+    ::c10::cuda::CUDAGuard device_guard(s.device);
+    const ::cudaStream_t stream = ::c10::cuda::getCurrentCUDAStream(s.device.index()).stream();
+    if (s.has_last && s.last_stream != stream) {
+      s.done->wait_on(StreamRef(stream), where);
+    }
+    detail::SettleOnThrow settle(s, stream);
+    if (padded <= s.capacity) {
+      s.stage_inputs(inputs, batch, padded, stream, where);
+    } else {
+      s.oversize_inputs.clear();
+      for (const ::at::Tensor& t : inputs) {
+        s.oversize_inputs.push_back(t.device() == s.device ? t : t.to(s.device, /*non_blocking=*/true));
+      }
+    }
+    s.failure.clear();
+    const Route<::std::int64_t> route = s.router->run(batch, StreamRef(stream), where);
+    s.oversize_inputs.clear();
+    GraphedOutputs out = collect(s, route, batch, where);
+    s.done->record(StreamRef(stream), where);
+    s.last_stream = stream;
+    s.has_last = true;
+    settle.disarm();
+    if (!s.failure.empty() && has_flag(s.flags, GraphedFlags::no_fallback)) {
+      // The router marked the bucket eager; under no_fallback it must try
+      // (and fail loudly) again next time instead of silently running eagerly.
+      (void)s.router->invalidate(batch, where);
+      throw capture_failed_error(
+          detail::concat("replay: GraphedCallable (GraphedFlags::no_fallback): batch ", route.shape, ": ", s.failure));
+    }
+    return out;
   }
+  GraphedOutputs run(::std::initializer_list<::at::Tensor> inputs,
+                     ::std::source_location where = ::std::source_location::current()) {
+    return run(::std::span<const ::at::Tensor>(inputs.begin(), inputs.size()), where);
+  }
+
   // run() with the tensors as separate arguments.
   template <class... T>
     requires(sizeof...(T) > 0 && (::std::same_as<::std::remove_cvref_t<T>, ::at::Tensor> && ...))
   GraphedOutputs operator()(T&&... inputs) {
     const ::std::array<::at::Tensor, sizeof...(T)> held{::std::forward<T>(inputs)...};
-    return run_inputs(::std::span<const ::at::Tensor>(held), ::std::source_location::current());
+    return run(::std::span<const ::at::Tensor>(held));
   }
 
   // The callable run eagerly on `inputs` as given, under the same grad mode on
@@ -117,49 +162,6 @@ class GraphedCallable {
   const TorchCaptureContext& context() const { return *state().context; }
 
  private:
-  // run() on a span (operator() passes an array: no allocation).
-  GraphedOutputs run_inputs(::std::span<const ::at::Tensor> inputs, const ::std::source_location& where) {
-    detail::GraphedState& s = state(where);
-    const detail::ActiveGraphedScope active(&s, "run()", where);
-    ::std::lock_guard<::std::mutex> lock(s.mutex);
-    const ::std::int64_t batch = s.check_inputs(inputs, where);
-    // The bucket from the per-batch table; the router plans oversize batches
-    // (and refuses them under OversizePolicy::throw_error).
-    const ::std::int64_t cached_padded = s.cache.padded(batch);
-    const ::std::int64_t padded = cached_padded > 0 ? cached_padded : s.router->padded_shape(batch, where);
-    ::c10::cuda::CUDAGuard device_guard(s.device);
-    const ::cudaStream_t stream = ::c10::cuda::getCurrentCUDAStream(s.device.index()).stream();
-    if (s.has_last && s.last_stream != stream) {
-      s.done->wait_on(StreamRef(stream), where);
-    }
-    detail::SettleOnThrow settle(s, stream);
-    if (padded <= s.capacity) {
-      s.stage_inputs(inputs, batch, padded, stream, where);
-    } else {
-      s.oversize_inputs.clear();
-      for (const ::at::Tensor& t : inputs) {
-        s.oversize_inputs.push_back(t.device() == s.device ? t : t.to(s.device, /*non_blocking=*/true));
-      }
-    }
-    s.failure.clear();
-    const Route<::std::int64_t> route = s.router->run(batch, StreamRef(stream), where);
-    s.oversize_inputs.clear();
-    GraphedOutputs out = collect(s, route, batch, where);
-    s.done->record(StreamRef(stream), where);
-    s.last_stream = stream;
-    s.has_last = true;
-    settle.disarm();
-    if (!s.failure.empty() && has_flag(s.flags, GraphedFlags::no_fallback)) {
-      // The router marked the bucket eager; under no_fallback it must try
-      // (and fail loudly) again next time instead of silently running eagerly.
-      (void)s.router->invalidate(batch, where);
-      throw capture_failed_error(
-          detail::concat("replay: GraphedCallable (GraphedFlags::no_fallback): batch ", route.shape, ": ", s.failure));
-    }
-    return out;
-  }
-
-
   detail::GraphedState& state(::std::source_location where = ::std::source_location::current()) const {
     if (!state_) [[unlikely]] {
       throw usage_error("GraphedCallable used after move", where);
