@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   std::string model_path;
   std::string reference_path;
   std::string json_path;
-  std::vector<Shape> shapes{{1, 16}, {1, 128}, {4, 64}, {8, 16}, {8, 128}, {3, 40}};
+  std::vector<Shape> shapes{{1, 16}, {8, 128}, {4, 64}, {1, 128}, {8, 16}, {3, 40}};  // as bench/torch_bert_bench.py
   int iterations = 0;  // 0: by size
   try {
     for (int i = 1; i < argc; ++i) {

@@ -13,9 +13,11 @@
 #      bench/torch_bert_bench.py (eager, torch.compile reduce-overhead with
 #      dynamic=False), torch.compile last and within what is left of the budget,
 #   7. prints a short results table last.
-# Bounded by REPLAY_TORCH_BUDGET_S (default 330 s): torch.compile gets what the
-# other steps leave (REPLAY_TORCH_COMPILE_BUDGET_S caps ResNet's, default 60 s;
-# BERT's gets the rest, at most 90 s).
+# Bounded by REPLAY_TORCH_BUDGET_S (default 350 s; gpu-check.sh kills a step
+# at 420 s): every step's timeout is capped by what is left, and torch.compile
+# gets what the other steps leave (ResNet's at most REPLAY_TORCH_COMPILE_BUDGET_S,
+# default 75 s: no batch size is started after it, so about 100 s in all;
+# BERT's the rest, at most 90 s, shapes in order of importance).
 # Files in $OUT: torch_example.txt, torch_call_bench.{txt,json}, torch_bench_cpp.{txt,json},
 # torch_bench_py.json, torch_bench.txt (ResNet table), torch_bert.{txt,json},
 # torch_bert_py.json, torch_bert_bench.txt (BERT table), torch_*.err, torch_results.txt.
@@ -43,23 +45,32 @@ done
 
 status=0
 start=$SECONDS
-budget=${REPLAY_TORCH_BUDGET_S:-330}
+budget=${REPLAY_TORCH_BUDGET_S:-350}
 left() { echo $((budget - (SECONDS - start))); }
 failed() { echo "torch: $* FAILED"; status=1; }
+# bounded SECONDS CMD...: CMD under `timeout`, at most SECONDS and at most what is left (+30 s).
+bounded() {
+  local want=$1 cap
+  shift
+  cap=$(( $(left) + 30 ))
+  [ "$cap" -lt "$want" ] && want=$cap
+  [ "$want" -lt 10 ] && { echo "torch: no time left for: $*"; return 124; }
+  timeout "$want" "$@"
+}
 
 torchscript=$build/resnet50_torchscript.pt
 step "TorchScript export (ResNet-50)"
-timeout 120 python3 scripts/make_torchscript_resnet.py "$torchscript" || failed "TorchScript export"
+bounded 120 python3 scripts/make_torchscript_resnet.py "$torchscript" || failed "TorchScript export"
 args=()
 [ -f "$torchscript" ] && args=(--torchscript "$torchscript")
 
 step "example torch_resnet ${args[*]}"
-timeout 150 "$example" "${args[@]}" --dtypes fp16 --iterations 50 >"$OUT/torch_example.txt" 2>&1 ||
+bounded 150 "$example" "${args[@]}" --dtypes fp16 --iterations 30 >"$OUT/torch_example.txt" 2>&1 ||
   failed "example torch_resnet (rc=$?)"
 cat "$OUT/torch_example.txt"
 
 step "torch_call_bench (GraphedCallable host cost over a raw replay)"
-timeout 90 "$call_bench" --benchmark_min_time=0.2s --benchmark_out="$OUT/torch_call_bench.json" \
+bounded 90 "$call_bench" --benchmark_out="$OUT/torch_call_bench.json" \
   --benchmark_out_format=json >"$OUT/torch_call_bench.txt" 2>&1 || failed "torch_call_bench (rc=$?)"
 cat "$OUT/torch_call_bench.txt"
 python3 scripts/bench_ratios.py --ratios bench/torch/call_overhead.ratios "$OUT/torch_call_bench.json" \
@@ -67,36 +78,36 @@ python3 scripts/bench_ratios.py --ratios bench/torch/call_overhead.ratios "$OUT/
 cat "$OUT/torch_call_ratios.txt"
 
 step "C++ ResNet benchmark"
-timeout 150 "$bench" "${args[@]}" --json "$OUT/torch_bench_cpp.json" >"$OUT/torch_bench_cpp.txt" 2>&1 ||
+bounded 150 "$bench" "${args[@]}" --json "$OUT/torch_bench_cpp.json" >"$OUT/torch_bench_cpp.txt" 2>&1 ||
   failed "C++ benchmark (rc=$?)"
 cat "$OUT/torch_bench_cpp.txt"
 
 bert_dir=$build/bert
 step "TorchScript export (BERT-base, fp16, traced on the GPU)"
-timeout 150 python3 scripts/make_torchscript_bert.py "$bert_dir" >"$OUT/torch_bert_export.txt" 2>&1 ||
+bounded 150 python3 scripts/make_torchscript_bert.py "$bert_dir" >"$OUT/torch_bert_export.txt" 2>&1 ||
   failed "BERT export (rc=$?)"
 grep -v Warning "$OUT/torch_bert_export.txt" | tail -3
 if [ -f "$bert_dir/bert_torchscript.pt" ]; then
   step "example torch_bert (check against Python, then C++ eager and replay)"
-  timeout 150 "$bert" --model "$bert_dir/bert_torchscript.pt" --reference "$bert_dir/bert_reference.pt" \
-    --json "$OUT/torch_bert.json" >"$OUT/torch_bert.txt" 2>&1 || failed "example torch_bert (rc=$?)"
+  bounded 150 "$bert" --model "$bert_dir/bert_torchscript.pt" --reference "$bert_dir/bert_reference.pt" \
+    --iterations 100 --json "$OUT/torch_bert.json" >"$OUT/torch_bert.txt" 2>&1 || failed "example torch_bert (rc=$?)"
   cat "$OUT/torch_bert.txt"
 fi
 
-compile_budget=$(( $(left) - 150 ))
-[ "$compile_budget" -gt "${REPLAY_TORCH_COMPILE_BUDGET_S:-60}" ] && compile_budget=${REPLAY_TORCH_COMPILE_BUDGET_S:-60}
+compile_budget=$(( $(left) - 100 ))
+[ "$compile_budget" -gt "${REPLAY_TORCH_COMPILE_BUDGET_S:-75}" ] && compile_budget=${REPLAY_TORCH_COMPILE_BUDGET_S:-75}
 [ "$compile_budget" -lt 0 ] && compile_budget=0
 step "Python ResNet benchmark (eager, torch.cuda.CUDAGraph, then torch.compile within ${compile_budget} s)"
-timeout 240 python3 bench/torch_resnet_bench.py --json "$OUT/torch_bench_py.json" \
+bounded 240 python3 bench/torch_resnet_bench.py --json "$OUT/torch_bench_py.json" \
   --cpp-json "$OUT/torch_bench_cpp.json" --compile-budget-s "$compile_budget" \
   >"$OUT/torch_bench.txt" 2>"$OUT/torch_bench_py.err" || { failed "Python ResNet benchmark"; tail -5 "$OUT/torch_bench_py.err"; }
 grep -E "torch.compile (failed|: budget)" "$OUT/torch_bench_py.err" || true
 
-bert_budget=$(( $(left) - 45 ))
+bert_budget=$(( $(left) - 40 ))
 [ "$bert_budget" -gt 90 ] && bert_budget=90
 [ "$bert_budget" -lt 0 ] && bert_budget=0
 step "Python BERT benchmark (eager, then torch.compile dynamic=False within ${bert_budget} s)"
-timeout 200 python3 bench/torch_bert_bench.py --json "$OUT/torch_bert_py.json" --cpp-json "$OUT/torch_bert.json" \
+bounded 200 python3 bench/torch_bert_bench.py --json "$OUT/torch_bert_py.json" --cpp-json "$OUT/torch_bert.json" \
   --compile-budget-s "$bert_budget" >"$OUT/torch_bert_bench.txt" 2>"$OUT/torch_bert_py.err" ||
   { failed "Python BERT benchmark"; tail -5 "$OUT/torch_bert_py.err"; }
 grep -E "torch.compile (failed|: budget)" "$OUT/torch_bert_py.err" || true
