@@ -13,6 +13,7 @@
 // outputs are views of the static outputs, valid until the next call.
 #include <torch/torch.h>
 
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -39,7 +40,9 @@ class SequenceGraphs {
   // every bucket now, largest first, after `warmup_runs` eager runs each.
   SequenceGraphs(replay::TensorFunction fn, torch::Device device, std::vector<std::int64_t> batch_buckets,
                  std::vector<std::int64_t> sequence_buckets, std::size_t inputs = 2, std::uint32_t warmup_runs = 3)
-      : fn_(std::move(fn)), device_(device), inputs_(inputs) {
+      : fn_(std::move(fn)),
+        device_(device.has_index() ? device : torch::Device(torch::kCUDA, c10::cuda::current_device())),
+        inputs_(inputs) {
     const c10::cuda::CUDAGuard guard(device_);
     context_ = std::make_shared<replay::TorchCaptureContext>(device_);
     auto options = replay::ShapeRouterOptions<Key>::bucketed_per_dimension({batch_buckets, sequence_buckets});

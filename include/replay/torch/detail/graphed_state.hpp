@@ -75,6 +75,7 @@ struct GraphedState {
       }
     } catch (...) {
     }
+    cache.drop_views();  // the static outputs go with their graphs, before the pool is released
     router.reset();
   }
 
