@@ -12,13 +12,14 @@ time:
   device    device_index -1 (current) | 0
   compile   default | max_autotune (tiny model only unless --full) |
             dynamic batch (torch.export.Dim)
+  device    a CPU package of the tiny model too (is it the loader, or CUDA?)
   imports   torch only | torch and torchvision
 
 and prints a verdict per variant (OK with the max-abs-error / max|ref|
 against eager, ERROR with the exception, CRASH with the signal and the
 backtrace, TIMEOUT), then a summary table.
 
-    python3 scripts/aoti_probe.py [--work DIR] [--full] [--timeout S] [--only REGEX]
+    python3 scripts/aoti_probe.py [--work DIR] [--full] [--timeout S] [--only REGEX] [--cpu-only]
 
 Needs torch with CUDA (and torchvision for ResNet-50). Each step has its own
 timeout; a default run takes a few minutes, mostly compilation.
@@ -60,8 +61,9 @@ def example_input(name, batch, torch):
 
 def child_compile(args):
     import torch
-    model = make_model(args.model, torch).eval().to("cuda", torch.float16)
-    x = example_input(args.model, 4, torch).to("cuda", torch.float16)
+    dtype = torch.float16 if args.device == "cuda" else torch.float32
+    model = make_model(args.model, torch).eval().to(args.device, dtype)
+    x = example_input(args.model, 4, torch).to(args.device, dtype)
     dynamic_shapes = None
     if args.dynamic:
         batch = torch.export.Dim("batch", min=1, max=32)
@@ -84,7 +86,7 @@ def child_load(args):
     if args.torchvision:
         import torchvision  # noqa: F401  (its ops library loaded too, as in a benchmark process)
     saved = torch.load(args.package + ".ref")
-    x = saved["x"].cuda()
+    x = saved["x"].to(args.device)
     ref = saved["ref"]
     print(f"loading {args.package} with {args.loader} single_threaded={args.single_threaded} "
           f"device_index={args.device_index}", flush=True)
@@ -105,7 +107,7 @@ def child_load(args):
         if not libs:
             raise RuntimeError(f"no .so inside {args.package}")
         print(f"unpacked {libs[0]}", flush=True)
-        runner = torch._export.aot_load(libs[0], "cuda")
+        runner = torch._export.aot_load(libs[0], args.device)
         call = lambda t: runner(t)  # noqa: E731
     elif args.loader == "cpp_loader":
         loader = torch._C._aoti.AOTIModelPackageLoader(args.package, "model", args.single_threaded, 1,
@@ -118,13 +120,13 @@ def child_load(args):
         out = call(x)
         if isinstance(out, (list, tuple)):
             out = out[0]
-        torch.cuda.synchronize()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
         print("ran", flush=True)
         if args.dynamic:  # another batch size through the same package
             y = torch.cat([x, x, x], 0)
             out3 = call(y)
             out3 = out3[0] if isinstance(out3, (list, tuple)) else out3
-            torch.cuda.synchronize()
             if tuple(out3.shape)[0] != 3 * x.shape[0]:
                 raise RuntimeError(f"dynamic batch: got shape {tuple(out3.shape)}")
     err = (out.float().cpu() - ref).abs().max().item()
@@ -197,6 +199,7 @@ def main():
     parser.add_argument("--full", action="store_true", help="also max_autotune for ResNet-50 (slow)")
     parser.add_argument("--timeout", type=float, default=420, help="per compile step, seconds")
     parser.add_argument("--only", default="", help="only variants whose name matches this regex")
+    parser.add_argument("--cpu-only", action="store_true", help="CPU packages only")
     args = parser.parse_args()
 
     if args.child is not None:
@@ -210,6 +213,7 @@ def main():
         cp.add_argument("--single-threaded", type=int, default=0)
         cp.add_argument("--device-index", type=int, default=-1)
         cp.add_argument("--torchvision", type=int, default=0)
+        cp.add_argument("--device", default="cuda")
         c = cp.parse_args(args.child)
         c.single_threaded = bool(c.single_threaded)
         return child_compile(c) if c.step == "compile" else child_load(c)
@@ -219,39 +223,46 @@ def main():
     except ImportError:
         print("aoti_probe: needs torch", file=sys.stderr)
         return 1
-    if not torch.cuda.is_available():
-        print("aoti_probe: no CUDA device; nothing to probe")
-        return 0
+    device = "cuda" if torch.cuda.is_available() and not args.cpu_only else "cpu"
+    if device == "cpu" and not args.cpu_only:
+        print("aoti_probe: no CUDA device: probing CPU packages only")
     try:
         import torchvision  # noqa: F401
         have_tv = True
     except ImportError:
         have_tv = False
-    print(f"aoti_probe: torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}, "
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "no GPU"
+    print(f"aoti_probe: torch {torch.__version__}, CUDA {torch.version.cuda}, {gpu}, "
           f"python {sys.version.split()[0]}, gcc {shutil.which('gcc') or 'none'}")
     os.makedirs(args.work, exist_ok=True)
 
-    builds = [("tiny", 0, 0), ("tiny", 1, 0), ("tiny", 0, 1)]
-    if have_tv:
-        builds += [("resnet50", 0, 0), ("resnet50", 0, 1)]
-        if args.full:
-            builds.append(("resnet50", 1, 0))
-    else:
-        print("(torchvision not installed: ResNet-50 is skipped)")
+    # (model, max_autotune, dynamic batch, device): a CPU package too, to tell
+    # a crash of CUDA packages from one of the package loader itself.
+    builds = [("tiny", 0, 0, "cpu")]
+    if device == "cuda":
+        builds += [("tiny", 0, 0, "cuda"), ("tiny", 1, 0, "cuda"), ("tiny", 0, 1, "cuda")]
+        if have_tv:
+            builds += [("resnet50", 0, 0, "cuda"), ("resnet50", 0, 1, "cuda")]
+            if args.full:
+                builds.append(("resnet50", 1, 0, "cuda"))
+        else:
+            print("(torchvision not installed: ResNet-50 is skipped)")
     only = re.compile(args.only) if args.only else None
     results = []
-    for model, autotune, dynamic in builds:
-        tag = f"{model}{'-autotune' if autotune else ''}{'-dynamic' if dynamic else ''}"
+    for model, autotune, dynamic, dev in builds:
+        tag = f"{model}-{dev}{'-autotune' if autotune else ''}{'-dynamic' if dynamic else ''}"
         package = os.path.abspath(os.path.join(args.work, tag + ".pt2"))
-        loads = [("aoti_load_package", 0, -1, 0), ("aoti_load_package", 1, -1, 0), ("aoti_load_package", 0, 0, 0),
-                 ("cpp_loader", 0, -1, 0), ("aot_load", 0, -1, 0)]
+        loads = [("aoti_load_package", 0, -1, 0), ("aoti_load_package", 1, -1, 0), ("cpp_loader", 0, -1, 0),
+                 ("aot_load", 0, -1, 0)]
+        if dev == "cuda":
+            loads.append(("aoti_load_package", 0, 0, 0))
         if model == "resnet50":
             loads.append(("aoti_load_package", 0, -1, 1))
         names = [f"{tag} {l} st={s} dev={d}{' +torchvision' if tv else ''}" for l, s, d, tv in loads]
         if only and not any(only.search(n) for n in names):
             continue
         print(f"\n== compile {tag}", flush=True)
-        rc, out, err, secs, cmd = run_child(["compile", "--model", model, "--package", package,
+        rc, out, err, secs, cmd = run_child(["compile", "--model", model, "--package", package, "--device", dev,
                                              "--autotune", str(autotune), "--dynamic", str(dynamic)], args.timeout)
         info = last_json(out) if rc == 0 else None
         if info is None:
@@ -267,7 +278,7 @@ def main():
                 continue
             argv = ["load", "--model", model, "--package", package, "--loader", loader,
                     "--single-threaded", str(single), "--device-index", str(device), "--dynamic", str(dynamic),
-                    "--torchvision", str(tv)]
+                    "--torchvision", str(tv), "--device", dev]
             rc, out, err, secs, cmd = run_child(argv, 180)
             data = last_json(out) if rc == 0 else None
             if data is not None:
