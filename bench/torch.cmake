@@ -13,3 +13,16 @@ if(TARGET replay_torch)
     target_compile_options(torch_resnet_bench PRIVATE -Wno-missing-field-initializers)
   endif()
 endif()
+
+# GraphedCallable's host cost over a raw replay (Google Benchmark); also in
+# bench/torch/, run by scripts/gpu-check.d/torch.sh with its ratios
+# (bench/torch/call_overhead.ratios).
+if(TARGET replay_torch)
+  add_executable(torch_call_bench ${CMAKE_CURRENT_LIST_DIR}/torch_call_bench.cpp)
+  target_link_libraries(torch_call_bench PRIVATE replay::torch benchmark::benchmark)
+  set_target_properties(torch_call_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}/torch)
+  replay_target_warnings(torch_call_bench)
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    target_compile_options(torch_call_bench PRIVATE -Wno-missing-field-initializers)
+  endif()
+endif()

@@ -1,12 +1,15 @@
 // The C++ half of the torch benchmark: ResNet-50 (torch::nn, random weights,
 // fp16 by default) run eagerly in C++ and replayed through
-// replay::GraphedCallable, timed exactly as bench/torch_resnet_bench.py times
+// replay::GraphedCallable; with --torchscript, torchvision's ResNet-50 from a
+// TorchScript file prepared by replay::load_prepared (frozen, optimized for
+// inference, channels-last) too. Timed exactly as bench/torch_resnet_bench.py times
 // PyTorch eager, torch.cuda.CUDAGraph and torch.compile(mode="reduce-overhead")
 // (one call then a device synchronize per iteration, host clock). Writes JSON
 // that the Python script merges into one side-by-side table
 // (scripts/gpu-check.d/torch.sh runs both in one device call).
 //
 //   torch_resnet_bench [--batches 1,8,32] [--iterations N] [--dtype fp16|fp32] [--json FILE]
+//                      [--torchscript resnet50.pt]
 //
 // Not a Google Benchmark program (it reports percentiles and must match the
 // Python side's method); it lives in build/.../bench/torch/ so that the
@@ -19,6 +22,7 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +57,7 @@ int main(int argc, char** argv) {
   int iterations = 0;  // 0: by batch
   std::string dtype_name = "fp16";
   std::string json_path;
+  std::string torchscript;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg(argv[i]);
     auto value = [&]() -> std::string {
@@ -70,9 +75,12 @@ int main(int argc, char** argv) {
       dtype_name = value();
     } else if (arg == "--json") {
       json_path = value();
+    } else if (arg == "--torchscript") {
+      torchscript = value();
     } else {
       std::fprintf(stderr,
-                   "usage: torch_resnet_bench [--batches 1,8,32] [--iterations N] [--dtype fp16|fp32] [--json FILE]\n");
+                   "usage: torch_resnet_bench [--batches 1,8,32] [--iterations N] [--dtype fp16|fp32] [--json FILE] "
+                   "[--torchscript FILE]\n");
       return 2;
     }
   }
@@ -93,6 +101,27 @@ int main(int argc, char** argv) {
     replay::GraphedCallable safe(model, {torch::randn({largest, 3, 224, 224}, options)},
                                  {.batch_buckets = buckets});
 
+    // torchvision's ResNet-50 as TorchScript, prepared: channels-last inputs
+    // (made outside the timed loop), and NCHW inputs converted inside the graph.
+    std::optional<replay::PreparedModule> prepared;
+    std::optional<replay::GraphedCallable> ts_fast;
+    std::optional<replay::GraphedCallable> ts_safe;
+    std::optional<replay::GraphedCallable> ts_nchw;
+    if (!torchscript.empty()) {
+      prepared.emplace(replay::load_prepared(
+          torchscript, {.flags = replay::PrepareFlags::inference | replay::PrepareFlags::channels_last, .dtype = dtype}));
+      const at::Tensor example = torch::randn({largest, 3, 224, 224}, options);
+      const replay::GraphedFlags no_grad = replay::GraphedFlags::no_grad;
+      ts_fast.emplace(*prepared, std::vector<at::Tensor>{prepared->prepare_input(example)},
+                      replay::GraphedOptions{.flags = no_grad | replay::GraphedFlags::view_outputs,
+                                             .batch_buckets = buckets});
+      ts_safe.emplace(*prepared, std::vector<at::Tensor>{prepared->prepare_input(example)},
+                      replay::GraphedOptions{.flags = no_grad, .batch_buckets = buckets});
+      ts_nchw.emplace(*prepared, std::vector<at::Tensor>{example},
+                      replay::GraphedOptions{.flags = no_grad | replay::GraphedFlags::view_outputs,
+                                             .batch_buckets = buckets});
+    }
+
     std::vector<Row> rows;
     for (const std::int64_t batch : batches) {
       const at::Tensor input = torch::randn({batch, 3, 224, 224}, options);
@@ -105,11 +134,26 @@ int main(int argc, char** argv) {
       rows.push_back({"cpp_replay", batch, replay_examples::measure([&] { (void)fast.run({input}); }, n, warmup, batch)});
       rows.push_back(
           {"cpp_replay_clone", batch, replay_examples::measure([&] { (void)safe.run({input}); }, n, warmup, batch)});
+      if (prepared) {
+        const at::Tensor channels_last = prepared->prepare_input(input);
+        {
+          torch::NoGradGuard no_grad;  // as GraphedFlags::no_grad runs it
+          rows.push_back({"cpp_ts_eager", batch,
+                          replay_examples::measure([&] { (void)(*prepared)({channels_last}); }, n, warmup, batch)});
+        }
+        rows.push_back({"cpp_ts_replay", batch,
+                        replay_examples::measure([&] { (void)ts_fast->run({channels_last}); }, n, warmup, batch)});
+        rows.push_back({"cpp_ts_replay_clone", batch,
+                        replay_examples::measure([&] { (void)ts_safe->run({channels_last}); }, n, warmup, batch)});
+        rows.push_back({"cpp_ts_replay_nchw", batch,
+                        replay_examples::measure([&] { (void)ts_nchw->run({input}); }, n, warmup, batch)});
+      }
     }
 
-    std::printf("C++ ResNet-50 %s (torch::nn, %s)\n", dtype_name.c_str(), "replay::GraphedCallable");
+    std::printf("C++ ResNet-50 %s (torch::nn%s; replay::GraphedCallable)\n", dtype_name.c_str(),
+                prepared ? " and prepared TorchScript" : "");
     for (const Row& r : rows) {
-      std::printf("  %-17s b=%-3lld p50 %8.3f ms  p99 %8.3f ms  mean %8.3f ms  %9.1f img/s\n", r.impl.c_str(),
+      std::printf("  %-20s b=%-3lld p50 %8.3f ms  p99 %8.3f ms  mean %8.3f ms  %9.1f img/s\n", r.impl.c_str(),
                   static_cast<long long>(r.batch), r.latency.p50_ms, r.latency.p99_ms, r.latency.mean_ms, r.latency.qps);
     }
     if (!json_path.empty()) {

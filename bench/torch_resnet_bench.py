@@ -131,19 +131,27 @@ LABELS = {
     "cpp_eager": "C++ eager (libtorch)",
     "cpp_replay": "C++ replay (GraphedCallable)",
     "cpp_replay_clone": "C++ replay, safe mode",
+    "cpp_ts_eager": "C++ prepared TorchScript, eager",
+    "cpp_ts_replay": "C++ replay, prepared TorchScript",
+    "cpp_ts_replay_clone": "C++ replay, prepared, safe mode",
+    "cpp_ts_replay_nchw": "C++ replay, prepared, NCHW input",
 }
+
+# ResNet-50 fp16: C++ replay of the prepared TorchScript model (channels-last
+# input) p50 over torch.compile(mode="reduce-overhead") p50, per batch.
+COMPILE_GOALS = {1: 0.80, 8: 0.85, 32: 1.0}
 
 
 def print_table(rows, meta, batches):
     by = {(r["impl"], r["batch"]): r for r in rows}
     print(f"ResNet-50 {meta.get('dtype', '')} on {meta.get('device', '?')}, torch {meta.get('torch', '?')}: "
           "p50 / p99 ms, img/s")
-    print(f"  {'':31}" + "".join(f"| {'batch ' + str(b):<21} " for b in batches))
-    print(f"  {'':31}" + "".join(f"| {'p50':>6} {'p99':>6} {'img/s':>7} " for _ in batches))
+    print(f"  {'':33}" + "".join(f"| {'batch ' + str(b):<21} " for b in batches))
+    print(f"  {'':33}" + "".join(f"| {'p50':>6} {'p99':>6} {'img/s':>7} " for _ in batches))
     for impl, label in LABELS.items():
         if not any((impl, b) in by for b in batches):
             continue
-        line = f"  {label:31}"
+        line = f"  {label:33}"
         for b in batches:
             r = by.get((impl, b))
             line += f"| {r['p50_ms']:6.3f} {r['p99_ms']:6.3f} {r['qps']:7.0f} " if r else f"| {'-':>6} {'-':>6} {'-':>7} "
@@ -164,6 +172,19 @@ def print_table(rows, meta, batches):
     tail = replay["p99_ms"] / replay["p50_ms"] if replay else None
     print(f"  target b={b}: C++ replay p99/p50 = {tail if tail is not None else float('nan'):.3f} (<= 1.15): "
           f"{verdict(None if tail is None else tail <= 1.15)}")
+    for b, goal in COMPILE_GOALS.items():
+        if b not in batches:
+            continue
+        compiled = by.get(("py_compile", b))
+        for impl in ("cpp_ts_replay", "cpp_ts_replay_nchw", "cpp_replay"):
+            r = by.get((impl, b))
+            ratio = r["p50_ms"] / compiled["p50_ms"] if r and compiled else None
+            shown = f"{ratio:.3f}" if ratio is not None else "nan"
+            if impl == "cpp_ts_replay":
+                print(f"  target b={b}: {LABELS[impl]} p50 / torch.compile p50 = {shown} (<= {goal:.2f}): "
+                      f"{verdict(None if ratio is None else ratio <= goal)}")
+            else:
+                print(f"  (for comparison) b={b}: {LABELS[impl]} p50 / torch.compile p50 = {shown}")
 
 
 def main():
@@ -188,18 +209,22 @@ def main():
         print("torch_resnet_bench.py: no CUDA device; nothing to measure.")
         return 0
     rows, meta = run_python(args)
+    print_table(save_and_merge(rows, meta, args, "torch_resnet_bench.py"), meta, args.batches)
+    return 0
+
+
+def save_and_merge(rows, meta, args, name):
+    """Writes the Python rows to args.json, and returns them with the C++ rows of args.cpp_json."""
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     if args.cpp_json:
         try:
             with open(args.cpp_json) as f:
-                cpp = json.load(f)
-            rows = rows + cpp.get("rows", [])
+                rows = rows + json.load(f).get("rows", [])
         except (OSError, ValueError) as exc:
-            print(f"torch_resnet_bench.py: could not read {args.cpp_json}: {exc}", file=sys.stderr)
-    print_table(rows, meta, args.batches)
-    return 0
+            print(f"{name}: could not read {args.cpp_json}: {exc}", file=sys.stderr)
+    return rows
 
 
 if __name__ == "__main__":

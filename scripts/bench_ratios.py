@@ -4,7 +4,9 @@ JSON files of one run. The ratios are defined in bench/*.ratios, one per line:
 
     label | numerator name regex | denominator name regex | target
 
-where target is like '<=1.02' or '>=4.5' (or '-' for none). The time used is
+where target is like '<=1.02' or '>=4.5' (or '-' for none). With
+`--ratios A.ratios[,B.ratios]` first, those files are read instead (the
+libtorch adapter's, in bench/torch/, are read by scripts/gpu-check.d/torch.sh). The time used is
 each benchmark's real_time (manual time where the benchmark sets it); a regex
 may also end in '@counter' to use a user counter instead. Exit status 0; the
 verdict of each line is printed (PASS, MISS, or n/a when a benchmark is absent).
@@ -47,9 +49,13 @@ def value(rows, spec):
 
 
 def main():
-    rows = load(sys.argv[1:])
+    args = sys.argv[1:]
+    spec_files = None
+    if args[:1] == ["--ratios"] and len(args) >= 2:  # these ratio files instead of bench/*.ratios
+        spec_files, args = args[1].split(","), args[2:]
+    rows = load(args)
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench")
-    for spec_file in sorted(glob.glob(os.path.join(root, "*.ratios"))):
+    for spec_file in spec_files or sorted(glob.glob(os.path.join(root, "*.ratios"))):
         for line in open(spec_file):
             line = line.strip()
             if not line or line.startswith("#"):

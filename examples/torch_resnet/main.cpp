@@ -1,11 +1,14 @@
 // torch_resnet: ResNet-50 (random weights) run eagerly and as CUDA graphs
 // through replay::GraphedCallable, at batch 1, 8 and 32, in fp32 and fp16.
-// The model comes both ways: defined in C++ with torch::nn (resnet.hpp), and
+// The model comes three ways: defined in C++ with torch::nn (resnet.hpp),
 // loaded from a TorchScript file (scripts/make_torchscript_resnet.py writes
-// one from torchvision). Prints p50/p99 latency, QPS and the speedup, and
-// checks that graphed outputs match eager ones.
+// one from torchvision), and that file prepared by replay::load_prepared
+// (frozen, optimized for inference, channels-last). Prints p50/p99 latency,
+// QPS and the speedup, checks that graphed outputs match eager ones, and that
+// the prepared model's outputs match the unprepared module's within 1e-2 of
+// max|ref| (max-abs-error / max|ref|, printed).
 //
-//   torch_resnet [--torchscript resnet50.pt] [--iterations N] [--batches 1,8,32]
+//   torch_resnet [--torchscript resnet50.pt] [--iterations N] [--batches 1,8,32] [--dtypes fp32,fp16]
 //
 // Run it with `bash examples/torch_resnet/run.sh` (builds it, writes the
 // TorchScript file, runs both).
@@ -33,6 +36,7 @@ struct Settings {
   std::string torchscript;
   int iterations = 0;  // 0: by batch (200 / 100 / 50)
   std::vector<std::int64_t> batches{1, 8, 32};
+  std::vector<torch::Dtype> dtypes{torch::kFloat, torch::kHalf};
 };
 
 std::vector<std::int64_t> parse_list(std::string_view text) {
@@ -100,6 +104,55 @@ bool run_model(const char* name, Model model, torch::Dtype dtype, replay::Graphe
   return ok;
 }
 
+// The TorchScript file prepared by replay::load_prepared (frozen, optimized
+// for inference, channels-last, `dtype`), graphed, against the same file
+// unprepared (NCHW, not frozen, same dtype). Inputs are made channels-last
+// by the caller (prepare_input), outside the timed loop. Returns false when
+// the prepared outputs differ from the unprepared module's by more than the
+// tolerance, or graphed from eager.
+bool run_prepared(const std::string& path, torch::Dtype dtype, const Settings& settings) {
+  const auto options = torch::TensorOptions().device(torch::kCUDA).dtype(dtype);
+  const std::int64_t largest = *std::max_element(settings.batches.begin(), settings.batches.end());
+  replay::PreparedModule unprepared = replay::load_prepared(path, {.flags = replay::PrepareFlags::none, .dtype = dtype});
+  const auto prepare_start = std::chrono::steady_clock::now();
+  replay::PreparedModule prepared = replay::load_prepared(
+      path, {.flags = replay::PrepareFlags::inference | replay::PrepareFlags::channels_last, .dtype = dtype});
+  const double prepare_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - prepare_start).count();
+  replay::GraphedCallable graphed(prepared, {prepared.prepare_input(torch::randn({largest, 3, 224, 224}, options))},
+                                  {.flags = replay::GraphedFlags::no_grad, .batch_buckets = settings.batches});
+  std::printf("TorchScript prepared %s: loaded, frozen and optimized in %.0f ms, %zu graphs, private pool %.1f MiB\n",
+              dtype == torch::kHalf ? "fp16" : "fp32", prepare_ms, graphed.graph_count(),
+              static_cast<double>(graphed.pool_reserved_bytes()) / (1024.0 * 1024.0));
+  const double tolerance = 1e-2;  // max-abs-error / max|ref|; fp32 convolutions use TF32 by default
+  bool ok = true;
+  for (const std::int64_t batch : settings.batches) {
+    const at::Tensor input = torch::randn({batch, 3, 224, 224}, options);
+    const at::Tensor channels_last = prepared.prepare_input(input);
+    const int iterations = iterations_for(settings, batch);
+    const int warmup = std::max(5, iterations / 10);
+    const auto eager =
+        replay_examples::measure([&] { (void)graphed.run_eager({channels_last}); }, iterations, warmup, batch);
+    const auto replayed =
+        replay_examples::measure([&] { (void)graphed.run({channels_last}); }, iterations, warmup, batch);
+    std::vector<at::Tensor> reference;
+    {
+      torch::NoGradGuard no_grad;
+      reference = unprepared({input});
+    }
+    const replay::OutputDifference change = replay::compare_outputs(graphed.run({channels_last}).tensors(), reference);
+    const double graph_error = relative_l2(graphed.run({channels_last})[0], graphed.run_eager({channels_last})[0]);
+    const bool good = change.relative() < tolerance && graph_error < tolerance;
+    ok = ok && good;
+    std::printf("  %-11s %4s b=%-3lld eager p50 %7.3f ms p99 %7.3f ms %8.0f img/s | graphed p50 %7.3f ms p99 %7.3f ms "
+                "%8.0f img/s | x%.2f | vs unprepared: max-abs-err/max|ref| %.1e (tolerance %.0e)%s\n",
+                "prepared", dtype == torch::kHalf ? "fp16" : "fp32", static_cast<long long>(batch), eager.p50_ms,
+                eager.p99_ms, eager.qps, replayed.p50_ms, replayed.p99_ms, replayed.qps, replayed.qps / eager.qps,
+                change.relative(), tolerance, good ? "" : "  MISMATCH");
+  }
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -119,8 +172,18 @@ int main(int argc, char** argv) {
       settings.iterations = std::stoi(value());
     } else if (arg == "--batches") {
       settings.batches = parse_list(value());
+    } else if (arg == "--dtypes") {
+      const std::string list = value();
+      settings.dtypes.clear();
+      if (list.find("fp32") != std::string::npos) {
+        settings.dtypes.push_back(torch::kFloat);
+      }
+      if (list.find("fp16") != std::string::npos) {
+        settings.dtypes.push_back(torch::kHalf);
+      }
     } else {
-      std::fprintf(stderr, "usage: torch_resnet [--torchscript FILE] [--iterations N] [--batches 1,8,32]\n");
+      std::fprintf(stderr, "usage: torch_resnet [--torchscript FILE] [--iterations N] [--batches 1,8,32] "
+                           "[--dtypes fp32,fp16]\n");
       return 2;
     }
   }
@@ -130,7 +193,7 @@ int main(int argc, char** argv) {
   }
   try {
     bool ok = true;
-    for (const torch::Dtype dtype : {torch::kFloat, torch::kHalf}) {
+    for (const torch::Dtype dtype : settings.dtypes) {
       // torch::nn ResNet-50: inference mode (GraphedCallable's default).
       ok = run_model("torch::nn", replay_examples::resnet50(torch::kCUDA, dtype), dtype, replay::GraphedFlags::none,
                      settings) &&
@@ -142,17 +205,19 @@ int main(int argc, char** argv) {
                      settings.torchscript.c_str());
         return 1;
       }
-      for (const torch::Dtype dtype : {torch::kFloat, torch::kHalf}) {
+      for (const torch::Dtype dtype : settings.dtypes) {
         torch::jit::Module module = torch::jit::load(settings.torchscript, torch::kCUDA);
         module.eval();
         module.to(dtype);
         // TorchScript's executor runs under NoGradGuard, as torch::jit inference usually does.
         ok = run_model("TorchScript", module, dtype, replay::GraphedFlags::no_grad, settings) && ok;
+        ok = run_prepared(settings.torchscript, dtype, settings) && ok;
       }
     } else {
       std::printf("(no --torchscript file given: the TorchScript model was skipped)\n");
     }
-    std::printf("torch_resnet: %s\n", ok ? "graphed outputs match eager outputs" : "MISMATCH between graphed and eager");
+    std::printf("torch_resnet: %s\n", ok ? "graphed outputs match eager outputs, prepared outputs match unprepared ones"
+                                   : "MISMATCH (graphed vs eager, or prepared vs unprepared)");
     return ok ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "torch_resnet: %s\n", e.what());

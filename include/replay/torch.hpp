@@ -11,6 +11,9 @@
 //                                  {.batch_buckets = {1, 2, 4, 8, 16, 32}});
 //   at::Tensor logits = resnet(images)[0];   // images: [n, 3, 224, 224], n <= 32
 //
+// TorchScript files are loaded and prepared (frozen, optimized for inference,
+// fp16, channels-last) by replay::load_prepared (replay/torch/prepare.hpp).
+//
 // Never included by replay/replay.hpp: it needs libtorch (target replay::torch).
 // See docs/torch.md.
 #include <replay/detail/require_cxx20.hpp>
@@ -23,4 +26,5 @@
 #include "replay/torch/backend.hpp"
 #include "replay/torch/outputs.hpp"
 #include "replay/torch/graphed_callable.hpp"
+#include "replay/torch/prepare.hpp"
 // IWYU pragma: end_exports

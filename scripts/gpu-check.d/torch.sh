@@ -2,67 +2,126 @@
 # gpu-check step for the libtorch adapter (replay/torch.hpp), run by
 # scripts/gpu-check.sh after the build and the tests (test_torch runs there):
 #   1. writes torchvision's ResNet-50 as TorchScript (scripts/make_torchscript_resnet.py),
-#   2. runs the torch_resnet example with both models (torch::nn and TorchScript),
-#   3. runs the C++ benchmark, then the Python one in the same device call
-#      (PyTorch eager, torch.cuda.CUDAGraph, torch.compile reduce-overhead last,
-#      its compilations capped by REPLAY_TORCH_COMPILE_BUDGET_S, default 100 s),
-#   4. prints one side-by-side table with the targets, last.
-# About 3 minutes; torch.compile's compilation is most of it.
-# Files in $OUT: torch_example.txt, torch_bench_cpp.{txt,json}, torch_bench_py.json,
-# torch_bench.txt (the table), torch_bench_py.err.
+#   2. runs the torch_resnet example, fp16 (torch::nn, TorchScript, prepared TorchScript),
+#   3. runs torch_call_bench (GraphedCallable's host cost over a raw replay) and its ratios,
+#   4. runs the C++ ResNet benchmark (torch::nn and prepared TorchScript),
+#   5. traces a BERT-base-sized encoder (scripts/make_torchscript_bert.py, into the
+#      build directory) and runs the torch_bert example: the check against
+#      Python's outputs, then C++ eager and replay over 2-D buckets,
+#   6. runs the Python peers: bench/torch_resnet_bench.py (PyTorch eager,
+#      torch.cuda.CUDAGraph, torch.compile reduce-overhead) and
+#      bench/torch_bert_bench.py (eager, torch.compile reduce-overhead with
+#      dynamic=False), torch.compile last and within what is left of the budget,
+#   7. prints a short results table last.
+# Bounded by REPLAY_TORCH_BUDGET_S (default 350 s; gpu-check.sh kills a step
+# at 420 s): every step's timeout is capped by what is left, and torch.compile
+# gets what the other steps leave (ResNet's at most REPLAY_TORCH_COMPILE_BUDGET_S,
+# default 75 s: no batch size is started after it, so about 100 s in all;
+# BERT's the rest, at most 90 s, shapes in order of importance).
+# Files in $OUT: torch_example.txt, torch_call_bench.{txt,json}, torch_bench_cpp.{txt,json},
+# torch_bench_py.json, torch_bench.txt (ResNet table), torch_bert.{txt,json},
+# torch_bert_py.json, torch_bert_bench.txt (BERT table), torch_*.err, torch_results.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/gpu-check}
 mkdir -p "$OUT"
 build=${REPLAY_BUILD_DIR:-build/gpu}
-step() { printf '[torch %s] %s\n' "$(date +%T)" "$*"; }
+step() { printf '[torch %s +%ds] %s\n' "$(date +%T)" "$((SECONDS - start))" "$*"; }
 
 if [ -n "${REPLAY_SKIP_TORCH:-}" ]; then
   echo "torch: skipped (REPLAY_SKIP_TORCH is set)"
   exit 0
 fi
 example=$build/examples/torch_resnet/torch_resnet
+bert=$build/examples/torch_bert/torch_bert
 bench=$build/bench/torch/torch_resnet_bench
-if [ ! -x "$example" ] || [ ! -x "$bench" ] || [ ! -x "$build/tests/test_torch" ]; then
-  echo "torch: FAILED: the adapter's targets were not built (was Torch found when configuring? see build.log)"
-  exit 1
-fi
+call_bench=$build/bench/torch/torch_call_bench
+for exe in "$example" "$bert" "$bench" "$call_bench" "$build/tests/test_torch"; do
+  if [ ! -x "$exe" ]; then
+    echo "torch: FAILED: $exe was not built (was Torch found when configuring? see build.log)"
+    exit 1
+  fi
+done
 
 status=0
 start=$SECONDS
+budget=${REPLAY_TORCH_BUDGET_S:-350}
+left() { echo $((budget - (SECONDS - start))); }
+failed() { echo "torch: $* FAILED"; status=1; }
+# bounded SECONDS CMD...: CMD under `timeout`, at most SECONDS and at most what is left (+30 s).
+bounded() {
+  local want=$1 cap
+  shift
+  cap=$(( $(left) + 30 ))
+  [ "$cap" -lt "$want" ] && want=$cap
+  [ "$want" -lt 10 ] && { echo "torch: no time left for: $*"; return 124; }
+  timeout "$want" "$@"
+}
+
 torchscript=$build/resnet50_torchscript.pt
-step "TorchScript export"
-if ! timeout 180 python3 scripts/make_torchscript_resnet.py "$torchscript"; then
-  echo "torch: TorchScript export FAILED"
-  status=1
-fi
+step "TorchScript export (ResNet-50)"
+bounded 120 python3 scripts/make_torchscript_resnet.py "$torchscript" || failed "TorchScript export"
 args=()
 [ -f "$torchscript" ] && args=(--torchscript "$torchscript")
 
 step "example torch_resnet ${args[*]}"
-timeout 300 "$example" "${args[@]}" >"$OUT/torch_example.txt" 2>&1
-rc=$?
+bounded 150 "$example" "${args[@]}" --dtypes fp16 --iterations 30 >"$OUT/torch_example.txt" 2>&1 ||
+  failed "example torch_resnet (rc=$?)"
 cat "$OUT/torch_example.txt"
-[ "$rc" -eq 0 ] || { echo "torch: example FAILED (rc=$rc)"; status=1; }
 
-step "C++ benchmark"
-timeout 180 "$bench" --json "$OUT/torch_bench_cpp.json" >"$OUT/torch_bench_cpp.txt" 2>&1
-rc=$?
+step "torch_call_bench (GraphedCallable host cost over a raw replay)"
+bounded 90 "$call_bench" --benchmark_out="$OUT/torch_call_bench.json" \
+  --benchmark_out_format=json >"$OUT/torch_call_bench.txt" 2>&1 || failed "torch_call_bench (rc=$?)"
+cat "$OUT/torch_call_bench.txt"
+python3 scripts/bench_ratios.py --ratios bench/torch/call_overhead.ratios "$OUT/torch_call_bench.json" \
+  >"$OUT/torch_call_ratios.txt" 2>&1
+cat "$OUT/torch_call_ratios.txt"
+
+step "C++ ResNet benchmark"
+bounded 150 "$bench" "${args[@]}" --json "$OUT/torch_bench_cpp.json" >"$OUT/torch_bench_cpp.txt" 2>&1 ||
+  failed "C++ benchmark (rc=$?)"
 cat "$OUT/torch_bench_cpp.txt"
-[ "$rc" -eq 0 ] || { echo "torch: C++ benchmark FAILED (rc=$rc)"; status=1; }
 
-step "Python benchmark (eager, torch.cuda.CUDAGraph, then torch.compile)"
-timeout 480 python3 bench/torch_resnet_bench.py --json "$OUT/torch_bench_py.json" \
-  --cpp-json "$OUT/torch_bench_cpp.json" --compile-budget-s "${REPLAY_TORCH_COMPILE_BUDGET_S:-100}" \
-  >"$OUT/torch_bench.txt" 2>"$OUT/torch_bench_py.err"
-rc=$?
-if [ "$rc" -ne 0 ]; then
-  echo "torch: Python benchmark FAILED (rc=$rc); its last messages:"
-  tail -5 "$OUT/torch_bench_py.err"
-  status=1
+bert_dir=$build/bert
+step "TorchScript export (BERT-base, fp16, traced on the GPU)"
+bounded 150 python3 scripts/make_torchscript_bert.py "$bert_dir" >"$OUT/torch_bert_export.txt" 2>&1 ||
+  failed "BERT export (rc=$?)"
+grep -v Warning "$OUT/torch_bert_export.txt" | tail -3
+if [ -f "$bert_dir/bert_torchscript.pt" ]; then
+  step "example torch_bert (check against Python, then C++ eager and replay)"
+  bounded 150 "$bert" --model "$bert_dir/bert_torchscript.pt" --reference "$bert_dir/bert_reference.pt" \
+    --iterations 100 --json "$OUT/torch_bert.json" >"$OUT/torch_bert.txt" 2>&1 || failed "example torch_bert (rc=$?)"
+  cat "$OUT/torch_bert.txt"
 fi
+
+compile_budget=$(( $(left) - 100 ))
+[ "$compile_budget" -gt "${REPLAY_TORCH_COMPILE_BUDGET_S:-75}" ] && compile_budget=${REPLAY_TORCH_COMPILE_BUDGET_S:-75}
+[ "$compile_budget" -lt 0 ] && compile_budget=0
+step "Python ResNet benchmark (eager, torch.cuda.CUDAGraph, then torch.compile within ${compile_budget} s)"
+bounded 240 python3 bench/torch_resnet_bench.py --json "$OUT/torch_bench_py.json" \
+  --cpp-json "$OUT/torch_bench_cpp.json" --compile-budget-s "$compile_budget" \
+  >"$OUT/torch_bench.txt" 2>"$OUT/torch_bench_py.err" || { failed "Python ResNet benchmark"; tail -5 "$OUT/torch_bench_py.err"; }
 grep -E "torch.compile (failed|: budget)" "$OUT/torch_bench_py.err" || true
 
-echo "torch step: $((SECONDS - start)) s, $([ "$status" -eq 0 ] && echo ok || echo FAILED)"
-cat "$OUT/torch_bench.txt"
+bert_budget=$(( $(left) - 40 ))
+[ "$bert_budget" -gt 90 ] && bert_budget=90
+[ "$bert_budget" -lt 0 ] && bert_budget=0
+step "Python BERT benchmark (eager, then torch.compile dynamic=False within ${bert_budget} s)"
+bounded 200 python3 bench/torch_bert_bench.py --json "$OUT/torch_bert_py.json" --cpp-json "$OUT/torch_bert.json" \
+  --compile-budget-s "$bert_budget" >"$OUT/torch_bert_bench.txt" 2>"$OUT/torch_bert_py.err" ||
+  { failed "Python BERT benchmark"; tail -5 "$OUT/torch_bert_py.err"; }
+grep -E "torch.compile (failed|: budget)" "$OUT/torch_bert_py.err" || true
+
+{
+  echo "torch step: $((SECONDS - start)) s, $([ "$status" -eq 0 ] && echo ok || echo FAILED)"
+  cat "$OUT/torch_bench.txt" 2>/dev/null
+  cat "$OUT/torch_bert_bench.txt" 2>/dev/null
+  echo "---- torch results ----"
+  grep -E "vs unprepared" "$OUT/torch_example.txt" |
+    sed -E 's/.*(b=[0-9]+).*max-abs-err\/max\|ref\| ([^ ]+).*/\1 \2/' | tr '\n' ' ' |
+    sed -E 's/^(.+) $/  ResNet-50 prepared fp16 vs unprepared, max-abs-error \/ max|ref| (tolerance 1e-02): \1\n/'
+  grep -E "^torch_bert: checked" "$OUT/torch_bert.txt" 2>/dev/null | sed 's/^torch_bert: /  BERT: /'
+  sed 's/^/  /' "$OUT/torch_call_ratios.txt" 2>/dev/null
+  grep -hE "^  target" "$OUT/torch_bench.txt" "$OUT/torch_bert_bench.txt" 2>/dev/null
+} | tee "$OUT/torch_results.txt"
 exit "$status"

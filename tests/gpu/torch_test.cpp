@@ -20,6 +20,7 @@
 #undef CHECK
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -126,6 +127,32 @@ std::size_t pool_bytes(c10::MempoolId_t pool) {
 struct ForwardOnly : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) { return x * 3; }
 };
+
+// Convolution, batch norm (non-trivial statistics), ReLU, a residual add and
+// a linear head, written in TorchScript: what freezing folds and
+// optimize_for_inference fuses (conv + add + ReLU on CUDA).
+torch::jit::Module conv_bn_module(torch::Device device) {
+  torch::jit::Module m("ConvBn");
+  m.register_parameter("w1", torch::randn({16, 3, 3, 3}, device) * 0.2, false);
+  m.register_parameter("w2", torch::randn({16, 16, 3, 3}, device) * 0.1, false);
+  m.register_buffer("mean", torch::randn({16}, device) * 0.1);
+  m.register_buffer("var", torch::rand({16}, device) + 0.5);
+  m.register_parameter("gamma", torch::rand({16}, device) + 0.5, false);
+  m.register_parameter("beta", torch::randn({16}, device) * 0.1, false);
+  m.register_parameter("fc", torch::randn({10, 16}, device) * 0.1, false);
+  m.register_buffer("steps", torch::zeros({1}, torch::TensorOptions().device(device).dtype(torch::kLong)));
+  m.define(R"(
+def forward(self, x):
+    y = torch.conv2d(x, self.w1, None, [1, 1], [1, 1])
+    y = torch.batch_norm(y, self.gamma, self.beta, self.mean, self.var, False, 0.1, 1e-5, True)
+    y = torch.relu(y)
+    z = torch.conv2d(y, self.w2, None, [1, 1], [1, 1])
+    z = torch.relu(z + y)
+    return torch.linear(z.mean([2, 3]), self.fc)
+)");
+  m.eval();
+  return m;
+}
 
 }  // namespace
 
@@ -250,8 +277,8 @@ TEST_CASE("inputs are checked against the captured shapes, with both shapes in t
   auto half = [](std::vector<int64_t> sizes) { return torch::zeros(sizes, torch::kHalf); };
   auto longs = [](std::vector<int64_t> sizes) { return torch::zeros(sizes, torch::kLong); };
 
-  CHECK(state.check_inputs({half({5, 3, 224, 224}), longs({5, 7})}, here) == 5);
-  CHECK(state.check_inputs({half({40, 3, 224, 224}), longs({40, 7})}, here) == 40);  // oversize is the router's call
+  CHECK(state.check_inputs(std::vector<at::Tensor>{half({5, 3, 224, 224}), longs({5, 7})}, here) == 5);
+  CHECK(state.check_inputs(std::vector<at::Tensor>{half({40, 3, 224, 224}), longs({40, 7})}, here) == 40);  // oversize is the router's call
 
   auto message = [&](const std::vector<at::Tensor>& inputs) {
     try {
@@ -294,6 +321,109 @@ TEST_CASE("default GraphedOutputs are empty, owned and never stale") {
   CHECK_FALSE(out.stale());
   CHECK_FALSE(out.is_view());
   CHECK_THROWS_AS((void)out.at(0), replay::usage_error);
+}
+
+TEST_CASE("the call cache: buckets by batch, and padding zeroed only when the high-water mark is above the batch") {
+  replay::detail::GraphedCallCache cache;
+  const std::vector<std::int64_t> buckets{2, 4, 8};
+  cache.reset(buckets);
+  CHECK(cache.padded(1) == 2);
+  CHECK(cache.padded(2) == 2);
+  CHECK(cache.padded(3) == 4);
+  CHECK(cache.padded(5) == 8);
+  CHECK(cache.padded(8) == 8);
+  CHECK(cache.padded(9) == 0);
+  CHECK(cache.dirty_rows() == 8);  // the examples fill every row at first
+  cache.mark_written(3);
+  CHECK(cache.dirty_rows() == 8);
+  cache.mark_zeroed_from(3);
+  CHECK(cache.dirty_rows() == 3);
+  cache.mark_written(2);
+  CHECK(cache.dirty_rows() == 3);
+  cache.mark_written(6);
+  CHECK(cache.dirty_rows() == 6);
+}
+
+TEST_CASE("fast-mode view cache: a view is recognised only while it is still the batch's rows of its output") {
+  const at::Tensor base = torch::randn({8, 4});
+  const at::Tensor view = base.narrow(0, 0, 3);
+  using Cache = replay::detail::GraphedCallCache;
+  CHECK(Cache::sliced(base, 3, 8));
+  CHECK_FALSE(Cache::sliced(base, 8, 8));
+  CHECK_FALSE(Cache::sliced(torch::randn({5}), 3, 8));
+  CHECK(Cache::is_output_view(view, base, 3, 8));
+  CHECK_FALSE(Cache::is_output_view(view, base, 2, 8));
+  CHECK_FALSE(Cache::is_output_view(view.clone(), base, 3, 8));
+  CHECK(Cache::is_output_view(base, base, 8, 8));
+  CHECK_FALSE(Cache::is_output_view(base.clone(), base, 8, 8));
+  at::Tensor changed = base.narrow(0, 0, 3);
+  changed.unsqueeze_(2);  // metadata changed in place by a caller: not reused
+  CHECK_FALSE(Cache::is_output_view(changed, base, 3, 8));
+
+  Cache cache;
+  const std::vector<std::int64_t> buckets{8};
+  cache.reset(buckets);
+  const std::vector<at::Tensor> launched{base};
+  CHECK(cache.find_views(3, 8, launched) == nullptr);
+  (void)cache.store_views(3, launched, std::make_shared<std::vector<at::Tensor>>(std::vector<at::Tensor>{view}));
+  cache.note_views_stored();
+  REQUIRE(cache.find_views(3, 8, launched) != nullptr);
+  CHECK((*cache.find_views(3, 8, launched))->at(0).is_same(view));
+  const std::vector<at::Tensor> other{base};
+  CHECK(cache.find_views(3, 8, other) == nullptr);  // other static outputs
+  cache.drop_views();
+  CHECK(cache.find_views(3, 8, launched) == nullptr);
+}
+
+TEST_CASE("prepare: frozen and optimized TorchScript computes what the unprepared module does (CPU, fp32)") {
+  const std::uint64_t seed = std::random_device{}();
+  MESSAGE("torch seed " << seed);
+  // Every module below is made from the same seed: the same weights.
+  auto make = [seed] {
+    torch::manual_seed(seed);
+    return conv_bn_module(torch::kCPU);
+  };
+  torch::jit::Module module = make();
+  const at::Tensor x = torch::randn({2, 3, 12, 12});
+  const std::vector<at::Tensor> reference = replay::make_tensor_function(module)({x});
+  for (const replay::PrepareFlags flags :
+       {replay::PrepareFlags::freeze, replay::PrepareFlags::inference,
+        replay::PrepareFlags::inference | replay::PrepareFlags::channels_last}) {
+    CAPTURE(replay::to_underlying(flags));
+    replay::PreparedModule prepared =
+        replay::prepare(make(), {.flags = flags, .device = torch::Device(torch::kCPU)});
+    // Freezing inlines the parameters: the prepared module has no attributes left to read.
+    CHECK_FALSE(prepared.module().hasattr("w1"));
+    const replay::OutputDifference diff = replay::compare_outputs(prepared({x}), reference);
+    MESSAGE("max-abs-error / max|ref| " << diff.relative());
+    CHECK(diff.outputs == 1);
+    CHECK(diff.relative() < 1e-4);
+  }
+  // Integer buffers keep their dtype under a dtype conversion.
+  replay::PreparedModule as_double = replay::prepare(
+      make(),
+      {.flags = replay::PrepareFlags::none, .dtype = at::kDouble, .device = torch::Device(torch::kCPU)});
+  CHECK((as_double.module().attr("steps").toTensor().scalar_type() == at::kLong));
+  CHECK((as_double.module().attr("w1").toTensor().scalar_type() == at::kDouble));
+  CHECK((as_double.prepare_input(x).scalar_type() == at::kDouble));
+  CHECK((as_double.prepare_input(torch::ones({2}, at::kLong)).scalar_type() == at::kLong));
+  CHECK(replay::compare_outputs(as_double({x}), reference).relative() < 1e-5);
+}
+
+TEST_CASE("prepare and compare_outputs refuse what they cannot do, with clear messages") {
+  torch::jit::Module no_forward("NoForward");
+  CHECK_THROWS_AS((void)replay::prepare(no_forward, {.device = torch::Device(torch::kCPU)}), replay::usage_error);
+  try {
+    (void)replay::load_prepared("/nonexistent/model.pt", {.device = torch::Device(torch::kCPU)});
+    FAIL("expected usage_error");
+  } catch (const replay::usage_error& e) {
+    CHECK(contains(e.what(), "/nonexistent/model.pt"));
+  }
+  CHECK_THROWS_AS((void)replay::compare_outputs({torch::ones({2})}, {}), replay::usage_error);
+  CHECK_THROWS_AS((void)replay::compare_outputs({torch::ones({2})}, {torch::ones({3})}), replay::usage_error);
+  const replay::OutputDifference d = replay::compare_outputs({torch::full({2}, 1.5)}, {torch::full({2}, 2.0)});
+  CHECK(d.max_abs_error == doctest::Approx(0.5));
+  CHECK(d.relative() == doctest::Approx(0.25));
 }
 
 }  // TEST_SUITE("host")
@@ -688,6 +818,124 @@ def forward(self, x):
       CHECK(out.graphed());
       CHECK(max_error(out[0], reference(graphed, module, x)) < kFp32Tolerance);
     }
+  }
+}
+
+TEST_CASE("prepared TorchScript (fp16, channels-last, frozen, optimized) graphed equals the unprepared module") {
+  const std::uint64_t seed = std::random_device{}();
+  MESSAGE("torch seed " << seed);
+  const std::vector<std::int64_t> buckets{2, 8};
+  const at::Tensor example = torch::randn({8, 3, 16, 16}, cuda());
+  for (const bool channels_last : {false, true}) {
+    CAPTURE(channels_last);
+    replay::PrepareFlags flags = replay::PrepareFlags::inference;
+    if (channels_last) {
+      flags = flags | replay::PrepareFlags::channels_last;
+    }
+    torch::manual_seed(seed);
+    torch::jit::Module original = conv_bn_module(torch::kCUDA);
+    torch::manual_seed(seed);  // the same weights, in a module of its own
+    replay::PreparedModule prepared = replay::prepare(conv_bn_module(torch::kCUDA), {.flags = flags, .dtype = at::kHalf});
+    const at::Tensor static_example = prepared.prepare_input(example);
+    CHECK((static_example.scalar_type() == at::kHalf));
+    CHECK(static_example.is_contiguous(at::MemoryFormat::ChannelsLast) == channels_last);
+    replay::GraphedCallable graphed(prepared, {static_example},
+                                    {.flags = replay::GraphedFlags::no_grad, .batch_buckets = buckets});
+    CHECK(graphed.graph_count() == 2);
+    auto unprepared = replay::make_tensor_function(original);
+    for (const std::int64_t batch : {1, 2, 5, 8}) {
+      const at::Tensor x = torch::randn({batch, 3, 16, 16}, cuda());
+      torch::NoGradGuard no_grad;
+      const std::vector<at::Tensor> reference = unprepared({x});  // fp32, NCHW, not frozen
+      const auto out = graphed(prepared.prepare_input(x));
+      CHECK(out.graphed());
+      const replay::OutputDifference diff = replay::compare_outputs({out[0].to(at::kFloat)}, reference);
+      MESSAGE("batch " << batch << ": max-abs-error / max|ref| " << diff.relative());
+      CHECK(diff.relative() < 1e-2);
+      // The same graph, eager: within fp16 rounding of the graphed result.
+      CHECK(replay::compare_outputs({out[0]}, graphed.run_eager({prepared.prepare_input(x)})).relative() < 1e-2);
+    }
+    // A caller's NCHW fp32 tensor is converted inside the prepared module when run eagerly.
+    CHECK(replay::compare_outputs({prepared({example})[0].to(at::kFloat)}, unprepared({example})).relative() < 1e-2);
+  }
+}
+
+TEST_CASE("padding is zeroed whenever an earlier call left data in the padding rows, and only then") {
+  fresh_seed();
+  // A whole-batch reduction sees the padding rows: it equals the caller's sum
+  // only while they are zero.
+  auto total = [](const at::Tensor& x) { return x.sum(0, /*keepdim=*/true).expand({x.size(0), x.size(1)}); };
+  replay::GraphedCallable graphed(total, {torch::randn({8, 16}, cuda())}, {.batch_buckets = {4, 8}});
+  for (const std::int64_t batch : {3, 3, 8, 1, 1, 4, 2, 7, 5, 8, 3}) {
+    CAPTURE(batch);
+    const at::Tensor x = torch::randn({batch, 16}, cuda());
+    const auto out = graphed(x);
+    REQUIRE(out.graphed());
+    CHECK(torch::allclose(out[0][0], x.sum(0), 1e-4, 1e-4));
+  }
+  // Under keep_padding the rows are left alone: an earlier batch's rows show through.
+  replay::GraphedCallable kept(total, {torch::randn({8, 16}, cuda())},
+                               {.flags = replay::GraphedFlags::keep_padding, .batch_buckets = {8}});
+  const at::Tensor big = torch::randn({8, 16}, cuda());
+  (void)kept(big);
+  const at::Tensor small = torch::randn({2, 16}, cuda());
+  CHECK(torch::allclose(kept(small)[0][0], small.sum(0) + big.narrow(0, 2, 6).sum(0), 1e-4, 1e-4));
+}
+
+TEST_CASE("fast-mode views are made once per batch and stay right across buckets, evictions and re-captures") {
+  fresh_seed();
+  auto net = small_mlp(torch::kCUDA, torch::kFloat);
+  replay::GraphedCallable graphed(net, {torch::randn({8, 64}, cuda())},
+                                  {.flags = replay::GraphedFlags::view_outputs, .batch_buckets = {4, 8}});
+  const at::Tensor x3 = torch::randn({3, 64}, cuda());
+  const at::Tensor x8 = torch::randn({8, 64}, cuda());
+  const at::Tensor first = graphed(x3).tensors()[0];
+  const at::Tensor again = graphed(x3).tensors()[0];
+  CHECK(first.is_same(again));  // the cached view, not a new one
+  CHECK(again.sizes() == at::IntArrayRef({3, 32}));
+  CHECK(relative_l2(graphed(x3)[0], graphed.run_eager({x3})[0]) < 1e-4);
+  CHECK(relative_l2(graphed(x8)[0], graphed.run_eager({x8})[0]) < 1e-4);
+  // A caller that reshapes a view in place does not get the changed view back.
+  at::Tensor reshaped = graphed(x3).tensors()[0];
+  {
+    c10::InferenceMode inference;  // the views are inference tensors
+    reshaped.unsqueeze_(0);
+  }
+  const auto fresh = graphed(x3);
+  CHECK(fresh[0].sizes() == at::IntArrayRef({3, 32}));
+  CHECK(relative_l2(fresh[0], graphed.run_eager({x3})[0]) < 1e-4);
+
+  // One graph at a time: every switch of bucket evicts and re-captures.
+  replay::GraphedCallable one(net, {torch::randn({8, 64}, cuda())},
+                              {.flags = replay::GraphedFlags::view_outputs, .batch_buckets = {4, 8},
+                               .warmup_runs = 1, .max_graphs = 1});
+  for (const std::int64_t batch : {3, 8, 3, 3, 8, 2, 8}) {
+    CAPTURE(batch);
+    const at::Tensor x = torch::randn({batch, 64}, cuda());
+    const auto out = one(x);
+    CHECK(out[0].size(0) == batch);
+    CHECK(relative_l2(out[0], one.run_eager({x})[0]) < 1e-4);
+  }
+}
+
+TEST_CASE("a channels-last example gives a channels-last static input, copied into with one memcpy") {
+  fresh_seed();
+  auto layouts = std::make_shared<std::vector<bool>>();  // what the callable saw, warm-ups and captures
+  auto fn = [layouts](const at::Tensor& x) {
+    layouts->push_back(x.is_contiguous(at::MemoryFormat::ChannelsLast));
+    return x * 2;
+  };
+  const at::Tensor example = torch::randn({4, 3, 8, 8}, cuda()).contiguous(at::MemoryFormat::ChannelsLast);
+  replay::GraphedCallable graphed(fn, {example}, {.batch_buckets = {2, 4}});
+  REQUIRE_FALSE(layouts->empty());
+  CHECK(std::all_of(layouts->begin(), layouts->end(), [](bool channels_last) { return channels_last; }));
+  for (const std::int64_t batch : {1, 2, 3, 4}) {
+    const at::Tensor nhwc = torch::randn({batch, 3, 8, 8}, cuda()).contiguous(at::MemoryFormat::ChannelsLast);
+    const auto out = graphed(nhwc);
+    CHECK(out.graphed());
+    CHECK(torch::equal(out[0], nhwc * 2));
+    const at::Tensor nchw = torch::randn({batch, 3, 8, 8}, cuda());  // converted by copy_
+    CHECK(torch::equal(graphed(nchw)[0], nchw * 2));
   }
 }
 

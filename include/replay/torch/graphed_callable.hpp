@@ -4,12 +4,15 @@
 #include <replay/detail/require_cxx20.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <source_location>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,13 +68,18 @@ class GraphedCallable {
   // dimension that differs from the examples (both shapes in the message),
   // inputs of different batch sizes, or a batch above the largest bucket under
   // OversizePolicy::throw_error.
-  GraphedOutputs run(const ::std::vector<::at::Tensor>& inputs,
+  // (A std::vector converts to the span; a braced list takes the overload
+  // below. Neither allocates.)
+  GraphedOutputs run(::std::span<const ::at::Tensor> inputs,
                      ::std::source_location where = ::std::source_location::current()) {
     detail::GraphedState& s = state(where);
     const detail::ActiveGraphedScope active(&s, "run()", where);
     ::std::lock_guard<::std::mutex> lock(s.mutex);
     const ::std::int64_t batch = s.check_inputs(inputs, where);
-    const ::std::int64_t padded = s.router->padded_shape(batch, where);
+    // The bucket from the per-batch table; the router plans oversize batches
+    // (and refuses them under OversizePolicy::throw_error).
+    const ::std::int64_t cached_padded = s.cache.padded(batch);
+    const ::std::int64_t padded = cached_padded > 0 ? cached_padded : s.router->padded_shape(batch, where);
     ::c10::cuda::CUDAGuard device_guard(s.device);
     const ::cudaStream_t stream = ::c10::cuda::getCurrentCUDAStream(s.device.index()).stream();
     if (s.has_last && s.last_stream != stream) {
@@ -103,12 +111,17 @@ class GraphedCallable {
     }
     return out;
   }
+  GraphedOutputs run(::std::initializer_list<::at::Tensor> inputs,
+                     ::std::source_location where = ::std::source_location::current()) {
+    return run(::std::span<const ::at::Tensor>(inputs.begin(), inputs.size()), where);
+  }
 
   // run() with the tensors as separate arguments.
   template <class... T>
     requires(sizeof...(T) > 0 && (::std::same_as<::std::remove_cvref_t<T>, ::at::Tensor> && ...))
   GraphedOutputs operator()(T&&... inputs) {
-    return run(::std::vector<::at::Tensor>{::std::forward<T>(inputs)...});
+    const ::std::array<::at::Tensor, sizeof...(T)> held{::std::forward<T>(inputs)...};
+    return run(::std::span<const ::at::Tensor>(held));
   }
 
   // The callable run eagerly on `inputs` as given, under the same grad mode on
@@ -226,9 +239,12 @@ class GraphedCallable {
       for (const ::at::Tensor& t : examples) {
         ::std::vector<::std::int64_t> sizes(t.sizes().begin(), t.sizes().end());
         sizes[0] = s.capacity;
-        ::at::Tensor buffer = ::at::empty(sizes, t.options().memory_format(::at::MemoryFormat::Contiguous));
+        // In the example's memory format: a channels-last example gives a
+        // channels-last static input (rows stay contiguous blocks either way).
+        const ::at::MemoryFormat format = t.suggest_memory_format();
+        ::at::Tensor buffer = ::at::empty(sizes, t.options().memory_format(format));
         buffer.copy_(t.index_select(0, rows));
-        detail::GraphedInputSpec spec{t.scalar_type(), sizes, 0};
+        detail::GraphedInputSpec spec{t.scalar_type(), sizes, 0, format};
         spec.row_bytes = static_cast<::std::size_t>(buffer.numel() / s.capacity) * buffer.element_size();
         s.specs.push_back(::std::move(spec));
         s.static_inputs.push_back(::std::move(buffer));
@@ -241,6 +257,7 @@ class GraphedCallable {
         s.bucket_inputs.push_back(::std::move(views));
       }
     }
+    s.cache.reset(s.buckets);
     if (!has_flag(s.flags, GraphedFlags::lazy_capture)) {
       (void)capture_buckets(s, where);
     }
@@ -297,34 +314,49 @@ class GraphedCallable {
     return with_graph;
   }
 
+  // The call's outputs: fast mode, the cached views of this batch (made once
+  // per batch and graph); safe mode, clones; eager runs, what they returned.
   static GraphedOutputs collect(detail::GraphedState& s, const Route<::std::int64_t>& route, ::std::int64_t batch,
                                 const ::std::source_location& where) {
     GraphedOutputs out;
     out.batch_ = batch;
     out.padded_batch_ = route.shape;
     out.route_ = route.kind;
-    const bool graphed = route.graph();
-    ::std::vector<::at::Tensor> produced;
-    if (graphed) {
-      const ::std::vector<::at::Tensor>* launched = s.context->launched_outputs();
-      if (launched == nullptr) {
-        throw usage_error("GraphedCallable: internal error: a graph ran but no static outputs are known", where);
-      }
-      produced = *launched;
-    } else {
-      produced = s.context->take_outputs();
+    if (!route.graph()) {
+      out.tensors_ = ::std::make_shared<::std::vector<::at::Tensor>>(s.context->take_outputs());
+      return out;
     }
-    const bool slice = route.shape > batch;
-    const bool views = graphed && has_flag(s.flags, GraphedFlags::view_outputs);
-    detail::GradScope grad(s.flags);  // the static outputs are inference tensors by default
-    out.tensors_.reserve(produced.size());
-    for (::at::Tensor& t : produced) {
-      ::at::Tensor part = slice && t.dim() > 0 && t.size(0) == route.shape ? t.narrow(0, 0, batch) : ::std::move(t);
-      out.tensors_.push_back(graphed && !views ? part.clone() : ::std::move(part));
+    const ::std::vector<::at::Tensor>* launched = s.context->launched_outputs();
+    if (launched == nullptr) {
+      throw usage_error("GraphedCallable: internal error: a graph ran but no static outputs are known", where);
     }
-    if (views) {
+    if (has_flag(s.flags, GraphedFlags::view_outputs)) {
       out.generation_ = s.context->generation_counter();
       out.valid_generation_ = s.context->generation();
+      if (const auto* cached = s.cache.find_views(batch, route.shape, *launched)) [[likely]] {
+        out.tensors_ = *cached;
+        return out;
+      }
+      out.tensors_ = s.cache.store_views(batch, *launched, output_views(s, *launched, route.shape, batch, false));
+      s.cache.note_views_stored();
+      return out;
+    }
+    out.tensors_ = output_views(s, *launched, route.shape, batch, true);
+    return out;
+  }
+
+  // The static outputs sliced back to `batch` rows (those whose dimension 0
+  // is the bucket), cloned when asked.
+  static ::std::shared_ptr<::std::vector<::at::Tensor>> output_views(detail::GraphedState& s,
+                                                                     const ::std::vector<::at::Tensor>& launched,
+                                                                     ::std::int64_t padded, ::std::int64_t batch,
+                                                                     bool clone) {
+    detail::GradScope grad(s.flags);  // the static outputs are inference tensors by default
+    auto out = ::std::make_shared<::std::vector<::at::Tensor>>();
+    out->reserve(launched.size());
+    for (const ::at::Tensor& t : launched) {
+      ::at::Tensor part = detail::GraphedCallCache::sliced(t, batch, padded) ? t.narrow(0, 0, batch) : t;
+      out->push_back(clone ? part.clone() : ::std::move(part));
     }
     return out;
   }

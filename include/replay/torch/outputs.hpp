@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <source_location>
 #include <string>
 #include <utility>
@@ -28,23 +29,23 @@ class GraphedOutputs {
  public:
   GraphedOutputs() = default;
 
-  ::std::size_t size() const noexcept { return tensors_.size(); }
-  bool empty() const noexcept { return tensors_.empty(); }
+  ::std::size_t size() const noexcept { return tensors_ ? tensors_->size() : 0; }
+  bool empty() const noexcept { return size() == 0; }
 
   // Checked access. operator[] cannot take a source location; at() does.
   const ::at::Tensor& operator[](::std::size_t index) const { return at(index); }
   const ::at::Tensor& at(::std::size_t index, ::std::source_location where = ::std::source_location::current()) const {
     check_fresh(where);
-    if (index >= tensors_.size()) {
+    if (index >= size()) {
       throw usage_error(
-          detail::concat("GraphedOutputs: output ", index, " requested, but the callable returned ", tensors_.size()),
+          detail::concat("GraphedOutputs: output ", index, " requested, but the callable returned ", size()),
           where);
     }
-    return tensors_[index];
+    return (*tensors_)[index];
   }
   const ::std::vector<::at::Tensor>& tensors(::std::source_location where = ::std::source_location::current()) const {
     check_fresh(where);
-    return tensors_;
+    return tensors_ ? *tensors_ : no_tensors();
   }
 
   // True when these are fast-mode views and a later replay has overwritten them.
@@ -58,8 +59,8 @@ class GraphedOutputs {
   ::std::vector<::at::Tensor> clone(::std::source_location where = ::std::source_location::current()) const {
     check_fresh(where);
     ::std::vector<::at::Tensor> out;
-    out.reserve(tensors_.size());
-    for (const ::at::Tensor& t : tensors_) {
+    out.reserve(size());
+    for (const ::at::Tensor& t : tensors(where)) {
       out.push_back(t.clone());
     }
     return out;
@@ -68,7 +69,12 @@ class GraphedOutputs {
   ::std::vector<::at::Tensor> release(::std::source_location where = ::std::source_location::current()) && {
     check_fresh(where);
     generation_.reset();
-    return ::std::move(tensors_);
+    ::std::shared_ptr<::std::vector<::at::Tensor>> held = ::std::exchange(tensors_, nullptr);
+    if (!held) {
+      return {};
+    }
+    // Fast-mode views may be shared with the GraphedCallable's cache: copied then.
+    return held.use_count() == 1 ? ::std::move(*held) : *held;
   }
 
   ::std::int64_t batch() const noexcept { return batch_; }
@@ -91,7 +97,14 @@ class GraphedOutputs {
     }
   }
 
-  ::std::vector<::at::Tensor> tensors_;
+  static const ::std::vector<::at::Tensor>& no_tensors() noexcept {
+    static const ::std::vector<::at::Tensor> none;
+    return none;
+  }
+
+  // Shared, not copied: fast-mode calls of one batch hand out the same views
+  // (GraphedCallable caches them), so a call allocates nothing.
+  ::std::shared_ptr<::std::vector<::at::Tensor>> tensors_;
   ::std::shared_ptr<const ::std::atomic<::std::uint64_t>> generation_;  // null: owned, never stale
   ::std::uint64_t valid_generation_ = 0;
   ::std::int64_t batch_ = 0;

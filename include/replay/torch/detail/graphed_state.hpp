@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <source_location>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "replay/torch/backend.hpp"
 #include "replay/torch/callable.hpp"
 #include "replay/torch/capture_context.hpp"
+#include "replay/torch/detail/call_cache.hpp"
 #include "replay/torch/detail/capture.hpp"
 #include "replay/torch/options.hpp"
 #include "replay/torch/outputs.hpp"
@@ -34,6 +36,9 @@ struct GraphedInputSpec {
   ::at::ScalarType dtype;
   ::std::vector<::std::int64_t> sizes;  // dimension 0 is the capacity (largest bucket)
   ::std::size_t row_bytes = 0;          // bytes of one batch row
+  // The example's (channels-last stays channels-last): a caller's tensor in
+  // it is copied in with one cudaMemcpyAsync.
+  ::at::MemoryFormat memory_format = ::at::MemoryFormat::Contiguous;
 };
 
 // Everything a GraphedCallable owns, at a fixed address: the router's work
@@ -56,6 +61,7 @@ struct GraphedState {
   ::cudaStream_t last_stream = nullptr;
   bool has_last = false;
   ::std::mutex mutex;
+  GraphedCallCache cache;  // per batch: bucket, padding high-water mark, fast-mode views
   ::std::shared_ptr<TorchCaptureContext> context;
   ::std::unique_ptr<router_type> router;  // last: destroyed first, so the graphs go before the context
 
@@ -69,6 +75,7 @@ struct GraphedState {
       }
     } catch (...) {
     }
+    cache.drop_views();  // the static outputs go with their graphs, before the pool is released
     router.reset();
   }
 
@@ -85,6 +92,7 @@ struct GraphedState {
   // (padded), with `stream` as torch's current stream.
   void issue(::std::int64_t shape, StreamRef stream) {
     const ::std::source_location where = ::std::source_location::current();
+    cache.drop_views();  // a capture may follow, or an eviction
     ::c10::cuda::CUDAStreamGuard stream_guard(torch_stream(stream, device.index()));
     GradScope grad(flags);
     ::std::vector<::at::Tensor> outputs = fn(inputs_for(shape));
@@ -116,7 +124,7 @@ struct GraphedState {
 
   // Validates the caller's inputs against the specs; returns the batch. The
   // messages are built only on failure: this runs on every call.
-  ::std::int64_t check_inputs(const ::std::vector<::at::Tensor>& inputs, const ::std::source_location& where) const {
+  ::std::int64_t check_inputs(::std::span<const ::at::Tensor> inputs, const ::std::source_location& where) const {
     if (inputs.size() != specs.size()) {
       throw usage_error(detail::concat("GraphedCallable: called with ", inputs.size(),
                                        " input(s), but it was captured with ", specs.size()),
@@ -169,15 +177,19 @@ struct GraphedState {
   }
 
   // Copies the caller's rows into the static inputs on `stream` and zeroes the
-  // padding rows.
-  void stage_inputs(const ::std::vector<::at::Tensor>& inputs, ::std::int64_t batch, ::std::int64_t padded,
+  // padding rows, when an earlier call may have left data there (the cache's
+  // high-water mark is above the batch).
+  void stage_inputs(::std::span<const ::at::Tensor> inputs, ::std::int64_t batch, ::std::int64_t padded,
                     ::cudaStream_t stream, const ::std::source_location& where) {
+    const ::std::int64_t dirty = cache.dirty_rows();
+    const bool zero = padded > batch && dirty > batch && !has_flag(flags, GraphedFlags::keep_padding);
+    cache.mark_written(batch);
     for (::std::size_t i = 0; i < inputs.size(); ++i) {
       const ::at::Tensor& src = inputs[i];
       ::at::Tensor& dst = static_inputs[i];
       auto* base = static_cast<unsigned char*>(dst.data_ptr());
       const ::std::size_t bytes = static_cast<::std::size_t>(batch) * specs[i].row_bytes;
-      if (src.is_cuda() && src.device() == device && src.is_contiguous()) {
+      if (src.is_cuda() && src.device() == device && src.is_contiguous(specs[i].memory_format)) {
         // The hot path: one cudaMemcpyAsync, no dispatcher.
         check(::cudaMemcpyAsync(base, src.data_ptr(), bytes, ::cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync",
               where);
@@ -187,11 +199,14 @@ struct GraphedState {
         ::c10::InferenceMode inference;
         dst.narrow(0, 0, batch).copy_(src, /*non_blocking=*/true);
       }
-      if (padded > batch && !has_flag(flags, GraphedFlags::keep_padding)) {
-        check(::cudaMemsetAsync(base + bytes, 0, static_cast<::std::size_t>(padded - batch) * specs[i].row_bytes,
+      if (zero) {  // rows [batch, dirty): the padding, and whatever lies above it
+        check(::cudaMemsetAsync(base + bytes, 0, static_cast<::std::size_t>(dirty - batch) * specs[i].row_bytes,
                                 stream),
               "cudaMemsetAsync", where);
       }
+    }
+    if (zero) {
+      cache.mark_zeroed_from(batch);
     }
   }
 };
