@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <new>
 #include <random>
 #include <set>
@@ -77,11 +78,24 @@ struct FakeBackend {
   using stream_type = FakeStream*;
   using exec_type = FakeExec;
 
+  FakeBackend() = default;
+  FakeBackend(const FakeBackend& other)
+      : footprint_per_op(other.footprint_per_op),
+        capture_log(other.capture_log),
+        next_id(other.next_id.load()),
+        launches(other.launches.load()),
+        refuse_updates(other.refuse_updates) {}
+
   std::size_t footprint_per_op = 0;      // GraphMemory::footprint_bytes = ops * this
   std::vector<std::string> capture_log;  // first op of each capture, in order
-  int next_id = 0;
-  int launches = 0;
+  std::mutex log_mutex;                  // captures run concurrently, outside the router's lock
+  std::atomic<int> next_id{0};
+  std::atomic<int> launches{0};
+  std::atomic<int> orderings{0};  // order_after calls (a run on another stream than the previous)
   bool refuse_updates = false;
+
+  // A stream switch: the stand-in streams need no device ordering.
+  void order_after(FakeStream*, FakeStream*, std::source_location) { ++orderings; }
 
   std::vector<std::string> record(FakeStream* s, auto& issue) {
     std::vector<std::string> ops;
@@ -97,6 +111,7 @@ struct FakeBackend {
     if (s->invalidated) {
       throw std::runtime_error("fake capture invalidated by sync");
     }
+    const std::lock_guard<std::mutex> lock(log_mutex);
     capture_log.push_back(ops.empty() ? std::string() : ops.front());
     return ops;
   }
