@@ -16,6 +16,7 @@
 #include <string>
 #include <utility>
 
+#include "replay/detail/capture_coordinator.hpp"
 #include "replay/detail/capture_state.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
@@ -42,6 +43,8 @@ class CaptureScope {
                         ::std::source_location where = ::std::source_location::current())
       : stream_(stream), mode_(mode), begun_at_(where) {
     refuse_bad_stream(where);
+    // Counted open before it begins, so that synchronize_device() never runs inside it.
+    token_.acquire(detail::device_of(stream_.get(), where));
     check(::cudaStreamBeginCapture(stream_.get(), static_cast<::cudaStreamCaptureMode>(mode_)),
           "cudaStreamBeginCapture", where);
     open();
@@ -55,6 +58,8 @@ class CaptureScope {
                ::std::source_location where = ::std::source_location::current())
       : stream_(stream), mode_(mode), begun_at_(where), into_(::std::move(into)) {
     refuse_bad_stream(where);
+    // Counted open before it begins, so that synchronize_device() never runs inside it.
+    token_.acquire(detail::device_of(stream_.get(), where));
     check(::cudaStreamBeginCaptureToGraph(stream_.get(), into_.handle(where), nullptr, nullptr, 0,
                                           static_cast<::cudaStreamCaptureMode>(mode_)),
           "cudaStreamBeginCaptureToGraph", where);
@@ -136,6 +141,7 @@ class CaptureScope {
     if (--detail::open_capture_scopes() == 0) {
       detail::capture_break() = {};
     }
+    token_.release();
     detail::flush_deferred_frees();
   }
   void discard(::cudaGraph_t captured) const noexcept {
@@ -157,6 +163,7 @@ class CaptureScope {
   CaptureMode mode_;
   ::std::source_location begun_at_;
   Graph into_ = Graph::from_native_handle(nullptr);
+  detail::CaptureToken token_;  // released when the capture ends (or if beginning it throws)
   bool active_ = false;
 };
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "replay/capture_scope.hpp"
+#include "replay/detail/device_scope.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/device.hpp"
 #include "replay/error.hpp"
@@ -65,29 +66,6 @@ inline HostMemory host_memory_of(const void* data, ::std::size_t bytes) noexcept
   }
   return first == HostMemory::pinned && last == HostMemory::pinned ? HostMemory::pinned : HostMemory::pageable;
 }
-
-// Makes `device` current for a scope and restores the previous one.
-class DeviceScope {
- public:
-  DeviceScope(int device, const ::std::source_location& where) {
-    int current = 0;
-    check(::cudaGetDevice(&current), "cudaGetDevice", where);
-    if (current != device) {
-      check(::cudaSetDevice(device), "cudaSetDevice", where);
-      previous_ = current;
-    }
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-  ~DeviceScope() {
-    if (previous_ >= 0) {
-      (void)::cudaSetDevice(previous_);
-    }
-  }
-
- private:
-  int previous_ = -1;
-};
 
 // The compute stage, type-erased; move-only callables (holding a GraphExec,
 // say) are fine.

@@ -69,8 +69,9 @@ struct ShapeRouterOptions {
   // attempts the capturing thread sleeps retry_backoff, doubled each time.
   // When every attempt of a round is interrupted the key runs eagerly and is
   // tried again after a cool-down (retry_backoff, doubled per failed round,
-  // at most 1024 times it). A capture that fails on its own work is never
-  // retried: the key is marked eager, once, with the reason.
+  // at most 1024 times it); after 8 such rounds in a row the key is marked
+  // eager. A capture that fails on its own work is never retried: the key is
+  // marked eager, once, with the reason.
   ::std::uint32_t capture_attempts = 3;
   ::std::chrono::microseconds retry_backoff{1000};
 

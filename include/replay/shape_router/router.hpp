@@ -368,6 +368,8 @@ class ShapeRouter {
   using Plan = detail::ShapePlan<Key>;
   using Planned = typename Plan::Planned;
   using Clock = ::std::chrono::steady_clock;
+  // Rounds of capture_attempts, all interrupted, after which a key is marked eager.
+  static constexpr ::std::uint32_t max_interrupted_rounds = 8;
 
   enum class State : ::std::uint8_t {
     warming,     // seen fewer than warmup_runs times
@@ -643,10 +645,18 @@ class ShapeRouter {
     stats_.interrupted_captures += attempt.interruptions;
     stats_.capture_retries += attempt.retries;
     if (attempt.outcome == Outcome::interrupted) {
-      entry->state = recapture ? State::stale : State::ready;
-      const ::std::uint32_t round = ::std::min<::std::uint32_t>(entry->interrupted_rounds++, 10);
-      entry->retry_at = Clock::now() + options_.retry_backoff * (1U << round);
-      return nullptr;
+      if (++entry->interrupted_rounds < max_interrupted_rounds) {
+        entry->state = recapture ? State::stale : State::ready;
+        const ::std::uint32_t round = ::std::min<::std::uint32_t>(entry->interrupted_rounds - 1, 10);
+        entry->retry_at = Clock::now() + options_.retry_backoff * (1U << round);
+        return nullptr;
+      }
+      // Interrupted every time, round after round: most likely the work
+      // itself breaks the capture in a way that looks external (a raw call
+      // whose error was overwritten). Treated as its own failure.
+      attempt.outcome = Outcome::failed;
+      attempt.reason = detail::concat("every capture attempt was interrupted (", max_interrupted_rounds, " rounds of ",
+                                      options_.capture_attempts, "); last: ", attempt.reason);
     }
     if (attempt.outcome == Outcome::failed) {
       if (!entry->detached) {
