@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <exception>
 #include <future>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <source_location>
@@ -69,6 +71,7 @@ struct PipelineState {
     ::std::size_t slot;
     Delivery delivery;
     ::std::exception_ptr error;  // set when start() threw
+    ::std::thread::id producer;  // the thread that submitted it: its callback errors go back there
   };
 
   template <class... Args>
@@ -96,11 +99,25 @@ struct PipelineState {
     work_ready.notify_all();
     if (completion.joinable()) {
       if (completion.get_id() == ::std::this_thread::get_id()) {
-        completion.detach();  // destroyed from a callback: documented as forbidden
+        completion.detach();  // freed by the completion thread itself, as its last act (see orphan())
       } else {
         completion.join();  // delivers everything still in flight first
       }
     }
+  }
+
+  bool on_completion_thread() const noexcept { return ::std::this_thread::get_id() == completion.get_id(); }
+
+  // The owning pipeline is being destroyed from a completion callback: the
+  // completion thread keeps the state, delivers what is still in flight, and
+  // frees it when it exits (never touching it afterwards).
+  void orphan(::std::unique_ptr<PipelineState> self) noexcept {
+    {
+      ::std::lock_guard lock(mutex);
+      self_owned = ::std::move(self);
+      stopping = true;
+    }
+    work_ready.notify_all();
   }
 
   void require_not_completion_thread(const char* what, const ::std::source_location& where) const {
@@ -162,7 +179,7 @@ struct PipelineState {
     issuing.store(::std::thread::id(), ::std::memory_order_relaxed);
     {
       ::std::lock_guard lock(mutex);
-      records[slot].emplace(InFlight{id, slot, ::std::move(delivery), error});
+      records[slot].emplace(InFlight{id, slot, ::std::move(delivery), error, ::std::this_thread::get_id()});
       order.push(slot);
     }
     work_ready.notify_one();
@@ -204,13 +221,17 @@ struct PipelineState {
 
   void completion_loop() noexcept {
     runner.bind_completion_thread();
+    // Set when the pipeline was destroyed from a callback: freed on return,
+    // after the lock below is gone; nothing touches the state after that.
+    ::std::unique_ptr<PipelineState> orphaned;
     for (;;) {
       ::std::optional<InFlight> item;
       {
         ::std::unique_lock lock(mutex);
         work_ready.wait(lock, [&] { return stopping || !order.empty(); });
         if (order.empty()) {
-          return;  // stopping, and everything was delivered
+          orphaned = ::std::move(self_owned);
+          break;  // stopping, and everything was delivered
         }
         const ::std::size_t slot = order.pop();
         item.swap(records[slot]);
@@ -270,8 +291,9 @@ struct PipelineState {
         callback(done);  // output may live in the slot: release afterwards
       } catch (...) {
         ::std::lock_guard lock(mutex);
-        if (callback_error == nullptr) {
-          callback_error = ::std::current_exception();
+        try {
+          callback_errors.try_emplace(item.producer, ::std::current_exception());  // the first per producer
+        } catch (...) {  // out of memory: the error is dropped
         }
       }
       release();
@@ -315,11 +337,15 @@ struct PipelineState {
     ::std::unique_lock lock(mutex);
     progress.wait(lock, [&] { return delivered > id; });
   }
+  // The first callback error of an item this thread submitted, once.
   void rethrow_callback_error() {
     ::std::exception_ptr error;
     {
       ::std::lock_guard lock(mutex);
-      error = ::std::exchange(callback_error, nullptr);
+      if (const auto it = callback_errors.find(::std::this_thread::get_id()); it != callback_errors.end()) {
+        error = ::std::move(it->second);
+        callback_errors.erase(it);
+      }
     }
     if (error != nullptr) {
       ::std::rethrow_exception(error);
@@ -354,7 +380,8 @@ struct PipelineState {
   ::std::uint64_t delivered = 0;
   ::std::size_t pending = 0;
   bool stopping = false;
-  ::std::exception_ptr callback_error;
+  ::std::map<::std::thread::id, ::std::exception_ptr> callback_errors;  // per producer
+  ::std::unique_ptr<PipelineState> self_owned;                          // see orphan()
   PipelineStats stats;
 
   ::std::thread completion;  // last: started once everything above exists

@@ -60,10 +60,19 @@ class BasicStreamPipeline {
   BasicStreamPipeline& operator=(const BasicStreamPipeline&) = delete;
   BasicStreamPipeline(BasicStreamPipeline&&) noexcept = default;
   // Drains and destroys this pipeline first.
-  BasicStreamPipeline& operator=(BasicStreamPipeline&&) noexcept = default;
+  BasicStreamPipeline& operator=(BasicStreamPipeline&& other) noexcept {
+    if (this != &other) {
+      release_state();
+      state_ = ::std::move(other.state_);
+    }
+    return *this;
+  }
   // Drains: every submitted item is delivered (tickets become ready, callbacks
-  // run) before the resources go. Never throws; a callback's exception is dropped.
-  ~BasicStreamPipeline() = default;
+  // run) before the resources go. Never throws; a callback's exception is
+  // dropped. Destroyed from one of its own completion callbacks, the pipeline
+  // hands its state to the completion thread, which delivers what is still in
+  // flight and then frees it: the destructor returns at once.
+  ~BasicStreamPipeline() { release_state(); }
 
   bool moved_from() const noexcept { return state_ == nullptr; }
 
@@ -205,7 +214,8 @@ class BasicStreamPipeline {
   }
 
   // Blocks until every item submitted so far is delivered. Rethrows (once)
-  // the first exception that escaped a completion callback.
+  // the first exception that escaped a completion callback of an item this
+  // thread submitted (another producer's callback errors go to that producer).
   void drain(::std::source_location where = ::std::source_location::current()) {
     State& s = state(where);
     s.require_not_completion_thread("drain", where);
@@ -328,6 +338,14 @@ class BasicStreamPipeline {
     State& s = state(where);
     Delivery delivery(::std::in_place_index<2>, ::std::move(on_complete));
     return s.enqueue(input, destination, delivery, block, where);
+  }
+
+  void release_state() noexcept {
+    if (state_ != nullptr && state_->on_completion_thread()) {
+      State& s = *state_;
+      s.orphan(::std::move(state_));
+    }
+    state_.reset();
   }
 
   ::std::unique_ptr<State> state_;

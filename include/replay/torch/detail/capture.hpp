@@ -177,6 +177,36 @@ inline ::std::string describe_sizes(::c10::IntArrayRef sizes) {
   return out;
 }
 
+// Held by every capture that registers generators: two captures registering
+// the same generator at once would share its capture state and offset.
+inline ::std::mutex& generator_capture_mutex() noexcept {
+  static ::std::mutex mutex;
+  return mutex;
+}
+
+// Inside a catch block for a failed capture: true when the cause was outside
+// the captured work (the capture was invalidated by another thread, memory
+// ran out), as opposed to a call of the work that cannot be captured.
+inline bool capture_was_interrupted() noexcept {
+  try {
+    throw;
+  } catch (const ::c10::OutOfMemoryError&) {
+    return true;
+  } catch (const cuda_error& e) {
+    return e.status() == ::cudaErrorStreamCaptureInvalidated || e.status() == ::cudaErrorMemoryAllocation;
+  } catch (const ::std::exception& e) {
+    const ::std::string what = e.what();
+    // torch reports CUDA errors by their text ("operation failed due to a
+    // previous error during capture" for cudaErrorStreamCaptureInvalidated);
+    // a call of the work that is illegal in a capture reads "operation not
+    // permitted when stream is capturing" instead.
+    return what.find(::cudaGetErrorString(::cudaErrorStreamCaptureInvalidated)) != ::std::string::npos &&
+           what.find(::cudaGetErrorString(::cudaErrorStreamCaptureUnsupported)) == ::std::string::npos;
+  } catch (...) {
+    return false;
+  }
+}
+
 // The message of a failed capture, without c10's backtrace.
 inline ::std::string describe_capture_failure() {
   ::std::string reason;
@@ -188,6 +218,13 @@ inline ::std::string describe_capture_failure() {
     reason = describe_current_exception();
   }
   ::std::string out = detail::concat("capturing the torch callable failed: ", reason);
+  if (reason.find("not in capture mode") != ::std::string::npos) {
+    out += "; the callable draws random numbers from the device's default CUDA generator, which is not put into "
+           "capture mode by default (that would make eager random numbers in every other thread on the device fail "
+           "for the whole capture). Draw from a generator of your own and pass it in GraphedOptions::generators "
+           "(or TorchCaptureContext's generators), or set GraphedFlags::capture_default_generator when no other "
+           "thread uses the default generator during captures";
+  }
   if (reason.find("captur") != ::std::string::npos && reason.find(capture_error_hint) == ::std::string::npos) {
     out += "; ";
     out += capture_error_hint;
