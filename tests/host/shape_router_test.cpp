@@ -985,4 +985,23 @@ TEST_SUITE("host") {
         (void)router.capture_all(&s, [&](std::size_t, std::size_t, const int&) { (void)router.stats(); }),
         doctest::Contains("would deadlock"), replay::usage_error);
   }
+
+  TEST_CASE("a lease gives one thread the shared buffers: other streams wait until it is released") {
+    Router<int> router(work_ops);
+    FakeStream a;
+    FakeStream b;
+    (void)router.run(2, &a);
+    std::future<replay::RouteKind> other;
+    {
+      const auto lease = router.lease(&a);
+      CHECK(router.run(2, &a).kind == replay::RouteKind::replayed);  // the holder runs freely on its stream
+      CHECK_THROWS_WITH_AS((void)router.run(2, &b), doctest::Contains("lease"), replay::usage_error);
+      CHECK_THROWS_WITH_AS((void)router.lease(&a), doctest::Contains("already holds"), replay::usage_error);
+      other = std::async(std::launch::async, [&] { return router.run(2, &b).kind; });
+      CHECK(other.wait_for(std::chrono::milliseconds(100)) == std::future_status::timeout);
+    }
+    REQUIRE(other.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+    CHECK(other.get() == replay::RouteKind::replayed);
+    CHECK(router.backend().orderings == 1);  // b was ordered after a
+  }
 }

@@ -153,6 +153,45 @@ class ShapeRouter {
     return run_miss(lock, planned.shape, stream, where);
   }
 
+  // Exclusive use of the router's shared buffers on `stream` for as long as
+  // the returned object lives: waits until no other thread holds a lease and
+  // every submission on another stream has been issued, then orders `stream`
+  // after them on the device. Other threads' runs and leases wait until it is
+  // released. Stage inputs, run() (from this thread, on this stream) and
+  // issue the reads of the outputs while holding it; the next user of the
+  // buffers on another stream is then ordered after all of that. usage_error
+  // for a second lease on the same thread, or a run on another stream inside it.
+  class Lease {
+   public:
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { router_->end_lease(); }
+
+   private:
+    friend class ShapeRouter;
+    explicit Lease(ShapeRouter* router) noexcept : router_(router) {}
+    ShapeRouter* router_;
+  };
+  [[nodiscard]] Lease lease(stream_type stream, ::std::source_location where = ::std::source_location::current()) {
+    refuse_reentry(where);
+    ::std::unique_lock<::std::mutex> lock(mutex_);
+    if (lease_owner_ == ::std::this_thread::get_id()) {
+      throw usage_error("ShapeRouter::lease(): this thread already holds a lease of this router", where);
+    }
+    switch_cv_.wait(lock, [&] { return lease_owner_ == ::std::thread::id(); });
+    lease_owner_ = ::std::this_thread::get_id();
+    try {
+      Submission held = enter_stream_locked(lock, stream, where);
+      held.keep();  // ended by ~Lease
+    } catch (...) {
+      lease_owner_ = ::std::thread::id();
+      switch_cv_.notify_all();
+      throw;
+    }
+    lease_stream_ = stream;
+    return Lease(this);
+  }
+
   // Bucketed: captures a graph for every bucket shape (the cartesian product
   // of the bucket lists), largest first, after the configured warm-ups.
   // Returns how many bucket shapes have a graph afterwards (at most
@@ -421,7 +460,13 @@ class ShapeRouter {
     explicit Submission(ShapeRouter* router) noexcept : router_(router) {}
     Submission(const Submission&) = delete;
     Submission& operator=(const Submission&) = delete;
-    ~Submission() { router_->leave_stream(); }
+    ~Submission() {
+      if (router_ != nullptr) {
+        router_->leave_stream();
+      }
+    }
+    // Kept open past this object (a Lease ends it).
+    void keep() noexcept { router_ = nullptr; }
 
    private:
     ShapeRouter* router_;
@@ -443,6 +488,23 @@ class ShapeRouter {
   // then orders `stream` after it on the device.
   [[nodiscard]] Submission enter_stream(::std::unique_lock<::std::mutex>& lock, stream_type stream,
                                         const ::std::source_location& where) {
+    if (lease_owner_ != ::std::thread::id()) [[unlikely]] {
+      if (lease_owner_ == ::std::this_thread::get_id()) {
+        if (!(lease_stream_ == stream)) {
+          throw usage_error("ShapeRouter::run on another stream than the lease this thread holds; run on the "
+                            "leased stream, or release the lease first",
+                            where);
+        }
+        in_flight_.fetch_add(1);
+        return Submission(this);
+      }
+      switch_cv_.wait(lock, [&] { return lease_owner_ == ::std::thread::id(); });
+    }
+    return enter_stream_locked(lock, stream, where);
+  }
+  // enter_stream() without the lease check.
+  [[nodiscard]] Submission enter_stream_locked(::std::unique_lock<::std::mutex>& lock, stream_type stream,
+                                               const ::std::source_location& where) {
     for (;;) {
       if (!switching_.load()) {
         if (!last_stream_.has_value() || *last_stream_ == stream) [[likely]] {
@@ -475,6 +537,14 @@ class ShapeRouter {
       }
       switch_cv_.wait(lock, [&] { return !switching_.load(); });
     }
+  }
+  void end_lease() noexcept {
+    {
+      const ::std::lock_guard<::std::mutex> lock(mutex_);
+      lease_owner_ = ::std::thread::id();
+      in_flight_.fetch_sub(1);
+    }
+    switch_cv_.notify_all();
   }
   // Called with the lock released.
   void leave_stream() noexcept {
@@ -840,7 +910,9 @@ class ShapeRouter {
   ::std::optional<stream_type> last_stream_;
   ::std::atomic<int> in_flight_{0};
   ::std::atomic<bool> switching_{false};
-  ::std::condition_variable switch_cv_;
+  ::std::condition_variable switch_cv_;  // a switch or a lease ended
+  ::std::thread::id lease_owner_;         // the thread holding a Lease, if any
+  ::std::optional<stream_type> lease_stream_;
 };
 
 }  // namespace replay
