@@ -86,11 +86,22 @@ class CaptureScope {
     ::cudaGraph_t captured = nullptr;
     const ::cudaError_t status = ::cudaStreamEndCapture(stream_.get(), &captured);
     const detail::CaptureBreak broken = detail::capture_break();
+    const int freed = detail::frees_during_capture();
     close();
     if (status != ::cudaSuccess) {
       discard(captured);
       detail::clear_error_slot(status);  // the failure is reported by the exception below
       throw cuda_error(status, "cudaStreamEndCapture", where, describe_break(broken));
+    }
+    if (freed != freed_at_open_) {
+      // The graph may read or write memory that is freed now that the
+      // capture has ended: refuse it rather than hand out a dangling graph.
+      discard(captured);
+      into_ = Graph::from_native_handle(nullptr);
+      throw usage_error("a StaticBuffer (or other replay-owned memory) was destroyed while this capture was open; the "
+                        "graph could use its address after it is freed. Keep buffers alive as long as the graphs "
+                        "that use them",
+                        where);
     }
     if (into_) {
       // Capture-to-graph returns the graph it was given.
@@ -129,6 +140,7 @@ class CaptureScope {
     if (detail::open_capture_scopes()++ == 0) {
       detail::capture_break() = {};
     }
+    freed_at_open_ = detail::frees_during_capture();
     if (mode_ == CaptureMode::relaxed) {
       ++detail::open_relaxed_capture_scopes();
     }
@@ -164,6 +176,7 @@ class CaptureScope {
   ::std::source_location begun_at_;
   Graph into_ = Graph::from_native_handle(nullptr);
   detail::CaptureToken token_;  // released when the capture ends (or if beginning it throws)
+  int freed_at_open_ = 0;       // detail::frees_during_capture() when it began
   bool active_ = false;
 };
 
