@@ -805,6 +805,15 @@ struct UnorderedBackend {
   void launch(const FakeExec& exec, FakeStream* s, std::source_location where) { inner.launch(exec, s, where); }
 };
 
+// A backend that captures on a stream of its own, as the CUDA backend does.
+struct OwnStreamBackend : FakeBackend {
+  template <class Issue>
+  replay::CapturedGraph<FakeExec> capture(FakeStream*, Issue&& issue, std::source_location where) {
+    FakeStream own;
+    return FakeBackend::capture(&own, issue, where);
+  }
+};
+
 static_assert(replay::OrdersStreams<FakeBackend>);
 static_assert(!replay::OrdersStreams<UnorderedBackend>);
 static_assert(replay::OrdersStreams<replay::CudaGraphBackend> && replay::TrimsMemory<replay::CudaGraphBackend>);
@@ -1003,5 +1012,33 @@ TEST_SUITE("host") {
     REQUIRE(other.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
     CHECK(other.get() == replay::RouteKind::replayed);
     CHECK(router.backend().orderings == 1);  // b was ordered after a
+  }
+
+  TEST_CASE("capture_all on several threads captures every shape once and reports progress in order") {
+    std::vector<std::int64_t> buckets;
+    for (int b = 1; b <= 16; ++b) {
+      buckets.push_back(b);
+    }
+    auto options = replay::ShapeRouterOptions<int>::bucketed(buckets);
+    options.capture_threads = 4;
+    replay::ShapeRouter<int, OwnStreamBackend> router(work_ops, options);
+    FakeStream s;
+    std::vector<std::size_t> done_seen;
+    std::set<int> shapes_seen;
+    CHECK(router.capture_all(&s, [&](std::size_t done, std::size_t total, const int& shape) {
+      CHECK(total == 16);
+      done_seen.push_back(done);
+      shapes_seen.insert(shape);
+    }) == 16);
+    CHECK(router.graph_count() == 16);
+    CHECK(router.stats().captures == 16);
+    CHECK(shapes_seen.size() == 16);
+    for (std::size_t i = 0; i < done_seen.size(); ++i) {
+      CHECK(done_seen[i] == i + 1);
+    }
+    for (int k = 1; k <= 16; ++k) {
+      CHECK(router.run(k, &s).kind == replay::RouteKind::replayed);
+    }
+    CHECK(s.executed.size() == 16 * 17 / 2);
   }
 }

@@ -74,6 +74,12 @@ struct ShapeRouterOptions {
   // marked eager, once, with the reason.
   ::std::uint32_t capture_attempts = 3;
   ::std::chrono::microseconds retry_backoff{1000};
+  // Threads capture() / capture_all() use: each captures and instantiates
+  // whole shapes, in parallel (the CUDA backend captures each on a stream of
+  // its own; warm-ups go to the caller's stream from every thread). 1: the
+  // calling thread alone. The work callable must then be safe to capture
+  // from several threads at once.
+  ::std::uint32_t capture_threads = 1;
 
   static ShapeRouterOptions exact() { return {}; }
   // Buckets for a key of rank 1, or the same buckets for every dimension.

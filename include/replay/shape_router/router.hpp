@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <initializer_list>
 #include <limits>
@@ -232,17 +233,48 @@ class ShapeRouter {
       }
     }
     Plan::sort_largest_first(shapes);
-    ::std::size_t with_graph = 0;
+    ::std::atomic<::std::size_t> next{0};
+    ::std::atomic<::std::size_t> with_graph{0};
     ::std::size_t done = 0;
-    for (const Key& shape : shapes) {
-      with_graph += capture_one(shape, stream, where) ? 1 : 0;
-      ++done;
-      if (progress) {
-        const detail::ActiveRouterScope active(this);
-        progress(done, shapes.size(), shape);
+    ::std::mutex progress_mutex;  // one progress call at a time, `done` in order
+    ::std::exception_ptr first_error;
+    auto capture_shapes = [&] {
+      for (::std::size_t i = next++; i < shapes.size(); i = next++) {
+        try {
+          with_graph += capture_one(shapes[i], stream, where) ? 1 : 0;
+          const ::std::lock_guard<::std::mutex> lock(progress_mutex);
+          ++done;
+          if (progress) {
+            const detail::ActiveRouterScope active(this);
+            progress(done, shapes.size(), shapes[i]);
+          }
+        } catch (...) {
+          const ::std::lock_guard<::std::mutex> lock(progress_mutex);
+          if (first_error == nullptr) {
+            first_error = ::std::current_exception();
+          }
+          next = shapes.size();  // the others stop after their current shape
+        }
       }
+    };
+    const ::std::size_t helpers =
+        ::std::min<::std::size_t>(options_.capture_threads, shapes.size() == 0 ? 1 : shapes.size()) - 1;
+    ::std::vector<::std::thread> threads;
+    threads.reserve(helpers);
+    try {
+      for (::std::size_t t = 0; t < helpers; ++t) {
+        threads.emplace_back(capture_shapes);
+      }
+    } catch (...) {  // fewer threads than asked: the rest still runs
     }
-    return with_graph;
+    capture_shapes();
+    for (::std::thread& thread : threads) {
+      thread.join();
+    }
+    if (first_error != nullptr) {
+      ::std::rethrow_exception(first_error);
+    }
+    return with_graph.load();
   }
   ::std::size_t capture(::std::initializer_list<Key> keys, stream_type stream,
                         ::std::source_location where = ::std::source_location::current()) {
