@@ -1041,4 +1041,44 @@ TEST_SUITE("host") {
     }
     CHECK(s.executed.size() == 16 * 17 / 2);
   }
+
+  TEST_CASE("clear() or invalidate() while a capture is in flight: the capture serves its run and state stays sane") {
+    for (const bool recapture : {false, true}) {
+      CAPTURE(recapture);
+      std::promise<void> started;
+      std::promise<void> release;
+      std::shared_future<void> released = release.get_future().share();
+      std::atomic<bool> block{!recapture};
+      auto work = [&](int n, FakeStream* s) {
+        if (s->recording != nullptr && block.exchange(false)) {
+          started.set_value();
+          released.wait();
+        }
+        work_ops(n, s);
+      };
+      Router<int> router(work, {.on_capture_failure = [](const int&, std::string_view) {}});
+      FakeStream main_stream;
+      FakeStream other_stream;
+      if (recapture) {
+        (void)router.run(6, &other_stream);
+        CHECK(router.invalidate(6));
+        block = true;
+      }
+      std::thread capturer([&] {
+        const auto route = router.run(6, &other_stream);
+        CHECK(route.graph());
+      });
+      started.get_future().wait();
+      CHECK(router.invalidate(6));  // in flight: stale as soon as it is in
+      router.clear();
+      CHECK(router.graph_count() == 0);
+      release.set_value();
+      capturer.join();
+      CHECK(router.graph_count() == 0);  // forgotten: not installed
+      CHECK(router.entry_count() == 0);
+      CHECK(router.memory().footprint_bytes == 0);
+      CHECK(router.run(6, &main_stream).kind == replay::RouteKind::captured);
+      CHECK(router.graph_count() == 1);
+    }
+  }
 }

@@ -775,6 +775,14 @@ class ShapeRouter {
       return nullptr;
     }
     entry->interrupted_rounds = 0;
+    if (entry->detached) {
+      // Forgotten meanwhile (clear(), max_entries): the graph serves this run, then goes.
+      if (recapture) {
+        return graph;
+      }
+      ++stats_.captures;
+      return ::std::make_shared<GraphSlot>(::std::move(attempt.fresh->exec));
+    }
     if (recapture) {
       total_bytes_ -= entry->memory.footprint_bytes;
       entry->memory.alloc_bytes = attempt.updated.memory.alloc_bytes;
@@ -789,9 +797,6 @@ class ShapeRouter {
     } else {
       graph = ::std::make_shared<GraphSlot>(::std::move(attempt.fresh->exec));
       ++stats_.captures;
-      if (entry->detached) {
-        return graph;  // forgotten meanwhile: serves this run, then goes
-      }
       entry->graph = graph;
       entry->memory = attempt.fresh->memory;
       entry->replays = 0;
@@ -799,9 +804,6 @@ class ShapeRouter {
       entry->graph_lru = graph_lru_.begin();
       ++live_graphs_;
       total_bytes_ += entry->memory.footprint_bytes;
-    }
-    if (entry->detached) {
-      return graph;
     }
     entry->state = entry->invalidated_in_capture ? State::stale : State::captured;
     ++entry->replays;  // the launch that follows
