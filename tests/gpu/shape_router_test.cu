@@ -756,4 +756,30 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     }
     stream.synchronize();
   }
+
+  TEST_CASE("one router on two streams: a run on the second stream is ordered after the first") {
+    // Old code: no ordering; a slow launch on stream A could finish after a
+    // later launch on stream B and leave A's data in the shared buffers.
+    replay::Stream a;
+    replay::Stream b;
+    Model m;
+    Model ref;
+    replay::ShapeRouter<int> router(
+        [&](int batch, replay::StreamRef s) { model(m.x.data(), m.y.data(), batch, batch == 64 ? 400 : 1, s); });
+    const auto big = padded_input(64, 64);
+    const auto small = padded_input(64, 64);
+    const int rounds = under_sanitizer() ? 2 : 20;
+    for (int round = 0; round < rounds + 1; ++round) {  // round 0 captures both
+      m.x.first(big.size()).copy_from(std::span<const float>(big), a);
+      (void)router.run(64, a);  // slow: 400 kernels
+      m.x.first(small.size()).copy_from(std::span<const float>(small), b);
+      (void)router.run(63, b);  // fast, on another stream
+      const auto got = read(m.y.first(63 * kCols), b);
+      a.synchronize();
+      if (round > 0) {
+        REQUIRE(got == eager_reference(ref, small, 63, 1, b));
+      }
+    }
+    CHECK(router.stats().stream_switches >= static_cast<std::uint64_t>(2 * rounds));
+  }
 }

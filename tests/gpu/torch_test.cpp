@@ -902,4 +902,36 @@ TEST_CASE("stress: 8 threads on their own streams share two GraphedCallables und
   }
 }
 
+TEST_CASE("two GraphedCallables constructed and called from two threads at once end with every bucket graphed") {
+  // Old code: each capture synchronized the device first, breaking the other
+  // thread's capture; one callable ended with 0 of 4 buckets graphed.
+  no_tf32();
+  const std::vector<int64_t> buckets{4, 8, 16, 32};
+  std::vector<std::size_t> graphs(2, 0);
+  std::vector<int> wrong(2, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
+      c10::cuda::CUDAStreamGuard guard(stream);
+      auto net = small_mlp(torch::kCUDA, torch::kFloat);
+      replay::GraphedCallable graphed(net, {torch::randn({32, 64}, cuda())}, {.batch_buckets = buckets});
+      for (int i = 0; i < 20; ++i) {
+        const at::Tensor x = torch::randn({1 + (i * 7) % 32, 64}, cuda());
+        if (relative_l2(graphed(x)[0], net->forward(x)) >= 1e-4) {
+          ++wrong[static_cast<std::size_t>(t)];
+        }
+      }
+      graphs[static_cast<std::size_t>(t)] = graphed.graph_count();
+    });
+  }
+  for (auto& th : threads) {
+    th.join();
+  }
+  for (int t = 0; t < 2; ++t) {
+    CHECK(graphs[static_cast<std::size_t>(t)] == buckets.size());
+    CHECK(wrong[static_cast<std::size_t>(t)] == 0);
+  }
+}
+
 }  // TEST_SUITE("gpu")
