@@ -203,16 +203,15 @@ class CudaGraphBackend {
     // a call of the work itself (e.g. a synchronization whose status it
     // ignored); another thread that broke the capture left its error in its
     // own slot.
-    auto interrupted = [](const cuda_error& e) {
-      const ::cudaError_t own = ::cudaPeekAtLastError();
-      return e.status() == ::cudaErrorStreamCaptureInvalidated &&
-             !(is_capture_error(own) && own != ::cudaErrorStreamCaptureInvalidated);
-    };
+    // (Read before finish(): ending the broken capture overwrites the slot.)
+    ::cudaError_t own = ::cudaSuccess;
     try {
       ::std::invoke(issue, on.ref());
+      own = ::cudaPeekAtLastError();
       return scope.finish(where);
     } catch (const cuda_error& e) {
-      if (interrupted(e)) {
+      if (e.status() == ::cudaErrorStreamCaptureInvalidated &&
+          !(is_capture_error(own) && own != ::cudaErrorStreamCaptureInvalidated)) {
         throw capture_interrupted_error(e.what());
       }
       throw;
