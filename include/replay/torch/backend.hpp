@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <source_location>
 #include <string>
 #include <utility>
@@ -78,12 +79,16 @@ class TorchGraphBackend {
       ordered.wait_on(side, where);
     }
     check(::cudaStreamSynchronize(side.get()), "cudaStreamSynchronize", where);
-    // Two captures that register one generator would share its capture
-    // state (and its offset): they take turns.
-    ::std::unique_lock<::std::mutex> generators_lock(detail::generator_capture_mutex(), ::std::defer_lock);
+    // Captures that put generators into capture mode take turns (see
+    // generator_capture_mutex); the others run side by side.
     const bool default_generator = ctx.captures_default_generator();
-    if (default_generator || !ctx.generators().empty()) {
-      generators_lock.lock();
+    const bool exclusive = default_generator || !ctx.generators().empty();
+    ::std::unique_lock<::std::shared_mutex> generators_exclusive(detail::generator_capture_mutex(), ::std::defer_lock);
+    ::std::shared_lock<::std::shared_mutex> generators_shared(detail::generator_capture_mutex(), ::std::defer_lock);
+    if (exclusive) {
+      generators_exclusive.lock();
+    } else {
+      generators_shared.lock();
     }
     TorchGraphExec exec;
     exec.graph = ::std::make_unique<detail::TorchCudaGraph>();
@@ -110,7 +115,21 @@ class TorchGraphBackend {
       }
       // Counted as open on the device, so that synchronize_device() waits for it.
       const detail::CaptureToken token(static_cast<int>(device));
-      exec.graph->capture_begin(ctx.pool(), static_cast<::cudaStreamCaptureMode>(ctx.mode()));
+      {
+        // capture_begin puts the default generator into capture mode; unless
+        // asked for, it is taken out again before any other thread's eager
+        // random numbers (which lock this mutex) can see it.
+        ::at::Generator default_gen = ::at::cuda::detail::getDefaultCUDAGenerator(device);
+        ::std::unique_lock<::std::mutex> default_gen_lock(default_gen.mutex(), ::std::defer_lock);
+        if (!default_generator) {
+          default_gen_lock.lock();
+        }
+        const ::std::vector<const void*> keep = exec.graph->registered_generator_states();
+        exec.graph->capture_begin(ctx.pool(), static_cast<::cudaStreamCaptureMode>(ctx.mode()));
+        if (!default_generator) {
+          exec.graph->leave_capture_mode_except(keep);
+        }
+      }
       ::std::invoke(issue, side);
       exec.graph->capture_end();
     } catch (...) {
@@ -124,7 +143,8 @@ class TorchGraphBackend {
       }
       throw capture_failed_error(message);
     }
-    generators_lock = {};
+    generators_exclusive = {};
+    generators_shared = {};
     exec.outputs = ctx.take_outputs();
     exec.exec = exec.graph->raw_cuda_graph_exec();
     exec.uses_rng = exec.graph->uses_rng();

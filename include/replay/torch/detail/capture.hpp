@@ -20,12 +20,14 @@
 #define REPLAY_TORCH_PREPARE_CUBLAS 1
 #endif
 
+#include <algorithm>
 #include <cstddef>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
@@ -55,6 +57,33 @@ class TorchCudaGraph : public ::at::cuda::CUDAGraph {
       }
     }
     return false;
+  }
+
+  // The generator states registered so far (capture_begin adds the device's
+  // default generator's on its own).
+  ::std::vector<const void*> registered_generator_states() const {
+    ::std::vector<const void*> out;
+    for (const auto& entry : captured_generator_states_) {
+      out.push_back(entry.first.get());
+    }
+    return out;
+  }
+  // Takes every registered state not in `keep` out of capture mode again:
+  // capture_begin always registers the device's default generator and puts
+  // it into capture mode, which makes every other thread's eager random
+  // numbers on the device fail while the capture is open. The caller holds
+  // the default generator's mutex from before capture_begin until after
+  // this, so no other thread sees it in capture mode in between.
+  void leave_capture_mode_except(const ::std::vector<const void*>& keep) noexcept {
+    for (auto& entry : captured_generator_states_) {
+      if (::std::find(keep.begin(), keep.end(), entry.first.get()) == keep.end()) {
+        [](auto& state) {
+          if constexpr (requires { state->capturing_ = false; }) {
+            state->capturing_ = false;
+          }
+        }(entry.first);
+      }
+    }
   }
 
   // Undoes a capture that threw between capture_begin and the end of
@@ -177,10 +206,13 @@ inline ::std::string describe_sizes(::c10::IntArrayRef sizes) {
   return out;
 }
 
-// Held by every capture that registers generators: two captures registering
-// the same generator at once would share its capture state and offset.
-inline ::std::mutex& generator_capture_mutex() noexcept {
-  static ::std::mutex mutex;
+// Every torch capture holds it: shared by captures that leave the default
+// generator alone and register no generator of their own; exclusive for
+// those that put generators into capture mode (two at once would share a
+// generator's capture state and offset, and a shared one ending its capture
+// would take the default generator out of capture mode under them).
+inline ::std::shared_mutex& generator_capture_mutex() noexcept {
+  static ::std::shared_mutex mutex;
   return mutex;
 }
 
