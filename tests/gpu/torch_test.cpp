@@ -902,6 +902,19 @@ TEST_CASE("stress: 8 threads on their own streams share two GraphedCallables und
   }
 }
 
+TEST_CASE("construction reports capture progress: done, total and the bucket, largest first") {
+  auto net = small_mlp(torch::kCUDA, torch::kFloat);
+  std::vector<std::tuple<std::size_t, std::size_t, int64_t>> seen;
+  replay::GraphedCallable graphed(net, {torch::randn({8, 64}, cuda())},
+                                  {.batch_buckets = {2, 4, 8},
+                                   .on_capture_progress = [&](std::size_t done, std::size_t total, const int64_t& b) {
+                                     seen.emplace_back(done, total, b);
+                                   }});
+  const bool in_order = seen == std::vector<std::tuple<std::size_t, std::size_t, int64_t>>{{1, 3, 8}, {2, 3, 4}, {3, 3, 2}};
+  CHECK(in_order);
+  CHECK(graphed.graph_count() == 3);
+}
+
 TEST_CASE("two GraphedCallables constructed and called from two threads at once end with every bucket graphed") {
   // Old code: each capture synchronized the device first, breaking the other
   // thread's capture; one callable ended with 0 of 4 buckets graphed.
