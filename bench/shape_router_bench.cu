@@ -16,11 +16,23 @@
 //                             chain of 100 small kernels: eager (0), routed with exact
 //                             keys (1), routed with power-of-two buckets (2). Time per
 //                             burst of 32 requests, enqueued back to back, then synchronized.
+//  hit_rate/<shared>/threads:N: aggregate hits per second (runs_per_s) of 1-kernel graphs
+//                             from N threads, each on its own stream, with one router per
+//                             thread (shared:0) or one router shared by all (shared:1:
+//                             every run switches streams and is ordered after the previous).
+//  hit_latency/<capturing>:   p50/p99 host latency of hits on one key while another
+//                             thread keeps capturing a 100-kernel graph of other keys in
+//                             the same router (capturing:1), or not (capturing:0).
+//  startup/<threads>:         capture_all of 32 buckets of a 100-kernel graph with
+//                             capture_threads = 1 or 4 (wall time per capture_all).
 #include <benchmark/benchmark.h>
 
 #include <bit>
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
+#include <thread>
 #include <chrono>
 #include <cstdint>
 #include <random>
@@ -335,6 +347,153 @@ void dynamic_batch(benchmark::State& state) {
   state.SetLabel(names[mode]);
 }
 
+// ---- concurrency -------------------------------------------------------------
+
+std::unique_ptr<replay::ShapeRouter<int>> g_shared_router;
+std::unique_ptr<replay::DeviceBuffer<float>> g_shared_buffer;
+
+void hit_rate(benchmark::State& state) {
+  if (skip_without_device(state)) {
+    return;
+  }
+  const bool shared = state.range(0) != 0;
+  constexpr int n = 256;
+  auto make_router = [](float* x) {
+    return std::make_unique<replay::ShapeRouter<int>>([x](int, replay::StreamRef s) {
+      tiny_kernel<<<1, n, 0, s.get()>>>(x, n, 1.0F);
+      replay::check_last_launch("tiny_kernel");
+    });
+  };
+  replay::Stream stream;
+  replay::DeviceBuffer<float> own_buffer(n);
+  std::unique_ptr<replay::ShapeRouter<int>> own;
+  if (shared) {
+    if (state.thread_index() == 0) {
+      g_shared_buffer = std::make_unique<replay::DeviceBuffer<float>>(n);
+      g_shared_router = make_router(g_shared_buffer->data());
+      g_shared_router->capture({1}, stream);
+      stream.synchronize();
+    }
+  } else {
+    own = make_router(own_buffer.data());
+    own->capture({1}, stream);
+    stream.synchronize();
+  }
+  std::int64_t runs = 0;
+  for (auto _ : state) {
+    replay::ShapeRouter<int>& router = shared ? *g_shared_router : *own;
+    for (int i = 0; i < 64; ++i) {
+      (void)router.run(1, stream);
+    }
+    runs += 64;
+    if ((runs & 1023) == 0) {
+      stream.synchronize();  // keep the queue short
+    }
+  }
+  stream.synchronize();
+  state.counters["runs_per_s"] = benchmark::Counter(static_cast<double>(runs), benchmark::Counter::kIsRate);
+  if (shared && state.thread_index() == 0) {
+    state.counters["stream_switches"] = static_cast<double>(g_shared_router->stats().stream_switches);
+  }
+}
+
+void hit_latency(benchmark::State& state) {
+  if (skip_without_device(state)) {
+    return;
+  }
+  const bool capturing = state.range(0) != 0;
+  constexpr int kKernels = 100;
+  constexpr int n = 256;
+  replay::Stream stream;
+  replay::DeviceBuffer<float> x(n);
+  replay::ShapeRouter<int> router(
+      [&](int key, replay::StreamRef s) {
+        const int kernels = key == 1 ? 1 : kKernels;
+        for (int k = 0; k < kernels; ++k) {
+          tiny_kernel<<<1, n, 0, s.get()>>>(x.data(), n, 1.0F);
+        }
+        replay::check_last_launch("tiny_kernel");
+      },
+      {.max_graphs = 4});
+  router.capture({1}, stream);
+  stream.synchronize();
+  std::atomic<bool> stop{false};
+  std::atomic<std::int64_t> captures{0};
+  std::thread capturer;
+  if (capturing) {
+    capturer = std::thread([&] {
+      for (int key = 2; !stop.load(); ++key) {
+        (void)router.run(key, stream);  // a miss: capture, then launch (same stream: no switch)
+        ++captures;
+      }
+    });
+    while (captures.load() == 0) {
+      std::this_thread::yield();
+    }
+  }
+  std::vector<double> samples;
+  samples.reserve(1 << 16);
+  for (auto _ : state) {
+    samples.clear();
+    const auto begin = clock_type::now();
+    for (int i = 0; i < 20000; ++i) {
+      const auto start = clock_type::now();
+      (void)router.run(1, stream);
+      samples.push_back(std::chrono::duration<double, std::nano>(clock_type::now() - start).count());
+      if ((i & 255) == 255) {
+        stream.synchronize();
+      }
+    }
+    state.SetIterationTime(seconds(begin, clock_type::now()));
+  }
+  stop = true;
+  if (capturer.joinable()) {
+    capturer.join();
+  }
+  stream.synchronize();
+  std::sort(samples.begin(), samples.end());
+  state.counters["p50_ns"] = samples[samples.size() / 2];
+  state.counters["p99_ns"] = samples[samples.size() * 99 / 100];
+  state.counters["captures"] = static_cast<double>(captures.load());
+}
+
+void startup(benchmark::State& state) {
+  if (skip_without_device(state)) {
+    return;
+  }
+  const auto threads = static_cast<std::uint32_t>(state.range(0));
+  constexpr int kKernels = 100;
+  constexpr int kBuckets = 32;
+  constexpr int n = 1024;
+  replay::Stream stream;
+  replay::DeviceBuffer<float> x(static_cast<std::size_t>(n) * kBuckets);
+  std::vector<std::int64_t> buckets;
+  for (int b = 1; b <= kBuckets; ++b) {
+    buckets.push_back(b);
+  }
+  auto options = replay::ShapeRouterOptions<int>::bucketed(buckets);
+  options.capture_threads = threads;
+  for (auto _ : state) {
+    replay::ShapeRouter<int> router(
+        [&](int batch, replay::StreamRef s) {
+          for (int k = 0; k < kKernels; ++k) {
+            tiny_kernel<<<static_cast<unsigned>(batch), n, 0, s.get()>>>(x.data(), n * batch, 1.0F);
+          }
+          replay::check_last_launch("tiny_kernel");
+        },
+        options);
+    const auto start = clock_type::now();
+    const std::size_t graphed = router.capture_all(stream);
+    stream.synchronize();
+    state.SetIterationTime(seconds(start, clock_type::now()));
+    if (graphed != kBuckets) {
+      state.SkipWithError("not every bucket was captured");
+      return;
+    }
+  }
+  state.counters["buckets"] = kBuckets;
+}
+
 }  // namespace
 
 BENCHMARK(route_only)->ArgName("bucketed")->Arg(0)->Arg(1);
@@ -351,5 +510,9 @@ BENCHMARK(pool_memory)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(dynamic_batch)->ArgName("mode")->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+BENCHMARK(hit_rate)->ArgName("shared")->Arg(0)->Arg(1)->ThreadRange(1, 8)->UseRealTime();
+BENCHMARK(hit_latency)->ArgName("capturing")->Arg(0)->Arg(1)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(startup)->ArgName("threads")->Arg(1)->Arg(4)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

@@ -16,6 +16,7 @@
 #include <string>
 #include <utility>
 
+#include "replay/detail/capture_coordinator.hpp"
 #include "replay/detail/capture_state.hpp"
 #include "replay/detail/deferred_free.hpp"
 #include "replay/detail/message.hpp"
@@ -43,6 +44,8 @@ class CaptureScope {
                         ::std::source_location where = ::std::source_location::current())
       : stream_(stream), mode_(mode), begun_at_(where) {
     refuse_bad_stream(where);
+    // Counted open before it begins, so that synchronize_device() never runs inside it.
+    token_.acquire(detail::device_of(stream_.get(), where));
     begin(::cudaStreamBeginCapture(stream_.get(), static_cast<::cudaStreamCaptureMode>(mode_)),
           "cudaStreamBeginCapture", where);
   }
@@ -55,6 +58,8 @@ class CaptureScope {
                ::std::source_location where = ::std::source_location::current())
       : stream_(stream), mode_(mode), begun_at_(where), into_(::std::move(into)) {
     refuse_bad_stream(where);
+    // Counted open before it begins, so that synchronize_device() never runs inside it.
+    token_.acquire(detail::device_of(stream_.get(), where));
     begin(::cudaStreamBeginCaptureToGraph(stream_.get(), into_.handle(where), nullptr, nullptr, 0,
                                           static_cast<::cudaStreamCaptureMode>(mode_)),
           "cudaStreamBeginCaptureToGraph", where);
@@ -80,11 +85,22 @@ class CaptureScope {
     ::cudaGraph_t captured = nullptr;
     const ::cudaError_t status = ::cudaStreamEndCapture(stream_.get(), &captured);
     const detail::CaptureBreak broken = detail::capture_break();
+    const int freed = detail::frees_during_capture();
     close();
     if (status != ::cudaSuccess) {
       discard(captured);
       detail::clear_error_slot(status);  // the failure is reported by the exception below
       throw cuda_error(status, "cudaStreamEndCapture", where, describe_break(broken));
+    }
+    if (freed != freed_at_open_) {
+      // The graph may read or write memory that is freed now that the
+      // capture has ended: refuse it rather than hand out a dangling graph.
+      discard(captured);
+      into_ = Graph::from_native_handle(nullptr);
+      throw usage_error("a StaticBuffer (or other replay-owned memory) was destroyed while this capture was open; the "
+                        "graph could use its address after it is freed. Keep buffers alive as long as the graphs "
+                        "that use them",
+                        where);
     }
     if (into_) {
       // Capture-to-graph returns the graph it was given.
@@ -139,6 +155,7 @@ class CaptureScope {
     if (detail::open_capture_scopes()++ == 0) {
       detail::capture_break() = {};
     }
+    freed_at_open_ = detail::frees_during_capture();
     if (mode_ == CaptureMode::relaxed) {
       ++detail::open_relaxed_capture_scopes();
     }
@@ -151,6 +168,7 @@ class CaptureScope {
     if (--detail::open_capture_scopes() == 0) {
       detail::capture_break() = {};
     }
+    token_.release();
     detail::flush_deferred_frees();
   }
   void discard(::cudaGraph_t captured) const noexcept {
@@ -172,6 +190,8 @@ class CaptureScope {
   CaptureMode mode_;
   ::std::source_location begun_at_;
   Graph into_;  // empty unless capturing into a given graph
+  detail::CaptureToken token_;  // released when the capture ends (or if beginning it throws)
+  int freed_at_open_ = 0;       // detail::frees_during_capture() when it began
   bool active_ = false;
 };
 

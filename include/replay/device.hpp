@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "replay/detail/capture_state.hpp"
+#include "replay/detail/capture_coordinator.hpp"
 #include "replay/error.hpp"
 
 namespace replay {
@@ -82,15 +83,18 @@ inline int current_device(::std::source_location where = ::std::source_location:
   return device;
 }
 
-// cudaDeviceSynchronize, refused while this thread has a capture open: it
-// would invalidate the capture.
+// cudaDeviceSynchronize on the current device, once no capture that replay
+// made (CaptureScope, capture(), ShapeRouter, GraphedCallable) is open on it
+// in any thread: a device-wide synchronization during another thread's
+// capture would invalidate that capture. New replay captures on the device
+// wait while it synchronizes. Refused while this thread has a capture open.
 inline void synchronize_device(::std::source_location where = ::std::source_location::current()) {
   if (detail::open_capture_scopes() > 0) {
     throw usage_error("synchronize_device() called while a CaptureScope is open on this thread; "
                       "it would invalidate the capture. Synchronize after finish()",
                       where);
   }
-  check(::cudaDeviceSynchronize(), "cudaDeviceSynchronize", where);
+  detail::CaptureCoordinator::instance().synchronize(where);
 }
 
 }  // namespace replay

@@ -144,11 +144,20 @@ void clear_error_slot_if(IsOurs is_ours) noexcept {
   }
 }
 
+// Where a failed status came from: a runtime call (which also left it in the
+// runtime's last-error slot) or a driver call (which never touches that slot).
+enum class ErrorSource : unsigned char { runtime, driver };
+
 [[noreturn, gnu::cold, gnu::noinline]] inline void throw_cuda_error(::cudaError_t status,
                                                                    ::std::string_view api,
-                                                                   ::std::source_location where) {
-  // The exception reports this failure; leave no copy of it behind.
-  clear_error_slot(status);
+                                                                   ::std::source_location where,
+                                                                   ErrorSource source = ErrorSource::runtime) {
+  // The exception reports this failure; leave no copy of it behind. A driver
+  // failure left nothing in the runtime's slot: whatever is there is someone
+  // else's (possibly with the same code) and stays.
+  if (source == ErrorSource::runtime) {
+    clear_error_slot(status);
+  }
   if (is_capture_error(status) && open_capture_scopes() > 0) {
     CaptureBreak& record = capture_break();
     if (!record.seen) {

@@ -60,8 +60,7 @@ class EventRef {
     refuse_during_capture("ready()", where);
     const ::cudaError_t status = ::cudaEventQuery(handle(where));
     if (status == ::cudaErrorNotReady) {
-      detail::clear_error_slot(status);
-      return false;
+      return false;  // an answer, not an error: the last-error slot is left alone
     }
     check(status, "cudaEventQuery", where);
     return true;

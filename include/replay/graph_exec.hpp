@@ -238,16 +238,21 @@ class GraphExec : public detail::unique_handle<detail::graph_exec_ref, detail::g
       ::cudaGraphInstantiateParams params{};
       params.flags = to_underlying(exec_flags);
       ::cudaGraphExec_t retry = nullptr;
-      detail::clear_error_slot(::cudaGraphInstantiateWithParams(&retry, graph.get(), &params));
-      if (retry != nullptr) {
-        (void)::cudaGraphExecDestroy(retry);
-      }
+      const ::cudaError_t retried = ::cudaGraphInstantiateWithParams(&retry, graph.get(), &params);
       detail::clear_error_slot(status);
-      throw cuda_error(status, "cudaGraphInstantiate", where,
-                       params.errNode_out != nullptr
-                           ? detail::concat("instantiate result ", static_cast<int>(params.result_out), ", at ",
-                                            describe_node(params.errNode_out))
-                           : detail::concat("instantiate result ", static_cast<int>(params.result_out)));
+      if (retried == ::cudaSuccess && retry != nullptr) {
+        exec = retry;  // the failure was transient (e.g. memory freed meanwhile): keep the good one
+      } else {
+        detail::clear_error_slot(retried);
+        if (retry != nullptr) {
+          (void)::cudaGraphExecDestroy(retry);
+        }
+        throw cuda_error(status, "cudaGraphInstantiate", where,
+                         params.errNode_out != nullptr
+                             ? detail::concat("instantiate result ", static_cast<int>(params.result_out), ", at ",
+                                              describe_node(params.errNode_out))
+                             : detail::concat("instantiate result ", static_cast<int>(params.result_out)));
+      }
     }
     if (has_flag(flags, InstantiateFlags::upload)) {
       const ::cudaError_t uploaded = ::cudaGraphUpload(exec, upload_stream.handle(where));

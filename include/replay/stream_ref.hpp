@@ -72,7 +72,8 @@ class StreamRef {
     refuse_during_capture("ready()", where);
     const ::cudaError_t status = ::cudaStreamQuery(stream_);
     if (status == ::cudaErrorNotReady) {
-      detail::clear_error_slot(status);  // not-ready is an answer, not an error
+      // Not-ready is an answer: it never set the runtime's last-error slot, so
+      // the slot is left alone (it may hold the user's own pending error).
       return false;
     }
     check(status, "cudaStreamQuery", where);

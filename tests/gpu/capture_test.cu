@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -278,6 +279,26 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
         REQUIRE(cudaFree(q) == cudaSuccess);
       }
       expect_stream_usable(stream);
+    }
+  }
+
+  TEST_CASE("a StaticBuffer destroyed during a capture makes the capture fail instead of returning a dangling graph") {
+    // Old code: the buffer was freed when the capture ended and the graph,
+    // still holding its address, was returned.
+    for (const replay::CaptureMode mode : {replay::CaptureMode::this_thread, replay::CaptureMode::relaxed}) {
+      replay::Stream stream;
+      auto doomed = std::make_unique<replay::DeviceBuffer<float>>(kN);
+      replay::CaptureScope scope(stream, mode);
+      launch_axpb(stream, doomed->data(), 2.0F, 1.0F);
+      doomed.reset();  // freed only once the capture has ended
+      CHECK_THROWS_WITH_AS((void)scope.finish(), doctest::Contains("destroyed while this capture was open"),
+                           replay::usage_error);
+      CHECK(stream.ref().capture_status() == replay::CaptureStatus::none);
+      // The next capture is unaffected.
+      replay::DeviceBuffer<float> kept(kN);
+      const replay::Graph graph =
+          replay::capture(stream, [&](replay::StreamRef s) { launch_axpb(s, kept.data(), 1.0F, 1.0F); }, mode);
+      CHECK(graph.count(replay::NodeType::kernel) == 1);
     }
   }
 }

@@ -2,13 +2,22 @@
 // random shapes; padding is correct and padded rows do not leak; graphs share
 // the graph memory pool (measured); eviction, re-capture through update;
 // capture failure falls back to eager; 100k routed replays without memory
-// growth or host allocations; one router per thread.
+// growth or host allocations; one router per thread; under concurrency:
+// captures survive other threads' synchronize_device and allocations, an
+// interrupted capture is retried, memory is measured where the graph lives
+// and trimmed on eviction, error slots are left alone, and a stress test of
+// 8 threads sharing two routers.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <future>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <span>
 #include <string>
@@ -16,6 +25,7 @@
 #include <vector>
 
 #include "gpu_suite.hpp"
+#include "replay/detail/driver_memset.hpp"
 #include "replay/replay.hpp"
 #include "replay/shape_router.hpp"
 
@@ -479,5 +489,297 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     for (int t = 0; t < kThreads; ++t) {
       CHECK(failures[static_cast<std::size_t>(t)] == 0);
     }
+  }
+
+  // ---- concurrency ---------------------------------------------------------
+
+  TEST_CASE("captures in one thread survive synchronize_device, allocations and eager work in another") {
+    // Old code: synchronize_device was a bare cudaDeviceSynchronize, which
+    // invalidates a capture open in another thread; the key stayed eager.
+    replay::Stream stream;
+    Model m;
+    Model ref;
+    replay::ShapeRouter<int> router([&](int batch, replay::StreamRef s) { model(m.x.data(), m.y.data(), batch, 32, s); });
+    std::atomic<bool> stop{false};
+    std::atomic<int> background_errors{0};
+    std::thread background([&] {
+      try {
+        replay::Stream own;
+        replay::DeviceBuffer<float> scratch(1 << 16);
+        while (!stop.load()) {
+          replay::synchronize_device();
+          // Stream-ordered allocations: cudaFree would synchronize the device
+          // implicitly, which breaks other threads' captures (they would be retried).
+          void* p = nullptr;
+          replay::check(cudaMallocAsync(&p, 1 << 20, own.get()), "cudaMallocAsync");
+          replay::check(cudaFreeAsync(p, own.get()), "cudaFreeAsync");
+          scratch.zero(own);
+        }
+        own.synchronize();
+      } catch (...) {
+        ++background_errors;
+      }
+    });
+    const int keys = under_sanitizer() ? 6 : 40;
+    for (int batch = 1; batch <= keys; ++batch) {
+      const auto input = padded_input(batch, batch);
+      m.x.first(input.size()).copy_from(std::span<const float>(input), stream);
+      CHECK(router.run(batch, stream).kind == replay::RouteKind::captured);
+      REQUIRE(read(m.y.first(input.size()), stream) == eager_reference(ref, input, batch, 32, stream));
+    }
+    stop = true;
+    background.join();
+    CHECK(background_errors == 0);
+    CHECK(router.stats().capture_failures == 0);
+    CHECK(router.graph_count() == static_cast<std::size_t>(keys));
+  }
+
+  TEST_CASE("a capture broken by another thread's raw cudaDeviceSynchronize is retried, not marked eager") {
+    // Old code: the broken capture marked the key eager for good.
+    replay::Stream stream;
+    Model m;
+    Model ref;
+    std::atomic<bool> interfere{true};
+    std::future<cudaError_t> other;
+    replay::ShapeRouter<int> router([&](int batch, replay::StreamRef s) {
+      model(m.x.data(), m.y.data(), batch, 4, s);
+      if (s.is_capturing() && interfere.exchange(false)) {
+        other = std::async(std::launch::async, [] { return cudaDeviceSynchronize(); });
+        (void)other.wait_for(std::chrono::seconds(2));
+      }
+    });
+    const int batch = 9;
+    const auto input = padded_input(batch, batch);
+    m.x.first(input.size()).copy_from(std::span<const float>(input), stream);
+    const auto route = router.run(batch, stream);
+    const cudaError_t other_status = other.get();
+    MESSAGE("the other thread's cudaDeviceSynchronize returned " << cudaGetErrorName(other_status)
+                                                                 << "; interrupted captures: "
+                                                                 << router.stats().interrupted_captures);
+    CHECK(route.graph());
+    CHECK(router.stats().capture_failures == 0);
+    CHECK(router.stats().interrupted_captures <= 1);
+    CHECK(router.stats().capture_retries == router.stats().interrupted_captures);
+    CHECK_FALSE(router.is_eager(batch));
+    REQUIRE(read(m.y.first(input.size()), stream) == eager_reference(ref, input, batch, 4, stream));
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+  }
+
+  TEST_CASE("a graph's footprint is what it adds to its device's graph pool, not other threads' allocations") {
+    // Old code: the drop in device-wide free memory during instantiation was
+    // charged to the graph, here 1 GiB of another thread's cudaMalloc.
+    replay::Stream stream;
+    Model m;
+    void* big = nullptr;
+    replay::ShapeRouter<int> router([&](int batch, replay::StreamRef s) {
+      model(m.x.data(), m.y.data(), batch, 2, s);
+      if (s.is_capturing() && big == nullptr) {
+        std::thread([&big] { replay::check(cudaMalloc(&big, std::size_t{1} << 30), "cudaMalloc"); }).join();
+      }
+    });
+    CHECK(router.run(8, stream).kind == replay::RouteKind::captured);
+    REQUIRE(big != nullptr);
+    replay::check(cudaFree(big), "cudaFree");
+    const auto graphs = router.graphs();
+    REQUIRE(graphs.size() == 1);
+    CHECK(graphs[0].memory.footprint_bytes < 64 * MiB);  // no memory nodes: only what the pool grew by
+    stream.synchronize();
+  }
+
+  TEST_CASE("evicting a graph trims the graph pool, so max_bytes bounds real memory") {
+    // Old code: an evicted graph's pool memory stayed reserved.
+    if (under_sanitizer()) {
+      return;  // the sanitizer backs allocations differently
+    }
+    replay::Stream stream;
+    Model m;
+    constexpr std::size_t kScratch = 256 * MiB;
+    replay::ShapeRouter<int> router([&](int batch, replay::StreamRef s) {
+      void* scratch = nullptr;
+      replay::check(cudaMallocAsync(&scratch, kScratch, s.get()), "cudaMallocAsync");
+      model(m.x.data(), m.y.data(), batch, 1, s);
+      scratch_kernel<<<blocks(batch * kCols), 128, 0, s.get()>>>(static_cast<float*>(scratch),
+                                                                 kScratch / sizeof(float), m.y.data(), batch * kCols);
+      replay::check_last_launch("scratch_kernel");
+      replay::check(cudaFreeAsync(scratch, s.get()), "cudaFreeAsync");
+    });
+    replay::synchronize_device();
+    replay::trim_graph_pool(device());
+    const std::size_t reserved_before = replay::graph_pool_memory(device()).reserved;
+    CHECK(router.run(4, stream).kind == replay::RouteKind::captured);
+    stream.synchronize();
+    const std::size_t reserved_live = replay::graph_pool_memory(device()).reserved;
+    CHECK(reserved_live >= reserved_before + kScratch);
+    WARN(router.graphs()[0].memory.footprint_bytes >= kScratch);  // where the upload maps the pool
+    CHECK(router.evict(4));
+    const std::size_t reserved_after = replay::graph_pool_memory(device()).reserved;
+    MESSAGE("graph pool reserved: " << reserved_before / MiB << " MiB before, " << reserved_live / MiB
+                                    << " MiB with the graph, " << reserved_after / MiB << " MiB after eviction");
+    CHECK(reserved_after < reserved_before + kScratch);
+  }
+
+  TEST_CASE("StreamRef::ready and Event::ready leave a pending launch error in the slot") {
+    // Old code: cudaGetLastError on cudaErrorNotReady erased it.
+    replay::Stream stream;
+    replay::DeviceBuffer<float> y(1 << 20);
+    // Long enough to be still running when queried.
+    for (int i = 0; i < 200; ++i) {
+      scale_kernel<<<blocks(1 << 20), 128, 0, stream.get()>>>(y.data(), 1 << 20, 1.0F, 0.0F);
+    }
+    replay::check_last_launch("scale_kernel");
+    replay::Event done;
+    done.record(stream);
+    scale_kernel<<<1, 4096, 0, stream.get()>>>(y.data(), 1, 1.0F, 0.0F);  // 4096 threads: an invalid launch
+    REQUIRE(cudaPeekAtLastError() == cudaErrorInvalidConfiguration);
+    const bool stream_ready = stream.ref().ready();
+    const bool event_ready = done.ready();
+    MESSAGE("ready while running: stream " << stream_ready << ", event " << event_ready);
+    CHECK(cudaPeekAtLastError() == cudaErrorInvalidConfiguration);
+    CHECK_THROWS_AS(replay::check_last_launch("scale_kernel"), replay::cuda_error);  // still reported
+    stream.synchronize();
+  }
+
+  TEST_CASE("a failing driver memset does not clear the runtime's last-error slot") {
+    // Old code: the driver failure cleared the runtime slot when it held the same code.
+    replay::Stream stream;
+    replay::DeviceBuffer<float> y(64);
+    cudaEvent_t bad = nullptr;
+    REQUIRE(cudaEventCreateWithFlags(&bad, 0xFFFFU) == cudaErrorInvalidValue);  // the user's own pending error
+    REQUIRE(cudaPeekAtLastError() == cudaErrorInvalidValue);
+    // A misaligned 32-bit memset: CUDA_ERROR_INVALID_VALUE (the same code) from the driver.
+    auto* misaligned = reinterpret_cast<unsigned char*>(y.data()) + 1;
+    CHECK_THROWS_AS(replay::detail::memset_strided(misaligned, 8, 0U, 4, 4, stream.get(), std::source_location::current()),
+                    replay::cuda_error);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);  // the user's error is still there
+  }
+
+  TEST_CASE("stress: 8 threads on their own streams share two routers under lazy capture and interference") {
+    constexpr int kThreads = 8;
+    const int iterations = under_sanitizer() ? 4 : 150;
+    struct Shared {
+      Model m;
+      int depth = 0;
+      std::unique_ptr<replay::ShapeRouter<int>> router;
+    };
+    std::vector<std::unique_ptr<Shared>> shared;
+    for (int r = 0; r < 2; ++r) {
+      auto sh = std::make_unique<Shared>();
+      sh->depth = 3 + 5 * r;
+      Shared* self = sh.get();
+      sh->router = std::make_unique<replay::ShapeRouter<int>>(
+          [self](int batch, replay::StreamRef s) { model(self->m.x.data(), self->m.y.data(), batch, self->depth, s); },
+          replay::ShapeRouterOptions<int>{.policy = replay::RoutingPolicy::bucketed,
+                                          .buckets = {{4, 8, 16, 32, 64}},
+                                          .warmup_runs = 1});
+      shared.push_back(std::move(sh));
+    }
+    std::atomic<bool> stop{false};
+    std::atomic<int> background_errors{0};
+    std::thread background([&] {  // device-wide synchronizations, allocations, eager work
+      try {
+        replay::Stream own;
+        replay::DeviceBuffer<float> scratch(1 << 18);
+        while (!stop.load()) {
+          replay::synchronize_device();
+          void* temp = nullptr;
+          replay::check(cudaMallocAsync(&temp, 1 << 18, own.get()), "cudaMallocAsync");
+          replay::check(cudaMemsetAsync(temp, 0, 1 << 18, own.get()), "cudaMemsetAsync");
+          replay::check(cudaFreeAsync(temp, own.get()), "cudaFreeAsync");
+          scratch.fill(1.0F, own);
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+        own.synchronize();
+      } catch (...) {
+        ++background_errors;
+      }
+    });
+    std::vector<int> mismatches(kThreads, 0);
+    std::vector<int> errors(kThreads, 0);
+    std::vector<std::future<void>> workers;
+    for (int t = 0; t < kThreads; ++t) {
+      workers.push_back(std::async(std::launch::async, [&, t] {
+        try {
+          replay::Stream stream;
+          Model ref;
+          std::mt19937 rng{std::random_device{}()};
+          std::uniform_int_distribution<int> pick(0, 1);
+          std::uniform_int_distribution<int> size(1, kMaxBatch);
+          for (int it = 0; it < iterations; ++it) {
+            Shared& sh = *shared[static_cast<std::size_t>(pick(rng))];
+            const int batch = size(rng);
+            const auto input = padded_input(batch, sh.router->padded_shape(batch), rng);
+            std::vector<float> got;
+            {
+              // Stage, run and read under the router's lease: the buffers are shared.
+              const auto lease = sh.router->lease(stream);
+              sh.m.x.first(input.size()).copy_from(std::span<const float>(input), stream);
+              (void)sh.router->run(batch, stream);
+              got.resize(static_cast<std::size_t>(batch) * kCols);
+              sh.m.y.first(got.size()).copy_to(std::span<float>(got), stream);
+            }
+            stream.synchronize();
+            if (got != eager_reference(ref, input, batch, sh.depth, stream)) {
+              ++mismatches[static_cast<std::size_t>(t)];
+            }
+          }
+        } catch (...) {
+          ++errors[static_cast<std::size_t>(t)];
+        }
+      }));
+    }
+    bool finished = true;
+    for (auto& w : workers) {
+      finished = finished && w.wait_for(std::chrono::seconds(300)) == std::future_status::ready;
+    }
+    stop = true;
+    background.join();
+    REQUIRE(finished);  // nothing hung
+    CHECK(background_errors == 0);
+    for (int t = 0; t < kThreads; ++t) {
+      CHECK(mismatches[static_cast<std::size_t>(t)] == 0);
+      CHECK(errors[static_cast<std::size_t>(t)] == 0);
+    }
+    // Every bucket ends graphed: nothing was left eager for good.
+    replay::Stream stream;
+    for (auto& sh : shared) {
+      for (int b : {4, 8, 16, 32, 64}) {
+        for (int tries = 0; tries < 3 && !sh->router->contains(b); ++tries) {
+          (void)sh->router->run(b, stream);
+        }
+        CHECK(sh->router->contains(b));
+        CHECK_FALSE(sh->router->is_eager(b));
+      }
+      CHECK(sh->router->stats().capture_failures == 0);
+      MESSAGE("router: " << sh->router->stats().hits << " hits, " << sh->router->stats().stream_switches
+                         << " stream switches, " << sh->router->stats().eager_busy << " eager while busy, "
+                         << sh->router->stats().interrupted_captures << " interrupted captures");
+    }
+    stream.synchronize();
+  }
+
+  TEST_CASE("one router on two streams: a run on the second stream is ordered after the first") {
+    // Old code: no ordering; a slow launch on stream A could finish after a
+    // later launch on stream B and leave A's data in the shared buffers.
+    replay::Stream a;
+    replay::Stream b;
+    Model m;
+    Model ref;
+    replay::ShapeRouter<int> router(
+        [&](int batch, replay::StreamRef s) { model(m.x.data(), m.y.data(), batch, batch == 64 ? 400 : 1, s); });
+    const auto big = padded_input(64, 64);
+    const auto small = padded_input(64, 64);
+    const int rounds = under_sanitizer() ? 2 : 20;
+    for (int round = 0; round < rounds + 1; ++round) {  // round 0 captures both
+      m.x.first(big.size()).copy_from(std::span<const float>(big), a);
+      (void)router.run(64, a);  // slow: 400 kernels
+      m.x.first(small.size()).copy_from(std::span<const float>(small), b);
+      (void)router.run(63, b);  // fast, on another stream
+      const auto got = read(m.y.first(63 * kCols), b);
+      a.synchronize();
+      if (round > 0) {
+        REQUIRE(got == eager_reference(ref, small, 63, 1, b));
+      }
+    }
+    CHECK(router.stats().stream_switches >= static_cast<std::uint64_t>(2 * rounds));
   }
 }

@@ -5,9 +5,13 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
+#include <functional>
+#include <future>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <new>
 #include <random>
 #include <set>
@@ -77,11 +81,24 @@ struct FakeBackend {
   using stream_type = FakeStream*;
   using exec_type = FakeExec;
 
+  FakeBackend() = default;
+  FakeBackend(const FakeBackend& other)
+      : footprint_per_op(other.footprint_per_op),
+        capture_log(other.capture_log),
+        next_id(other.next_id.load()),
+        launches(other.launches.load()),
+        refuse_updates(other.refuse_updates) {}
+
   std::size_t footprint_per_op = 0;      // GraphMemory::footprint_bytes = ops * this
   std::vector<std::string> capture_log;  // first op of each capture, in order
-  int next_id = 0;
-  int launches = 0;
+  std::mutex log_mutex;                  // captures run concurrently, outside the router's lock
+  std::atomic<int> next_id{0};
+  std::atomic<int> launches{0};
+  std::atomic<int> orderings{0};  // order_after calls (a run on another stream than the previous)
   bool refuse_updates = false;
+
+  // A stream switch: the stand-in streams need no device ordering.
+  void order_after(FakeStream*, FakeStream*, std::source_location) { ++orderings; }
 
   std::vector<std::string> record(FakeStream* s, auto& issue) {
     std::vector<std::string> ops;
@@ -97,6 +114,7 @@ struct FakeBackend {
     if (s->invalidated) {
       throw std::runtime_error("fake capture invalidated by sync");
     }
+    const std::lock_guard<std::mutex> lock(log_mutex);
     capture_log.push_back(ops.empty() ? std::string() : ops.front());
     return ops;
   }
@@ -744,6 +762,323 @@ TEST_SUITE("host") {
       } else {
         CHECK(stats.evictions == 0);
       }
+    }
+  }
+}
+
+// ---- concurrency, failure classes, bounded state ----------------------------
+
+namespace {
+
+// A backend whose captures can be interrupted from outside (the hook throws
+// capture_interrupted_error) or fail on their own work (it throws anything else).
+struct HookedBackend : FakeBackend {
+  std::function<void(int attempt)> before_capture;
+  std::atomic<int> attempts{0};
+
+  HookedBackend() = default;
+  HookedBackend(const HookedBackend& other) : FakeBackend(other), before_capture(other.before_capture) {}
+
+  template <class Issue>
+  replay::CapturedGraph<FakeExec> capture(FakeStream* s, Issue&& issue, std::source_location where) {
+    const int attempt = attempts++;
+    if (before_capture) {
+      before_capture(attempt);
+    }
+    return FakeBackend::capture(s, issue, where);
+  }
+};
+
+// The stand-in without order_after: it cannot order two streams.
+struct UnorderedBackend {
+  using stream_type = FakeStream*;
+  using exec_type = FakeExec;
+  FakeBackend inner;
+  template <class Issue>
+  replay::CapturedGraph<FakeExec> capture(FakeStream* s, Issue&& issue, std::source_location where) {
+    return inner.capture(s, issue, where);
+  }
+  template <class Issue>
+  replay::RecaptureResult recapture(FakeExec& exec, FakeStream* s, Issue&& issue, std::source_location where) {
+    return inner.recapture(exec, s, issue, where);
+  }
+  void launch(const FakeExec& exec, FakeStream* s, std::source_location where) { inner.launch(exec, s, where); }
+};
+
+// A backend that captures on a stream of its own, as the CUDA backend does.
+struct OwnStreamBackend : FakeBackend {
+  template <class Issue>
+  replay::CapturedGraph<FakeExec> capture(FakeStream*, Issue&& issue, std::source_location where) {
+    FakeStream own;
+    return FakeBackend::capture(&own, issue, where);
+  }
+};
+
+static_assert(replay::OrdersStreams<FakeBackend>);
+static_assert(!replay::OrdersStreams<UnorderedBackend>);
+static_assert(replay::OrdersStreams<replay::CudaGraphBackend> && replay::TrimsMemory<replay::CudaGraphBackend>);
+
+}  // namespace
+
+TEST_SUITE("host") {
+  TEST_CASE("an interrupted capture is retried with back-off and never marks the key eager") {
+    // Old code: any capture exception marked the key eager for good.
+    HookedBackend backend;
+    int interrupt_first = 2;
+    backend.before_capture = [&](int attempt) {
+      if (attempt < interrupt_first) {
+        throw replay::capture_interrupted_error("invalidated by another thread");
+      }
+    };
+    std::vector<int> failed;
+    replay::ShapeRouter<int, HookedBackend> router(
+        work_ops,
+        {.on_capture_failure = [&](const int& k, std::string_view) { failed.push_back(k); },
+         .capture_attempts = 3,
+         .retry_backoff = std::chrono::microseconds(0)},
+        backend);
+    FakeStream s;
+    CHECK(router.run(3, &s).kind == replay::RouteKind::captured);  // attempts 0, 1 interrupted, 2 captured
+    auto stats = router.stats();
+    CHECK(stats.interrupted_captures == 2);
+    CHECK(stats.capture_retries == 2);
+    CHECK(stats.capture_failures == 0);
+    CHECK(failed.empty());
+    CHECK(router.contains(3));
+
+    // A whole round interrupted: this run is eager, the key is not marked,
+    // and the next run (no cool-down left) captures it.
+    router.backend().attempts = 0;
+    interrupt_first = 3;
+    CHECK(router.run(5, &s).kind == replay::RouteKind::eager_busy);
+    CHECK_FALSE(router.is_eager(5));
+    CHECK(router.run(5, &s).kind == replay::RouteKind::captured);
+    stats = router.stats();
+    CHECK(stats.interrupted_captures == 5);
+    CHECK(stats.capture_retries == 4);
+    CHECK(stats.eager_busy == 1);
+    CHECK(failed.empty());
+
+    // Interrupted round after round: marked eager in the end, once, saying why.
+    std::string reason;
+    router.set_capture_failure_handler([&](const int& k, std::string_view why) {
+      failed.push_back(k);
+      reason = why;
+    });
+    interrupt_first = 1 << 30;
+    int runs = 0;
+    while (!router.is_eager(7) && runs < 100) {
+      (void)router.run(7, &s);
+      ++runs;
+    }
+    CHECK(router.is_eager(7));
+    CHECK(runs == 8);
+    REQUIRE(failed == std::vector<int>{7});
+    CHECK(reason.find("every capture attempt was interrupted") != std::string::npos);
+    CHECK(reason.find("invalidated by another thread") != std::string::npos);
+  }
+
+  TEST_CASE("a capture that fails on its own work marks the key eager at once, and evicts nothing") {
+    // Old code: max_graphs evicted the LRU graph before capturing, so a failed
+    // capture cost a good graph too.
+    HookedBackend backend;
+    backend.before_capture = [](int attempt) {
+      if (attempt >= 1) {
+        throw std::runtime_error("the work synchronizes");
+      }
+    };
+    replay::ShapeRouter<int, HookedBackend> router(
+        work_ops, {.max_graphs = 1, .on_capture_failure = [](const int&, std::string_view) {}}, backend);
+    FakeStream s;
+    CHECK(router.run(2, &s).kind == replay::RouteKind::captured);
+    CHECK(router.run(4, &s).kind == replay::RouteKind::eager_fallback);
+    CHECK(router.backend().attempts == 2);  // no retry of an own failure
+    CHECK(router.is_eager(4));
+    CHECK(router.contains(2));  // still there
+    CHECK(router.run(2, &s).kind == replay::RouteKind::replayed);
+    CHECK(router.stats().evictions == 0);
+    CHECK(router.stats().capture_failures == 1);
+  }
+
+  TEST_CASE("the entry table is bounded: keys from an open domain are forgotten least recently used first") {
+    // Old code: one entry per key ever seen, scanned on every capture.
+    Router<int> router(work_ops, {.warmup_runs = 1, .max_graphs = 8, .max_entries = 16});
+    FakeStream s;
+    for (int k = 1; k <= 2000; ++k) {
+      (void)router.run(1 + (k % 7), &s);  // a hot set that stays
+      (void)router.run(100 + k, &s);      // an open domain (warm-up only: each key seen once)
+      CHECK(router.entry_count() <= 16);
+    }
+    const auto stats = router.stats();
+    CHECK(stats.entry_evictions >= 2000 - 16);
+    for (int k = 1; k <= 7; ++k) {
+      CHECK(router.contains(k));  // the hot keys kept their graphs
+    }
+    CHECK(router.graph_count() == 7);
+    CHECK(router.run(3, &s).kind == replay::RouteKind::replayed);
+    CHECK_THROWS_WITH_AS(Router<int>(work_ops, {.max_entries = 0}), doctest::Contains("max_entries"),
+                         replay::usage_error);
+    CHECK_THROWS_WITH_AS(Router<int>(work_ops, {.capture_attempts = 0}), doctest::Contains("capture_attempts"),
+                         replay::usage_error);
+  }
+
+  TEST_CASE("a hit completes while another key's capture is blocked (real threads)") {
+    // Old code: the router's mutex was held across the capture, so the hit
+    // waited for it (here: forever, the capture waits for the hit).
+    std::promise<void> capture_started;
+    std::promise<void> release_capture;
+    std::shared_future<void> released = release_capture.get_future().share();
+    auto work = [&](int n, FakeStream* s) {
+      if (n == 8 && s->recording != nullptr) {
+        capture_started.set_value();
+        released.wait();
+      }
+      work_ops(n, s);
+    };
+    Router<int> router(work, Options::bucketed({1, 2, 4, 8}));
+    FakeStream main_stream;
+    FakeStream other_stream;
+    CHECK(router.capture({1, 2}, &main_stream) == 2);
+    std::thread capturer([&] { (void)router.run(8, &other_stream); });
+    capture_started.get_future().wait();
+    auto hits = std::async(std::launch::async, [&] {
+      std::vector<replay::RouteKind> kinds;
+      kinds.push_back(router.run(2, &main_stream).kind);
+      kinds.push_back(router.run(1, &main_stream).kind);
+      kinds.push_back(router.run(7, &main_stream).kind);  // the key being captured: eager meanwhile
+      return kinds;
+    });
+    const bool completed = hits.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+    release_capture.set_value();
+    capturer.join();
+    REQUIRE(completed);
+    CHECK(hits.get() == std::vector<replay::RouteKind>{replay::RouteKind::replayed, replay::RouteKind::replayed,
+                                                       replay::RouteKind::eager_busy});
+    CHECK(router.contains(8));
+    CHECK(router.run(8, &main_stream).kind == replay::RouteKind::replayed);
+    CHECK(main_stream.executed.size() == 2 + 1 + 8 + 8);
+  }
+
+  TEST_CASE("a run on a second stream is ordered after the first, or refused by a backend that cannot order") {
+    // Old code: neither; two streams raced on the shared buffers silently.
+    Router<int> router(work_ops);
+    FakeStream a;
+    FakeStream b;
+    (void)router.run(2, &a);
+    (void)router.run(2, &a);
+    CHECK(router.backend().orderings == 0);
+    CHECK(router.run(2, &b).kind == replay::RouteKind::replayed);
+    CHECK(router.backend().orderings == 1);
+    (void)router.run(3, &b);
+    CHECK(router.backend().orderings == 1);
+    (void)router.run(3, &a);
+    CHECK(router.backend().orderings == 2);
+    CHECK(router.stats().stream_switches == 2);
+
+    replay::ShapeRouter<int, UnorderedBackend> unordered(work_ops);
+    (void)unordered.run(2, &a);
+    CHECK_THROWS_WITH_AS((void)unordered.run(2, &b), doctest::Contains("cannot order streams"), replay::usage_error);
+    CHECK(unordered.run(2, &a).kind == replay::RouteKind::replayed);
+  }
+
+  TEST_CASE("capture_all reports progress: done, total and the shape, largest first") {
+    Router<int> router(work_ops, Options::bucketed({1, 2, 4, 8}));
+    FakeStream s;
+    std::vector<std::tuple<std::size_t, std::size_t, int>> seen;
+    CHECK(router.capture_all(&s, [&](std::size_t done, std::size_t total, const int& shape) {
+      seen.emplace_back(done, total, shape);
+    }) == 4);
+    CHECK(seen == std::vector<std::tuple<std::size_t, std::size_t, int>>{{1, 4, 8}, {2, 4, 4}, {3, 4, 2}, {4, 4, 1}});
+    // The progress callback may not call back into the router.
+    CHECK_THROWS_WITH_AS(
+        (void)router.capture_all(&s, [&](std::size_t, std::size_t, const int&) { (void)router.stats(); }),
+        doctest::Contains("would deadlock"), replay::usage_error);
+  }
+
+  TEST_CASE("a lease gives one thread the shared buffers: other streams wait until it is released") {
+    Router<int> router(work_ops);
+    FakeStream a;
+    FakeStream b;
+    (void)router.run(2, &a);
+    std::future<replay::RouteKind> other;
+    {
+      const auto lease = router.lease(&a);
+      CHECK(router.run(2, &a).kind == replay::RouteKind::replayed);  // the holder runs freely on its stream
+      CHECK_THROWS_WITH_AS((void)router.run(2, &b), doctest::Contains("lease"), replay::usage_error);
+      CHECK_THROWS_WITH_AS((void)router.lease(&a), doctest::Contains("already holds"), replay::usage_error);
+      other = std::async(std::launch::async, [&] { return router.run(2, &b).kind; });
+      CHECK(other.wait_for(std::chrono::milliseconds(100)) == std::future_status::timeout);
+    }
+    REQUIRE(other.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+    CHECK(other.get() == replay::RouteKind::replayed);
+    CHECK(router.backend().orderings == 1);  // b was ordered after a
+  }
+
+  TEST_CASE("capture_all on several threads captures every shape once and reports progress in order") {
+    std::vector<std::int64_t> buckets;
+    for (int b = 1; b <= 16; ++b) {
+      buckets.push_back(b);
+    }
+    auto options = replay::ShapeRouterOptions<int>::bucketed(buckets);
+    options.capture_threads = 4;
+    replay::ShapeRouter<int, OwnStreamBackend> router(work_ops, options);
+    FakeStream s;
+    std::vector<std::size_t> done_seen;
+    std::set<int> shapes_seen;
+    CHECK(router.capture_all(&s, [&](std::size_t done, std::size_t total, const int& shape) {
+      CHECK(total == 16);
+      done_seen.push_back(done);
+      shapes_seen.insert(shape);
+    }) == 16);
+    CHECK(router.graph_count() == 16);
+    CHECK(router.stats().captures == 16);
+    CHECK(shapes_seen.size() == 16);
+    for (std::size_t i = 0; i < done_seen.size(); ++i) {
+      CHECK(done_seen[i] == i + 1);
+    }
+    for (int k = 1; k <= 16; ++k) {
+      CHECK(router.run(k, &s).kind == replay::RouteKind::replayed);
+    }
+    CHECK(s.executed.size() == 16 * 17 / 2);
+  }
+
+  TEST_CASE("clear() or invalidate() while a capture is in flight: the capture serves its run and state stays sane") {
+    for (const bool recapture : {false, true}) {
+      CAPTURE(recapture);
+      std::promise<void> started;
+      std::promise<void> release;
+      std::shared_future<void> released = release.get_future().share();
+      std::atomic<bool> block{!recapture};
+      auto work = [&](int n, FakeStream* s) {
+        if (s->recording != nullptr && block.exchange(false)) {
+          started.set_value();
+          released.wait();
+        }
+        work_ops(n, s);
+      };
+      Router<int> router(work, {.on_capture_failure = [](const int&, std::string_view) {}});
+      FakeStream main_stream;
+      FakeStream other_stream;
+      if (recapture) {
+        (void)router.run(6, &other_stream);
+        CHECK(router.invalidate(6));
+        block = true;
+      }
+      std::thread capturer([&] {
+        const auto route = router.run(6, &other_stream);
+        CHECK(route.graph());
+      });
+      started.get_future().wait();
+      CHECK(router.invalidate(6));  // in flight: stale as soon as it is in
+      router.clear();
+      CHECK(router.graph_count() == 0);
+      release.set_value();
+      capturer.join();
+      CHECK(router.graph_count() == 0);  // forgotten: not installed
+      CHECK(router.entry_count() == 0);
+      CHECK(router.memory().footprint_bytes == 0);
+      CHECK(router.run(6, &main_stream).kind == replay::RouteKind::captured);
+      CHECK(router.graph_count() == 1);
     }
   }
 }

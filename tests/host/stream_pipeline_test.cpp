@@ -9,6 +9,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <future>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -69,6 +71,7 @@ struct FakeControl {
   int busy_slot_starts = 0;  // start() on a slot whose previous item was not finished: must stay 0
   std::set<std::thread::id> finish_threads;
   std::function<void()> on_start;  // runs inside start(), outside the lock
+  int runners_destroyed = 0;
 
   void allow(std::size_t more) {
     {
@@ -108,6 +111,15 @@ struct FakeRunner {
   ~FakeRunner() {
     std::lock_guard lock(control_->mutex);
     control_->runner_destroyed = true;
+    control_->cv.notify_all();
+  }
+
+  FakeRunner(const FakeRunner&) = delete;
+  FakeRunner& operator=(const FakeRunner&) = delete;
+  ~FakeRunner() {
+    // Notified under the lock: a waiter may destroy the control once it sees the count.
+    std::lock_guard lock(control_->mutex);
+    ++control_->runners_destroyed;
     control_->cv.notify_all();
   }
 
@@ -652,6 +664,67 @@ TEST_SUITE("host") {
     static_assert(replay::has_flag(flags, replay::PipelineFlags::stage_inputs));
     static_assert(!replay::has_flag(flags, replay::PipelineFlags::graph_slot));
     CHECK(replay::to_underlying(flags) == 9U);
+  }
+
+  TEST_CASE("a callback's exception goes back to the producer that submitted the item, not to another") {
+    // Old code: one error slot for the pipeline; B's drain() threw A's error.
+    FakeControl control;
+    FakePipeline pipeline(std::in_place, control, 4, 8);
+    std::promise<void> submitted;
+    std::promise<void> b_drained;
+    bool a_threw = false;
+    std::thread a([&] {
+      const auto item = random_item(3);
+      (void)pipeline.submit(std::span<const int>(item), [](const replay::PipelineCompletion<long long>&) {
+        throw std::runtime_error("producer A's callback");
+      });
+      submitted.set_value();
+      b_drained.get_future().wait();
+      try {
+        pipeline.drain();
+      } catch (const std::runtime_error& e) {
+        a_threw = std::string(e.what()).find("producer A's callback") != std::string::npos;
+      }
+    });
+    submitted.get_future().wait();
+    const auto item = random_item(2);
+    (void)pipeline.submit(std::span<const int>(item), [](const replay::PipelineCompletion<long long>&) {});
+    CHECK_NOTHROW(pipeline.drain());  // waits for A's item too, but its error is A's
+    b_drained.set_value();
+    a.join();
+    CHECK(a_threw);
+    CHECK_NOTHROW(pipeline.drain());
+  }
+
+  TEST_CASE("a pipeline destroyed from its own completion callback delivers the rest, then frees itself") {
+    // Old code: the destructor detached the completion thread, which went on
+    // delivering into freed state (a use after free).
+    FakeControl control;
+    control.allow(0);
+    auto pipeline = std::make_unique<FakePipeline>(std::in_place, control, 8, 8);
+    std::atomic<int> callbacks{0};
+    std::atomic<bool> destroyed_inside{false};
+    std::vector<std::vector<int>> inputs;
+    for (int i = 0; i < 6; ++i) {
+      inputs.push_back(random_item(4));
+    }
+    for (int i = 0; i < 6; ++i) {
+      (void)pipeline->submit(std::span<const int>(inputs[static_cast<std::size_t>(i)]),
+                             [&](const replay::PipelineCompletion<long long>& done) {
+                               ++callbacks;
+                               if (done.id == 1) {
+                                 pipeline.reset();  // returns at once
+                                 destroyed_inside = true;
+                               }
+                             });
+    }
+    control.open();
+    {
+      std::unique_lock lock(control.mutex);
+      REQUIRE(control.cv.wait_for(lock, std::chrono::seconds(20), [&] { return control.runners_destroyed > 0; }));
+    }
+    CHECK(destroyed_inside);
+    CHECK(callbacks == 6);  // the items after the one that destroyed it were still delivered
   }
 }
 

@@ -22,6 +22,7 @@
 
 #include "replay/capture_scope.hpp"
 #include "replay/detail/host_copy_pool.hpp"
+#include "replay/detail/device_scope.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/device.hpp"
 #include "replay/error.hpp"
@@ -81,29 +82,6 @@ HostMemory host_memory_of(const HostRange<T>& range) noexcept {
     default: return host_memory_of(range.data(), range.size_bytes());
   }
 }
-
-// Makes `device` current for a scope and restores the previous one.
-class DeviceScope {
- public:
-  DeviceScope(int device, const ::std::source_location& where) {
-    int current = 0;
-    check(::cudaGetDevice(&current), "cudaGetDevice", where);
-    if (current != device) {
-      check(::cudaSetDevice(device), "cudaSetDevice", where);
-      previous_ = current;
-    }
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-  ~DeviceScope() {
-    if (previous_ >= 0) {
-      (void)::cudaSetDevice(previous_);
-    }
-  }
-
- private:
-  int previous_ = -1;
-};
 
 // The compute stage, type-erased; move-only callables (holding a GraphExec,
 // say) are fine.

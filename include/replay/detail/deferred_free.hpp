@@ -29,10 +29,22 @@ inline void free_now(void* ptr, FreeKind kind) noexcept {
   }
 }
 
-// Frees now, or after the last open capture on this thread ends.
+// A running count of buffers freed on this thread while a capture was open.
+// The graph being captured may hold their addresses, so
+// CaptureScope::finish() refuses a graph during whose capture it grew.
+inline int& frees_during_capture() noexcept {
+  thread_local int count = 0;
+  return count;
+}
+
+// Frees now, or after the last open capture on this thread ends (and then
+// the capture fails: its graph may use the freed memory).
 inline void free_or_defer(void* ptr, FreeKind kind) noexcept {
   if (ptr == nullptr) {
     return;
+  }
+  if (open_capture_scopes() > 0) {
+    ++frees_during_capture();
   }
   if (allocation_is_illegal_now()) {
     try {

@@ -41,8 +41,10 @@ inline void* driver_entry_point(const char* symbol, const ::std::source_location
 inline void check_driver(CUresult result, const char* api, const ::std::source_location& where) {
   if (result != CUDA_SUCCESS) [[unlikely]] {
     // CUresult and cudaError_t share their numbering for the common codes.
-    // Through throw_cuda_error, so that a capture broken here is named by CaptureScope.
-    throw_cuda_error(static_cast<::cudaError_t>(result), api, where);
+    // Through throw_cuda_error, so that a capture broken here is named by
+    // CaptureScope; the runtime's last-error slot was not set by this call,
+    // so it is not cleared.
+    throw_cuda_error(static_cast<::cudaError_t>(result), api, where, ErrorSource::driver);
   }
 }
 

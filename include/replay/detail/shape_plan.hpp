@@ -85,6 +85,15 @@ struct ShapePlan {
     if (options.max_bytes == 0) {
       throw usage_error("ShapeRouter: max_bytes is 0; leave it at ShapeRouterOptions::unlimited for no limit", where);
     }
+    if (options.max_entries == 0) {
+      throw usage_error("ShapeRouter: max_entries is 0; the router needs room for at least one key", where);
+    }
+    if (options.capture_threads == 0) {
+      throw usage_error("ShapeRouter: capture_threads is 0; use 1 for the calling thread alone", where);
+    }
+    if (options.capture_attempts == 0) {
+      throw usage_error("ShapeRouter: capture_attempts is 0; it must allow at least one attempt", where);
+    }
     if (options.policy == RoutingPolicy::exact) {
       if (!options.buckets.empty()) {
         throw usage_error(

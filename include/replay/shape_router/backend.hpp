@@ -6,6 +6,8 @@
 
 #include <concepts>
 #include <source_location>
+#include <stdexcept>
+#include <string>
 
 #include "replay/graph_exec.hpp"
 #include "replay/shape_router/stats.hpp"
@@ -25,6 +27,16 @@ struct RecaptureResult {
   GraphMemory memory;
 };
 
+// Thrown by a backend's capture() / recapture() when the capture failed for
+// a reason outside the captured work: another thread invalidated it, memory
+// ran out while instantiating. ShapeRouter retries it (capture_attempts, with
+// back-off) and never marks the key eager for it. Any other exception means
+// the work itself cannot be captured: the key is marked eager, once.
+class capture_interrupted_error : public ::std::runtime_error {
+ public:
+  explicit capture_interrupted_error(const ::std::string& what) : ::std::runtime_error(what) {}
+};
+
 namespace detail {
 // Stands for the router's "issue this shape's work on a stream" callable in
 // the GraphBackend concept; never defined.
@@ -36,17 +48,28 @@ struct IssueArchetype {
 
 // A backend provides stream_type, exec_type and:
 //   CapturedGraph<exec_type> capture(stream_type, Issue&& issue, source_location)
-//       captures what issue(stream) issues and makes it launchable; throws on
-//       any failure (the router then marks the key eager);
+//       captures what issue(s) issues (on `stream` or a stream of the
+//       backend's own) and makes it launchable; throws on any failure:
+//       capture_interrupted_error when the cause was outside the work (the
+//       router retries), anything else when the work cannot be captured (the
+//       router marks the key eager);
 //   RecaptureResult recapture(exec_type&, stream_type, Issue&&, source_location)
 //       captures anew and updates `exec` in place where possible, else
 //       re-instantiates; throws on failure;
 //   void launch(const exec_type&, stream_type, source_location)   (the hot path).
-// Optional: GraphPoolMemory pool_memory(source_location) const.
+// Captures run outside the router's lock, possibly several at once on
+// different threads; launch() may be called from several threads at once
+// for different graphs (a graph's own launches and recapture are serialized
+// by the router).
+// Optional: GraphPoolMemory pool_memory(source_location) const;
+//   void order_after(stream_type from, stream_type to, source_location):
+//       makes later work on `to` wait for the work issued on `from` so far
+//       (without it, the router refuses a run on a second stream);
+//   void trim(source_location) noexcept: gives memory of evicted graphs back.
 template <class B>
 concept GraphBackend =
     requires { typename B::stream_type; typename B::exec_type; } && ::std::movable<typename B::exec_type> &&
-    ::std::copyable<typename B::stream_type> &&
+    ::std::copyable<typename B::stream_type> && ::std::equality_comparable<typename B::stream_type> &&
     requires(B& backend, typename B::exec_type& exec, const typename B::exec_type& const_exec,
              typename B::stream_type stream, detail::IssueArchetype<typename B::stream_type>& issue,
              ::std::source_location where) {
@@ -54,6 +77,16 @@ concept GraphBackend =
       { backend.recapture(exec, stream, issue, where) } -> ::std::same_as<RecaptureResult>;
       backend.launch(const_exec, stream, where);
     };
+
+template <class B>
+concept OrdersStreams = requires(B& backend, typename B::stream_type stream, ::std::source_location where) {
+  backend.order_after(stream, stream, where);
+};
+
+template <class B>
+concept TrimsMemory = requires(B& backend, ::std::source_location where) {
+  { backend.trim(where) } noexcept;
+};
 
 template <class B>
 concept ReportsPoolMemory = requires(const B& backend, ::std::source_location where) {

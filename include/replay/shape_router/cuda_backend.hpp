@@ -7,89 +7,104 @@
 
 #include <concepts>
 #include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
 #include <source_location>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "replay/capture_scope.hpp"
+#include "replay/detail/capture_coordinator.hpp"
 #include "replay/device.hpp"
 #include "replay/error.hpp"
+#include "replay/event.hpp"
 #include "replay/flags.hpp"
 #include "replay/graph.hpp"
 #include "replay/graph_exec.hpp"
 #include "replay/shape_router/backend.hpp"
 #include "replay/shape_router/graph_memory.hpp"
 #include "replay/shape_router/stats.hpp"
+#include "replay/stream.hpp"
 #include "replay/stream_ref.hpp"
 
 namespace replay {
 
 // The GPU backend: stream capture into a Graph, instantiated as a GraphExec.
-// Allocations the captured work makes with cudaMallocAsync/cudaFreeAsync
-// become graph memory nodes, served from the device's graph memory pool, which
-// all graphs launched into the same stream share (see docs/shape_router.md).
+// Captures run on streams of the backend's own (one per capture in flight,
+// on the caller's stream's device), never on the caller's stream, so that a
+// capture in one thread and the router's ordering of another thread's stream
+// never meet. Allocations the captured work makes with
+// cudaMallocAsync/cudaFreeAsync become graph memory nodes, served from the
+// device's graph memory pool, which all graphs launched into the same stream
+// share (see docs/shape_router.md).
+//
+// Failure classes: a capture invalidated while this thread's last-error slot
+// holds no capture error of its own (another thread broke it: a
+// device-wide synchronization, legacy-stream work), and out of memory while
+// instantiating or uploading, are thrown as capture_interrupted_error (the
+// router retries). Everything else is the work's own failure.
 class CudaGraphBackend {
  public:
   using stream_type = StreamRef;
   using exec_type = GraphExec;
 
   // `flags` for every instantiation; with InstantiateFlags::upload (the
-  // default) each new or re-instantiated graph is uploaded on the capturing
+  // default) each new or re-instantiated graph is uploaded on the caller's
   // stream, so its first launch pays no upload and its pool memory is mapped
   // when it is captured, not in the serving path.
   explicit CudaGraphBackend(CaptureMode mode = CaptureMode::this_thread,
-                            InstantiateFlags flags = InstantiateFlags::upload) noexcept
+                            InstantiateFlags flags = InstantiateFlags::upload)
       : mode_(mode),
         upload_(has_flag(flags, InstantiateFlags::upload)),
-        // Uploads are issued explicitly on the capturing stream (see upload_),
+        // Uploads are issued explicitly on the caller's stream (see upload_),
         // never on the stream a GraphExec remembers from its construction.
-        flags_(flags & ~InstantiateFlags::upload) {}
+        flags_(flags & ~InstantiateFlags::upload),
+        shared_(::std::make_shared<Shared>()) {}
 
   template <class Issue>
     requires ::std::invocable<Issue&, StreamRef>
   CapturedGraph<GraphExec> capture(StreamRef stream, Issue&& issue,
                                    ::std::source_location where = ::std::source_location::current()) const {
-    Graph graph = replay::capture(stream, issue, mode_, where);
+    const int device = detail::device_of(stream.get(), where);
+    const detail::DeviceScope on_device(device, where);
+    Graph graph = capture_graph(device, issue, where);
     GraphMemory memory;
     memory.alloc_bytes = graph_alloc_bytes(graph, where);
-    const ::std::size_t free_before = detail::free_device_bytes(where);
-    GraphExec exec(graph, flags_, stream, where);
-    if (upload_) {
-      exec.upload(stream, where);
-    }
-    memory.footprint_bytes = drop(free_before, detail::free_device_bytes(where));
+    const ::std::size_t reserved_before = pool_reserved(device, where);
+    GraphExec exec = instantiate(graph, stream, where);
+    memory.footprint_bytes = growth(reserved_before, pool_reserved(device, where));
     return CapturedGraph<GraphExec>{::std::move(exec), memory};
   }
 
-  // Captures anew and goes through GraphExec::update: cudaGraphExecUpdate in
-  // place (same topology, new pointers or parameters), re-instantiation when
-  // CUDA refuses. An update in place is safe while earlier launches still run
-  // (they keep the old parameters); a replaced executable graph is freed by
-  // CUDA once its launches finish.
+  // Captures anew and updates `exec` in place (cudaGraphExecUpdate: same
+  // topology, new pointers or parameters), or re-instantiates once when CUDA
+  // refuses: at most one instantiation (plus its diagnosis) per re-capture.
+  // An in-place update is safe while earlier launches still run (they keep
+  // the old parameters); a replaced executable graph is freed by CUDA once
+  // its launches finish. `exec` is unchanged when this throws.
   template <class Issue>
     requires ::std::invocable<Issue&, StreamRef>
   RecaptureResult recapture(GraphExec& exec, StreamRef stream, Issue&& issue,
                             ::std::source_location where = ::std::source_location::current()) const {
-    Graph graph = replay::capture(stream, issue, mode_, where);
+    const int device = detail::device_of(stream.get(), where);
+    const detail::DeviceScope on_device(device, where);
+    Graph graph = capture_graph(device, issue, where);
     RecaptureResult result;
     result.memory.alloc_bytes = graph_alloc_bytes(graph, where);
-    const ::std::size_t free_before = detail::free_device_bytes(where);
+    const ::std::size_t reserved_before = pool_reserved(device, where);
     try {
-      result.path = exec.update(graph, stream, where).path;
-    } catch (const cuda_error& e) {
-      // Some node kinds (e.g. memory nodes on some drivers) are refused with
-      // an error status rather than cudaErrorGraphExecUpdateFailure: that is
-      // still a refusal, so re-instantiate; a real error recurs right here.
-      // (check() left no copy of the refusal in the runtime's last-error slot.)
-      if (e.is_capture_error()) {
-        throw;
-      }
-      exec = GraphExec(graph, flags_, stream, where);
+      exec.update_in_place(graph, where);
+      result.path = UpdatePath::in_place;
+    } catch (const graph_update_error&) {
+      // Refused (a topology change, or a node kind that cannot be updated,
+      // refused with an error status on some drivers): re-instantiate.
+      exec = instantiate(graph, stream, where);
       result.path = UpdatePath::reinstantiated;
     }
-    if (upload_ && result.path == UpdatePath::reinstantiated) {
-      exec.upload(stream, where);
-    }
-    result.memory.footprint_bytes = drop(free_before, detail::free_device_bytes(where));
+    result.memory.footprint_bytes = growth(reserved_before, pool_reserved(device, where));
     return result;
   }
 
@@ -98,21 +113,145 @@ class CudaGraphBackend {
     exec.launch(stream, where);
   }
 
+  // Makes later work on `to` wait for the work issued on `from` so far.
+  void order_after(StreamRef from, StreamRef to, ::std::source_location where = ::std::source_location::current()) {
+    if (!shared_->order) {
+      shared_->order.emplace(EventFlags::disable_timing, where);
+    }
+    shared_->order->record(from, where);
+    shared_->order->wait_on(to, where);
+  }
+
+  // Gives graph-pool memory that no live graph uses back (cudaDeviceGraphMemTrim
+  // on every device this backend captured on): called after evictions.
+  void trim(::std::source_location /*where*/ = ::std::source_location::current()) noexcept {
+    ::std::vector<int> devices;
+    try {
+      const ::std::lock_guard<::std::mutex> lock(shared_->mutex);
+      devices.assign(shared_->devices.begin(), shared_->devices.end());
+    } catch (...) {
+      return;
+    }
+    for (const int device : devices) {
+      (void)detail::succeeded(::cudaDeviceGraphMemTrim(device));
+    }
+  }
+
+  // The graph memory pool of the device this backend captured on last (the
+  // current device before any capture).
   GraphPoolMemory pool_memory(::std::source_location where = ::std::source_location::current()) const {
-    return graph_pool_memory(current_device(where), where);
+    int device = -1;
+    {
+      const ::std::lock_guard<::std::mutex> lock(shared_->mutex);
+      device = shared_->last_device;
+    }
+    return graph_pool_memory(device >= 0 ? device : current_device(where), where);
   }
 
  private:
-  static ::std::size_t drop(::std::size_t before, ::std::size_t after) noexcept {
-    return before > after ? before - after : 0;
+  // Capture streams (idle ones per device), the ordering event, the devices
+  // captured on. Shared so that the backend stays movable.
+  struct Shared {
+    ::std::mutex mutex;
+    ::std::vector<::std::pair<int, Stream>> idle;
+    ::std::set<int> devices;
+    int last_device = -1;
+    ::std::optional<Event> order;  // used by order_after only, which the router serializes
+  };
+
+  // A capture stream on `device` for one capture, handed back afterwards.
+  class CaptureStream {
+   public:
+    CaptureStream(Shared& shared, int device, const ::std::source_location& where) : shared_(shared), device_(device) {
+      {
+        const ::std::lock_guard<::std::mutex> lock(shared_.mutex);
+        shared_.devices.insert(device);
+        shared_.last_device = device;
+        for (auto it = shared_.idle.begin(); it != shared_.idle.end(); ++it) {
+          if (it->first == device) {
+            stream_ = ::std::move(it->second);
+            shared_.idle.erase(it);
+            return;
+          }
+        }
+      }
+      stream_ = Stream(StreamFlags::non_blocking, 0, where);  // the device is current (DeviceScope)
+    }
+    CaptureStream(const CaptureStream&) = delete;
+    CaptureStream& operator=(const CaptureStream&) = delete;
+    ~CaptureStream() {
+      try {
+        const ::std::lock_guard<::std::mutex> lock(shared_.mutex);
+        shared_.idle.emplace_back(device_, ::std::move(stream_));
+      } catch (...) {  // the stream is destroyed instead
+      }
+    }
+    StreamRef ref() const noexcept { return StreamRef(stream_.get()); }
+
+   private:
+    Shared& shared_;
+    int device_;
+    Stream stream_ = Stream::from_native_handle(nullptr);
+  };
+
+  template <class Issue>
+  Graph capture_graph(int device, Issue& issue, const ::std::source_location& where) const {
+    const CaptureStream on(*shared_, device, where);
+    CaptureScope scope(on.ref(), mode_, where);
+    // "Invalidated" means the capture was already broken when the call was
+    // made. A capture error of another kind in this thread's slot was left by
+    // a call of the work itself (e.g. a synchronization whose status it
+    // ignored); another thread that broke the capture left its error in its
+    // own slot.
+    // (Read before finish(): ending the broken capture overwrites the slot.)
+    ::cudaError_t own = ::cudaSuccess;
+    try {
+      ::std::invoke(issue, on.ref());
+      own = ::cudaPeekAtLastError();
+      return scope.finish(where);
+    } catch (const cuda_error& e) {
+      if (e.status() == ::cudaErrorStreamCaptureInvalidated &&
+          !(is_capture_error(own) && own != ::cudaErrorStreamCaptureInvalidated)) {
+        throw capture_interrupted_error(e.what());
+      }
+      throw;
+    }
+  }
+
+  GraphExec instantiate(const Graph& graph, StreamRef stream, const ::std::source_location& where) const {
+    try {
+      GraphExec exec(graph, flags_, stream, where);
+      if (upload_) {
+        exec.upload(stream, where);
+      }
+      return exec;
+    } catch (const cuda_error& e) {
+      if (e.status() == ::cudaErrorMemoryAllocation) {
+        throw capture_interrupted_error(e.what());
+      }
+      throw;
+    }
+  }
+
+  static ::std::size_t pool_reserved(int device, const ::std::source_location& where) {
+    unsigned long long value = 0;  // cuuint64_t
+    check(::cudaDeviceGetGraphMemAttribute(device, ::cudaGraphMemAttrReservedMemCurrent, &value),
+          "cudaDeviceGetGraphMemAttribute", where);
+    return static_cast<::std::size_t>(value);
+  }
+  static ::std::size_t growth(::std::size_t before, ::std::size_t after) noexcept {
+    return after > before ? after - before : 0;
   }
 
   CaptureMode mode_;
   bool upload_;
   InstantiateFlags flags_;
+  ::std::shared_ptr<Shared> shared_;
 };
 
 static_assert(GraphBackend<CudaGraphBackend>);
 static_assert(ReportsPoolMemory<CudaGraphBackend>);
+static_assert(OrdersStreams<CudaGraphBackend>);
+static_assert(TrimsMemory<CudaGraphBackend>);
 
 }  // namespace replay

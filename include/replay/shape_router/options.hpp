@@ -3,6 +3,7 @@
 // handler, ShapeRouterOptions, and bucket-list builders.
 #include <replay/detail/require_cxx20.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -33,6 +34,11 @@ enum class OversizePolicy : ::std::uint8_t {
 template <class Key>
 using CaptureFailureHandler = ::std::function<void(const Key& shape, ::std::string_view reason)>;
 
+// Told after each shape of capture() / capture_all(): how many of the `total`
+// distinct shapes are done (captured, failed or skipped) and which one just was.
+template <class Key>
+using CaptureProgress = ::std::function<void(::std::size_t done, ::std::size_t total, const Key& shape)>;
+
 template <class Key>
 struct ShapeRouterOptions {
   static constexpr ::std::size_t unlimited = ::std::numeric_limits<::std::size_t>::max();
@@ -52,6 +58,28 @@ struct ShapeRouterOptions {
   ::std::size_t max_bytes = unlimited;
   // Empty: one line on stderr per failed key.
   CaptureFailureHandler<Key> on_capture_failure{};
+  // Most keys the router keeps state for (graphs, warm-up counts, eager
+  // marks). Beyond it the least recently used key is forgotten (its graph
+  // evicted), so keys from an open domain cost bounded memory and a miss
+  // costs the same however many keys were ever seen.
+  ::std::size_t max_entries = 65536;
+  // Attempts per capture when a capture is interrupted by something outside
+  // the work (another thread invalidated it, out of memory while
+  // instantiating; the backend throws capture_interrupted_error). Between
+  // attempts the capturing thread sleeps retry_backoff, doubled each time.
+  // When every attempt of a round is interrupted the key runs eagerly and is
+  // tried again after a cool-down (retry_backoff, doubled per failed round,
+  // at most 1024 times it); after 8 such rounds in a row the key is marked
+  // eager. A capture that fails on its own work is never retried: the key is
+  // marked eager, once, with the reason.
+  ::std::uint32_t capture_attempts = 3;
+  ::std::chrono::microseconds retry_backoff{1000};
+  // Threads capture() / capture_all() use: each captures and instantiates
+  // whole shapes, in parallel (the CUDA backend captures each on a stream of
+  // its own; warm-ups go to the caller's stream from every thread). 1: the
+  // calling thread alone. The work callable must then be safe to capture
+  // from several threads at once.
+  ::std::uint32_t capture_threads = 1;
 
   static ShapeRouterOptions exact() { return {}; }
   // Buckets for a key of rank 1, or the same buckets for every dimension.

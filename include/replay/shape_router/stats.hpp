@@ -18,6 +18,8 @@ enum class RouteKind : ::std::uint8_t {
   warmup,          // eager warm-up run before capture
   eager_fallback,  // eager: the key's capture failed (now or earlier)
   eager_oversize,  // eager: the key is above the largest bucket
+  eager_busy,      // eager: another thread is capturing this key right now, or its capture
+                   // was interrupted and it waits out a cool-down before the next attempt
 };
 
 constexpr ::std::string_view to_string(RouteKind kind) noexcept {
@@ -28,6 +30,7 @@ constexpr ::std::string_view to_string(RouteKind kind) noexcept {
     case RouteKind::warmup: return "warmup";
     case RouteKind::eager_fallback: return "eager_fallback";
     case RouteKind::eager_oversize: return "eager_oversize";
+    case RouteKind::eager_busy: return "eager_busy";
   }
   return "unknown";
 }
@@ -45,7 +48,7 @@ struct Route {
 
 // Counters since construction or reset_stats(). Every run() is exactly one of
 // a hit or a miss; a miss is a warm-up, a capture, a re-capture, or an eager
-// fallback (failed key or oversize key).
+// run (failed key, oversize key, or a key busy being captured by another thread).
 struct RouterStats {
   ::std::uint64_t runs = 0;
   ::std::uint64_t hits = 0;
@@ -55,8 +58,13 @@ struct RouterStats {
   ::std::uint64_t updates = 0;           // re-captures applied in place (cudaGraphExecUpdate)
   ::std::uint64_t reinstantiations = 0;  // re-captures that needed a new executable graph
   ::std::uint64_t evictions = 0;         // graphs dropped for max_graphs / max_bytes
-  ::std::uint64_t capture_failures = 0;  // keys marked eager
+  ::std::uint64_t capture_failures = 0;  // keys marked eager (a capture failed on its own work)
+  ::std::uint64_t interrupted_captures = 0;  // capture attempts interrupted from outside the work
+  ::std::uint64_t capture_retries = 0;       // capture attempts after an interrupted one
+  ::std::uint64_t entry_evictions = 0;       // keys forgotten for max_entries
+  ::std::uint64_t stream_switches = 0;       // runs ordered after the previous run's stream
   ::std::uint64_t eager_fallbacks = 0;   // runs issued eagerly because the key's capture failed
+  ::std::uint64_t eager_busy = 0;        // runs issued eagerly while the key was being captured elsewhere
   ::std::uint64_t oversize = 0;          // runs issued eagerly because the key is above the largest bucket
   ::std::uint64_t real_elements = 0;     // sum over runs of the key's element count
   ::std::uint64_t padded_elements = 0;   // sum over runs of the padded shape's element count
@@ -77,10 +85,12 @@ struct GraphMemory {
   // Bytes the graph's memory-allocation nodes (cudaMallocAsync during capture)
   // draw from the device's shared graph memory pool while it runs. Exact.
   ::std::size_t alloc_bytes = 0;
-  // Device memory that instantiating and uploading the graph took (drop in
-  // free device memory, cudaMemGetInfo): executable-graph storage plus any
-  // growth of the shared pool this graph caused. Approximate (device-wide,
-  // page-granular); 0 where not measured.
+  // Device memory this graph added where it lives: for CudaGraphBackend the
+  // growth of the stream's device graph memory pool (reserved bytes) while it
+  // was instantiated and uploaded; for TorchGraphBackend the growth of the
+  // private pool's segments while it was captured. Not device-wide free
+  // memory: other threads' allocations are not charged to it. 0 when the
+  // graph fitted in what the pool already held, or where not measured.
   ::std::size_t footprint_bytes = 0;
 };
 

@@ -6,14 +6,19 @@
 #include <concepts>
 #include <cstddef>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
 #include <source_location>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "replay/capture_scope.hpp"
+#include "replay/detail/capture_coordinator.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
+#include "replay/event.hpp"
 #include "replay/shape_router/backend.hpp"
 #include "replay/stream_ref.hpp"
 #include "replay/torch/capture_context.hpp"
@@ -36,37 +41,63 @@ struct TorchGraphExec {
 // torch's current stream during the capture, with the caching allocator
 // routed to the context's private pool (every graph passes the same pool id,
 // so N buckets cost about the largest one when captured largest first) and
-// the CUDA generators registered. A capture that throws is undone
-// (TorchCudaGraph::abandon_capture) before the exception reaches the router,
-// which then marks the key eager and keeps serving.
+// the generators of the context registered. A capture that throws is undone
+// (TorchCudaGraph::abandon_capture) before the exception reaches the router:
+// capture_interrupted_error when something outside the work broke it (the
+// router retries), capture_failed_error otherwise (the key is marked eager).
+//
+// Threads: captures of one context are serialized (they share its capture
+// stream and pool); the device's default CUDA generator is not put into
+// capture mode unless the context asks for it (see TorchCaptureContext), so
+// eager random numbers in other threads keep working during a capture.
 class TorchGraphBackend {
  public:
   using stream_type = StreamRef;
   using exec_type = TorchGraphExec;
 
-  explicit TorchGraphBackend(::std::shared_ptr<TorchCaptureContext> context) : context_(::std::move(context)) {}
+  explicit TorchGraphBackend(::std::shared_ptr<TorchCaptureContext> context)
+      : context_(::std::move(context)), order_(::std::make_shared<::std::optional<Event>>()) {}
 
   const ::std::shared_ptr<TorchCaptureContext>& context() const noexcept { return context_; }
 
-  // Captures what issue(capture stream) issues. `stream` is not captured on:
-  // the device is synchronized first (as torch.cuda.graph does), which orders
-  // the capture after everything issued on it.
+  // Captures what issue(capture stream) issues. The capture stream is first
+  // ordered after `stream` (an event, not a device-wide synchronization: that
+  // would break other threads' captures) and drained, which orders the
+  // capture after everything issued on `stream`.
   template <class Issue>
     requires ::std::invocable<Issue&, StreamRef>
-  CapturedGraph<TorchGraphExec> capture(StreamRef /*stream*/, Issue&& issue,
+  CapturedGraph<TorchGraphExec> capture(StreamRef stream, Issue&& issue,
                                         ::std::source_location where = ::std::source_location::current()) const {
     TorchCaptureContext& ctx = *context_;
     const ::c10::DeviceIndex device = ctx.device().index();
     ::c10::cuda::CUDAGuard device_guard(ctx.device());
-    check(::cudaDeviceSynchronize(), "cudaDeviceSynchronize", where);
+    const ::std::lock_guard<::std::mutex> one_capture(ctx.capture_mutex());
+    const StreamRef side = ctx.capture_stream();
+    if (!(stream == side)) {
+      Event ordered(EventFlags::disable_timing, where);
+      ordered.record(stream, where);
+      ordered.wait_on(side, where);
+    }
+    check(::cudaStreamSynchronize(side.get()), "cudaStreamSynchronize", where);
+    // Captures that put generators into capture mode take turns (see
+    // generator_capture_mutex); the others run side by side.
+    const bool default_generator = ctx.captures_default_generator();
+    const bool exclusive = default_generator || !ctx.generators().empty();
+    ::std::unique_lock<::std::shared_mutex> generators_exclusive(detail::generator_capture_mutex(), ::std::defer_lock);
+    ::std::shared_lock<::std::shared_mutex> generators_shared(detail::generator_capture_mutex(), ::std::defer_lock);
+    if (exclusive) {
+      generators_exclusive.lock();
+    } else {
+      generators_shared.lock();
+    }
     TorchGraphExec exec;
     exec.graph = ::std::make_unique<detail::TorchCudaGraph>();
     const int uses_before = detail::TorchCudaGraph::pool_use_count(device, ctx.pool());
-    const ::std::size_t reserved_before = detail::allocator_reserved_bytes(device);
+    const ::std::size_t reserved_before = ctx.pool_reserved_bytes();
     ctx.note_capture();
     (void)ctx.take_outputs();
     try {
-      ::c10::cuda::CUDAStreamGuard stream_guard(detail::torch_stream(ctx.capture_stream(), device));
+      ::c10::cuda::CUDAStreamGuard stream_guard(detail::torch_stream(side, device));
 #ifdef REPLAY_TORCH_PREPARE_CUBLAS
       // cuBLAS handles keep a workspace per stream, allocated on first use
       // through the caching allocator. Made now, outside the capture, it comes
@@ -76,29 +107,67 @@ class TorchGraphBackend {
       (void)::at::cuda::getCurrentCUDABlasLtHandle();
       (void)::at::cuda::getCUDABlasLtWorkspace();
 #endif
-      exec.graph->register_generator_state(::at::cuda::detail::getDefaultCUDAGenerator(device));
+      if (default_generator) {
+        exec.graph->register_generator_state(::at::cuda::detail::getDefaultCUDAGenerator(device));
+      }
       for (const ::at::Generator& generator : ctx.generators()) {
         exec.graph->register_generator_state(generator);
       }
-      exec.graph->capture_begin(ctx.pool(), static_cast<::cudaStreamCaptureMode>(ctx.mode()));
-      ::std::invoke(issue, ctx.capture_stream());
+      // Counted as open on the device, so that synchronize_device() waits for it.
+      const detail::CaptureToken token(static_cast<int>(device));
+      {
+        // capture_begin puts the default generator into capture mode; unless
+        // asked for, it is taken out again before any other thread's eager
+        // random numbers (which lock this mutex) can see it.
+        ::at::Generator default_gen = ::at::cuda::detail::getDefaultCUDAGenerator(device);
+        ::std::unique_lock<::std::mutex> default_gen_lock(default_gen.mutex(), ::std::defer_lock);
+        if (!default_generator) {
+          default_gen_lock.lock();
+        }
+        const ::std::vector<const void*> keep = exec.graph->registered_generator_states();
+        exec.graph->capture_begin(ctx.pool(), static_cast<::cudaStreamCaptureMode>(ctx.mode()));
+        if (!default_generator) {
+          exec.graph->leave_capture_mode_except(keep);
+        }
+      }
+      ::std::invoke(issue, side);
       exec.graph->capture_end();
     } catch (...) {
-      exec.graph->abandon_capture(device, ctx.pool(), uses_before, ctx.capture_stream().get());
+      const bool interrupted = detail::capture_was_interrupted();
+      exec.graph->abandon_capture(device, ctx.pool(), uses_before, side.get());
       (void)ctx.take_outputs();
-      throw capture_failed_error(detail::concat("replay: ", detail::describe_capture_failure(), " (capture begun at ",
-                                                replay::to_string(where), ")"));
+      ::std::string message = detail::concat("replay: ", detail::describe_capture_failure(), " (capture begun at ",
+                                             replay::to_string(where), ")");
+      if (interrupted) {
+        throw capture_interrupted_error(message);
+      }
+      throw capture_failed_error(message);
     }
+    generators_exclusive = {};
+    generators_shared = {};
     exec.outputs = ctx.take_outputs();
     exec.exec = exec.graph->raw_cuda_graph_exec();
     exec.uses_rng = exec.graph->uses_rng();
     // Uploaded now, so that the first replay in the serving path pays no upload.
-    check(::cudaGraphUpload(exec.exec, ctx.capture_stream().get()), "cudaGraphUpload", where);
-    check(::cudaStreamSynchronize(ctx.capture_stream().get()), "cudaStreamSynchronize", where);
-    const ::std::size_t reserved_after = detail::allocator_reserved_bytes(device);
+    check(::cudaGraphUpload(exec.exec, side.get()), "cudaGraphUpload", where);
+    check(::cudaStreamSynchronize(side.get()), "cudaStreamSynchronize", where);
     GraphMemory memory;
+    // What this graph added to the private pool (other threads' allocations
+    // go to other pools and are not counted).
+    const ::std::size_t reserved_after = ctx.pool_reserved_bytes();
     memory.footprint_bytes = reserved_after > reserved_before ? reserved_after - reserved_before : 0;
     return CapturedGraph<TorchGraphExec>{::std::move(exec), memory};
+  }
+
+  // Makes later work on `to` wait for the work issued on `from` so far (the
+  // router calls it when a run comes on another stream than the previous).
+  void order_after(StreamRef from, StreamRef to, ::std::source_location where = ::std::source_location::current()) {
+    ::c10::cuda::CUDAGuard device_guard(context_->device());
+    if (!order_->has_value()) {
+      order_->emplace(EventFlags::disable_timing, where);
+    }
+    (*order_)->record(from, where);
+    (*order_)->wait_on(to, where);
   }
 
   // Captures anew into a new graph that replaces `exec` (torch graphs are not
@@ -128,8 +197,10 @@ class TorchGraphBackend {
 
  private:
   ::std::shared_ptr<TorchCaptureContext> context_;
+  ::std::shared_ptr<::std::optional<Event>> order_;  // made on the first stream switch
 };
 
 static_assert(GraphBackend<TorchGraphBackend>);
+static_assert(OrdersStreams<TorchGraphBackend>);
 
 }  // namespace replay

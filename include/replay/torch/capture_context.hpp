@@ -3,6 +3,7 @@
 // memory pool, capture stream, the outputs handed from work to backend).
 #include <replay/detail/require_cxx20.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -20,17 +21,27 @@ namespace replay {
 
 // What the graphs of one model share: the device, the private memory pool of
 // the caching allocator, the stream captures run on, and the static outputs
-// handed from the work callable to the backend. Created by GraphedCallable;
+// handed from the work callable to the backend. The outputs slot and the
+// launched-outputs record are not synchronized: a router over one context is
+// used by one thread at a time (GraphedCallable serializes its calls). Created by GraphedCallable;
 // create one yourself to use TorchGraphBackend with your own ShapeRouter (the
 // work callable then reports what it computed with set_outputs()).
 class TorchCaptureContext {
  public:
+  // `generators`: the CUDA generators the work draws random numbers from;
+  // each is put into capture mode while a graph is captured and advanced on
+  // every replay. `capture_default_generator`: also the device's default
+  // generator (as torch.cuda.graph does); every other thread's eager random
+  // numbers on that device then fail while a capture is open, so leave it
+  // off unless no other thread draws from it then.
   explicit TorchCaptureContext(::c10::Device device, CaptureMode mode = CaptureMode::this_thread,
                                ::std::vector<::at::Generator> generators = {},
-                               ::std::source_location where = ::std::source_location::current())
+                               ::std::source_location where = ::std::source_location::current(),
+                               bool capture_default_generator = false)
       : device_(checked_device(device, where)),
         mode_(mode),
         generators_(::std::move(generators)),
+        capture_default_generator_(capture_default_generator),
         pool_(::at::cuda::graph_pool_handle()),
         capture_stream_(make_stream(device_, where)),
         generation_(::std::make_shared<::std::atomic<::std::uint64_t>>(0)) {
@@ -94,6 +105,10 @@ class TorchCaptureContext {
   ::c10::MempoolId_t pool() const noexcept { return pool_; }
   CaptureMode mode() const noexcept { return mode_; }
   const ::std::vector<::at::Generator>& generators() const noexcept { return generators_; }
+  bool captures_default_generator() const noexcept { return capture_default_generator_; }
+  // Held across each capture: the captures of one context share its stream,
+  // its pool and the outputs slot.
+  ::std::mutex& capture_mutex() const noexcept { return capture_mutex_; }
   StreamRef capture_stream() const noexcept { return StreamRef(capture_stream_.get()); }
 
   // The work callable reports its outputs here; during a capture they become
@@ -144,6 +159,8 @@ class TorchCaptureContext {
   ::c10::Device device_;
   CaptureMode mode_;
   ::std::vector<::at::Generator> generators_;
+  bool capture_default_generator_ = false;
+  mutable ::std::mutex capture_mutex_;
   ::c10::MempoolId_t pool_;
   Stream capture_stream_;
   ::std::vector<::at::Tensor> outputs_;

@@ -38,10 +38,14 @@ namespace replay {
 // returns the outputs sliced back to n rows (an output whose dimension 0 is
 // the bucket size is sliced; others are returned whole).
 //
-// Threading: calls are serialized by an internal mutex. Device work goes on
-// torch's current stream of the calling thread; a call on another stream than
-// the previous call waits for it on the device first (the static buffers are
-// shared). Capture uses its own stream.
+// Threading: calls are serialized by an internal mutex (the static buffers
+// are shared). Device work goes on torch's current stream of the calling
+// thread; in safe mode a call on another stream than the previous call waits
+// for that whole call (staging, replay, clones) on the device first. Fast mode
+// refuses a call on another stream (usage_error): the previous views may
+// still be read there. Captures use the callable's own stream, ordered after
+// the caller's stream by an event, never by a device-wide synchronization.
+// See docs/torch.md, "Threads and streams".
 class GraphedCallable {
  public:
   using router_type = ShapeRouter<::std::int64_t, TorchGraphBackend>;
@@ -83,9 +87,25 @@ class GraphedCallable {
     ::c10::cuda::CUDAGuard device_guard(s.device);
     const ::cudaStream_t stream = ::c10::cuda::getCurrentCUDAStream(s.device.index()).stream();
     if (s.has_last && s.last_stream != stream) {
+      if (has_flag(s.flags, GraphedFlags::view_outputs)) [[unlikely]] {
+        // The previous call's views may still be read on its stream, after
+        // the event recorded at its end: nothing orders those reads.
+        throw usage_error("GraphedCallable with GraphedFlags::view_outputs called on another stream than the "
+                          "previous call; its fast-mode outputs may still be read on that stream and this call would "
+                          "overwrite them. Use one GraphedCallable per stream, or safe mode (no view_outputs)",
+                          where);
+      }
       s.done->wait_on(StreamRef(stream), where);
     }
     detail::SettleOnThrow settle(s, stream);
+    if (padded > batch && !s.unbatched_output.empty()) [[unlikely]] {
+      GraphedOutputs out = run_unpadded(s, inputs, batch, where);
+      s.done->record(StreamRef(stream), where);
+      s.last_stream = stream;
+      s.has_last = true;
+      settle.disarm();
+      return out;
+    }
     if (padded <= s.capacity) {
       s.stage_inputs(inputs, batch, padded, stream, where);
     } else {
@@ -215,8 +235,11 @@ class GraphedCallable {
     ::c10::cuda::CUDAGuard device_guard(s.device);
     s.done.emplace(EventFlags::disable_timing, where);
     s.context = ::std::make_shared<TorchCaptureContext>(s.device, options.capture_mode, ::std::move(options.generators),
-                                                        where);
+                                                        where,
+                                                        has_flag(s.flags, GraphedFlags::capture_default_generator));
+    s.progress = ::std::move(options.on_capture_progress);
     ShapeRouterOptions<::std::int64_t> router_options = ShapeRouterOptions<::std::int64_t>::bucketed(s.buckets);
+    router_options.max_entries = s.buckets.size();
     router_options.oversize = options.oversize;
     router_options.warmup_runs = options.warmup_runs;
     router_options.max_graphs = options.max_graphs;
@@ -258,9 +281,78 @@ class GraphedCallable {
       }
     }
     s.cache.reset(s.buckets);
+    probe_batch_outputs(s, where);
     if (!has_flag(s.flags, GraphedFlags::lazy_capture)) {
       (void)capture_buckets(s, where);
     }
+  }
+
+  // Runs the callable eagerly at two batch sizes (the largest bucket and the
+  // smallest, or 1) and checks that every output carries the batch in
+  // dimension 0 with the other dimensions unchanged. An output that does not
+  // (a reduction over the batch, a flattened output, a fixed first
+  // dimension) would come back computed over the padding rows: calls that
+  // need padding then run eagerly on the caller's rows, with one message
+  // naming the output.
+  static void probe_batch_outputs(detail::GraphedState& s, const ::std::source_location& where) {
+    const ::std::int64_t large = s.capacity;
+    const ::std::int64_t small = s.buckets.size() > 1 ? s.buckets.front() : 1;
+    if (large == small) {
+      return;  // a single bucket of 1: no call is ever padded
+    }
+    ::std::vector<::at::Tensor> at_large;
+    ::std::vector<::at::Tensor> at_small;
+    {
+      detail::GradScope grad(s.flags);
+      ::std::vector<::at::Tensor> small_inputs;
+      for (const ::at::Tensor& buffer : s.static_inputs) {
+        small_inputs.push_back(buffer.narrow(0, 0, small));
+      }
+      at_large = s.fn(s.static_inputs);
+      at_small = s.fn(small_inputs);
+    }
+    auto describe = [](const ::std::vector<::at::Tensor>& outs, ::std::size_t i) {
+      return i < outs.size() && outs[i].defined() ? detail::describe_sizes(outs[i].sizes()) : ::std::string("missing");
+    };
+    for (::std::size_t i = 0; i < ::std::max(at_large.size(), at_small.size()); ++i) {
+      bool carries = i < at_large.size() && i < at_small.size() && at_large[i].defined() && at_small[i].defined() &&
+                     at_large[i].dim() > 0 && at_large[i].dim() == at_small[i].dim() && at_large[i].size(0) == large &&
+                     at_small[i].size(0) == small;
+      for (::std::int64_t d = 1; carries && d < at_large[i].dim(); ++d) {
+        carries = at_large[i].size(d) == at_small[i].size(d);
+      }
+      if (!carries) {
+        s.unbatched_output = detail::concat(
+            "output ", i, " has shape ", describe(at_large, i), " at batch ", large, " and ", describe(at_small, i),
+            " at batch ", small, ": its dimension 0 is not the batch, so padded rows would leak into it");
+        const ::std::string line =
+            detail::concat("replay::GraphedCallable: ", s.unbatched_output,
+                           ". Calls whose batch is not a bucket size run eagerly (no padding); calls at a bucket size "
+                           "replay graphs. Return per-row outputs to graph every call (at ",
+                           replay::to_string(where), ")\n");
+        ::std::fputs(line.c_str(), stderr);
+        return;
+      }
+    }
+  }
+
+  // A call that would need padding when an output does not carry the batch:
+  // the callable on the caller's own rows, eagerly, on the current stream.
+  static GraphedOutputs run_unpadded(detail::GraphedState& s, const ::std::vector<::at::Tensor>& inputs,
+                                     ::std::int64_t batch, const ::std::source_location& where) {
+    (void)where;
+    ::std::vector<::at::Tensor> on_device;
+    on_device.reserve(inputs.size());
+    for (const ::at::Tensor& t : inputs) {
+      on_device.push_back(t.device() == s.device ? t : t.to(s.device, /*non_blocking=*/true));
+    }
+    GraphedOutputs out;
+    out.batch_ = batch;
+    out.padded_batch_ = batch;
+    out.route_ = RouteKind::eager_fallback;
+    detail::GradScope grad(s.flags);
+    out.tensors_ = s.fn(on_device);
+    return out;
   }
 
   // Warm-ups on a side stream (the capture stream: cuDNN, cuBLAS and the
@@ -295,7 +387,7 @@ class GraphedCallable {
         }
       }
     } join_side{side, current, s};
-    const ::std::size_t with_graph = s.router->capture_all(side, where);
+    const ::std::size_t with_graph = s.router->capture_all(side, s.progress, where);
     join_side.armed = false;
     Event warmed;
     warmed.record(side, where);

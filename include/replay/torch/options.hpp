@@ -33,6 +33,13 @@ enum class GraphedFlags : unsigned int {
   // A failed capture throws capture_failed_error instead of marking the bucket
   // eager (from the constructor, or from the call that captured it lazily).
   no_fallback = 1U << 4,
+  // Also put the device's default CUDA generator into capture mode while
+  // capturing (what torch.cuda.graph does), so the callable may draw from it.
+  // While any capture is open, eager random numbers from the default
+  // generator then fail in every other thread on the device ("Offset
+  // increment outside graph capture"); by default it is left alone and the
+  // callable draws from generators of its own (GraphedOptions::generators).
+  capture_default_generator = 1U << 5,
 };
 template <>
 inline constexpr bool enable_bitmask<GraphedFlags> = true;
@@ -58,10 +65,14 @@ struct GraphedOptions {
   // Told once per bucket whose capture failed (it runs eagerly from then on).
   // Empty: one line on stderr.
   CaptureFailureHandler<::std::int64_t> on_capture_failure;
-  // CUDA generators the callable draws random numbers from besides the
-  // device's default generator (which is always registered): their state is
-  // advanced on every replay, as torch.cuda.graph does.
+  // CUDA generators the callable draws random numbers from: each is in
+  // capture mode only while one of this callable's graphs is captured, and
+  // advanced on every replay, as torch.cuda.graph does. The device's default
+  // generator is not among them unless GraphedFlags::capture_default_generator.
   ::std::vector<::at::Generator> generators;
+  // Told after each bucket the constructor (or capture_all()) captured:
+  // (done, total, bucket). Must not call back into the GraphedCallable.
+  CaptureProgress<::std::int64_t> on_capture_progress;
 };
 
 }  // namespace replay

@@ -20,12 +20,14 @@
 #define REPLAY_TORCH_PREPARE_CUBLAS 1
 #endif
 
+#include <algorithm>
 #include <cstddef>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
@@ -55,6 +57,33 @@ class TorchCudaGraph : public ::at::cuda::CUDAGraph {
       }
     }
     return false;
+  }
+
+  // The generator states registered so far (capture_begin adds the device's
+  // default generator's on its own).
+  ::std::vector<const void*> registered_generator_states() const {
+    ::std::vector<const void*> out;
+    for (const auto& entry : captured_generator_states_) {
+      out.push_back(entry.first.get());
+    }
+    return out;
+  }
+  // Takes every registered state not in `keep` out of capture mode again:
+  // capture_begin always registers the device's default generator and puts
+  // it into capture mode, which makes every other thread's eager random
+  // numbers on the device fail while the capture is open. The caller holds
+  // the default generator's mutex from before capture_begin until after
+  // this, so no other thread sees it in capture mode in between.
+  void leave_capture_mode_except(const ::std::vector<const void*>& keep) noexcept {
+    for (auto& entry : captured_generator_states_) {
+      if (::std::find(keep.begin(), keep.end(), entry.first.get()) == keep.end()) {
+        [](auto& state) {
+          if constexpr (requires { state->capturing_ = false; }) {
+            state->capturing_ = false;
+          }
+        }(entry.first);
+      }
+    }
   }
 
   // Undoes a capture that threw between capture_begin and the end of
@@ -177,6 +206,39 @@ inline ::std::string describe_sizes(::c10::IntArrayRef sizes) {
   return out;
 }
 
+// Every torch capture holds it: shared by captures that leave the default
+// generator alone and register no generator of their own; exclusive for
+// those that put generators into capture mode (two at once would share a
+// generator's capture state and offset, and a shared one ending its capture
+// would take the default generator out of capture mode under them).
+inline ::std::shared_mutex& generator_capture_mutex() noexcept {
+  static ::std::shared_mutex mutex;
+  return mutex;
+}
+
+// Inside a catch block for a failed capture: true when the cause was outside
+// the captured work (the capture was invalidated by another thread, memory
+// ran out), as opposed to a call of the work that cannot be captured.
+inline bool capture_was_interrupted() noexcept {
+  try {
+    throw;
+  } catch (const ::c10::OutOfMemoryError&) {
+    return true;
+  } catch (const cuda_error& e) {
+    return e.status() == ::cudaErrorStreamCaptureInvalidated || e.status() == ::cudaErrorMemoryAllocation;
+  } catch (const ::std::exception& e) {
+    const ::std::string what = e.what();
+    // torch reports CUDA errors by their text ("operation failed due to a
+    // previous error during capture" for cudaErrorStreamCaptureInvalidated);
+    // a call of the work that is illegal in a capture reads "operation not
+    // permitted when stream is capturing" instead.
+    return what.find(::cudaGetErrorString(::cudaErrorStreamCaptureInvalidated)) != ::std::string::npos &&
+           what.find(::cudaGetErrorString(::cudaErrorStreamCaptureUnsupported)) == ::std::string::npos;
+  } catch (...) {
+    return false;
+  }
+}
+
 // The message of a failed capture, without c10's backtrace.
 inline ::std::string describe_capture_failure() {
   ::std::string reason;
@@ -188,6 +250,13 @@ inline ::std::string describe_capture_failure() {
     reason = describe_current_exception();
   }
   ::std::string out = detail::concat("capturing the torch callable failed: ", reason);
+  if (reason.find("not in capture mode") != ::std::string::npos) {
+    out += "; the callable draws random numbers from the device's default CUDA generator, which is not put into "
+           "capture mode by default (that would make eager random numbers in every other thread on the device fail "
+           "for the whole capture). Draw from a generator of your own and pass it in GraphedOptions::generators "
+           "(or TorchCaptureContext's generators), or set GraphedFlags::capture_default_generator when no other "
+           "thread uses the default generator during captures";
+  }
   if (reason.find("captur") != ::std::string::npos && reason.find(capture_error_hint) == ::std::string::npos) {
     out += "; ";
     out += capture_error_hint;

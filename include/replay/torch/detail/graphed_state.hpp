@@ -56,6 +56,8 @@ struct GraphedState {
   ::std::vector<::std::vector<::at::Tensor>> bucket_inputs;  // per bucket: the static inputs narrowed to it
   ::std::vector<::at::Tensor> oversize_inputs;               // the caller's, for a batch above the largest bucket
   CaptureFailureHandler<::std::int64_t> user_handler;
+  CaptureProgress<::std::int64_t> progress;
+  ::std::string unbatched_output;  // why an output does not carry the batch; empty when every output does
   ::std::string failure;  // of the capture in the current call or constructor (no_fallback)
   ::std::optional<Event> done;  // recorded after every call: orders a call on another stream after it
   ::cudaStream_t last_stream = nullptr;
