@@ -96,7 +96,7 @@ class CaptureScope {
       // The graph may read or write memory that is freed now that the
       // capture has ended: refuse it rather than hand out a dangling graph.
       discard(captured);
-      into_ = Graph::from_native_handle(nullptr);
+      into_ = Graph();
       throw usage_error("a StaticBuffer (or other replay-owned memory) was destroyed while this capture was open; the "
                         "graph could use its address after it is freed. Keep buffers alive as long as the graphs "
                         "that use them",

@@ -109,16 +109,9 @@ struct FakeRunner {
   FakeRunner(const FakeRunner&) = delete;
   FakeRunner& operator=(const FakeRunner&) = delete;
   ~FakeRunner() {
+    // Notified under the lock: a waiter may destroy the control once it sees it.
     std::lock_guard lock(control_->mutex);
     control_->runner_destroyed = true;
-    control_->cv.notify_all();
-  }
-
-  FakeRunner(const FakeRunner&) = delete;
-  FakeRunner& operator=(const FakeRunner&) = delete;
-  ~FakeRunner() {
-    // Notified under the lock: a waiter may destroy the control once it sees the count.
-    std::lock_guard lock(control_->mutex);
     ++control_->runners_destroyed;
     control_->cv.notify_all();
   }

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -82,6 +83,7 @@ struct PipelineState {
     Delivery delivery;
     ::std::exception_ptr error;  // set when prepare() or start() threw
     bool issued = false;         // prepare() and start() returned
+    ::std::thread::id producer;  // who submitted it: its callback's errors go back there
   };
 
   template <class... Args>
@@ -179,7 +181,7 @@ struct PipelineState {
       id = next_id++;
       ++pending;
       ++stats.submitted;
-      records[slot].emplace(InFlight{id, ::std::move(delivery), nullptr, false});
+      records[slot].emplace(InFlight{id, ::std::move(delivery), nullptr, false, ::std::this_thread::get_id()});
       order.push(slot);
       my_turn = next_issue == id;  // stays true: later ids wait for this one
     }
@@ -328,8 +330,10 @@ struct PipelineState {
         callback(done);  // output may live in the slot: release afterwards
       } catch (...) {
         ::std::lock_guard lock(mutex);
-        if (callback_error == nullptr) {
-          callback_error = ::std::current_exception();
+        try {  // the producer's first error is kept; later ones are dropped
+          (void)callback_errors.try_emplace(item.producer, ::std::current_exception());
+        } catch (...) {
+          // Out of host memory while recording it: the error is lost, not the pipeline.
         }
       }
     }
@@ -353,11 +357,16 @@ struct PipelineState {
     ::std::unique_lock lock(mutex);
     progress.wait(lock, [&] { return delivered > id; });
   }
+  // Rethrows the first error a callback of this thread's items threw (other
+  // producers' errors stay theirs).
   void rethrow_callback_error() {
     ::std::exception_ptr error;
     {
       ::std::lock_guard lock(mutex);
-      error = ::std::exchange(callback_error, nullptr);
+      if (const auto found = callback_errors.find(::std::this_thread::get_id()); found != callback_errors.end()) {
+        error = ::std::move(found->second);
+        callback_errors.erase(found);
+      }
     }
     if (error != nullptr) {
       ::std::rethrow_exception(error);
@@ -398,7 +407,7 @@ struct PipelineState {
   ::std::size_t pending = 0;
   bool stopping = false;
   bool orphaned = false;  // destroyed from a callback: the completion thread frees the state
-  ::std::exception_ptr callback_error;
+  ::std::map<::std::thread::id, ::std::exception_ptr> callback_errors;  // per producer
   PipelineStats stats;
 
   ::std::thread completion;  // last: started once everything above exists

@@ -191,7 +191,7 @@ class CudaGraphBackend {
    private:
     Shared& shared_;
     int device_;
-    Stream stream_ = Stream::from_native_handle(nullptr);
+    Stream stream_ = Stream::from_native_handle(detail::invalid_stream());  // empty until taken or made
   };
 
   template <class Issue>

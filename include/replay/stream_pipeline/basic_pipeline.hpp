@@ -239,7 +239,8 @@ class BasicStreamPipeline {
 
   // Blocks until every item submitted so far is delivered. Rethrows (once)
   // the first exception that escaped a callback passed to submit/try_submit
-  // (run's callbacks report to their run instead).
+  // by this thread (another producer's callback errors go to that producer's
+  // drain(); run's callbacks report to their run).
   void drain(::std::source_location where = ::std::source_location::current()) {
     State& s = state(where);
     s.require_not_completion_thread("drain", where);

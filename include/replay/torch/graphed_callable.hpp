@@ -338,7 +338,7 @@ class GraphedCallable {
 
   // A call that would need padding when an output does not carry the batch:
   // the callable on the caller's own rows, eagerly, on the current stream.
-  static GraphedOutputs run_unpadded(detail::GraphedState& s, const ::std::vector<::at::Tensor>& inputs,
+  static GraphedOutputs run_unpadded(detail::GraphedState& s, ::std::span<const ::at::Tensor> inputs,
                                      ::std::int64_t batch, const ::std::source_location& where) {
     (void)where;
     ::std::vector<::at::Tensor> on_device;
@@ -351,7 +351,7 @@ class GraphedCallable {
     out.padded_batch_ = batch;
     out.route_ = RouteKind::eager_fallback;
     detail::GradScope grad(s.flags);
-    out.tensors_ = s.fn(on_device);
+    out.tensors_ = ::std::make_shared<::std::vector<::at::Tensor>>(s.fn(on_device));
     return out;
   }
 
