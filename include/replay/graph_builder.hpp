@@ -13,3 +13,4 @@
 #include "replay/graph/memory_nodes.hpp"
 #include "replay/graph/conditional.hpp"
 #include "replay/graph/builder.hpp"
+#include "replay/graph/conditional_node.hpp"

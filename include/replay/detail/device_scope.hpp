@@ -1,7 +1,6 @@
 #pragma once
-// DeviceScope: makes a device current for a scope and restores the previous one.
 #include <replay/detail/require_cxx20.hpp>
-
+// DeviceScope: makes a device current for a scope and restores the previous one.
 #include <cuda_runtime_api.h>
 
 #include <source_location>

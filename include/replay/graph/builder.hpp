@@ -5,7 +5,8 @@
 // it). Each add_* returns a handle to the new node, valid through
 // instantiation for updates on the executable graph. Capture mixes in two
 // ways: a captured Graph as a child node (add_child), or capture straight
-// into this graph or body (capture(), cudaStreamBeginCaptureToGraph).
+// into this graph or body (capture(), cudaStreamBeginCaptureToGraph; in
+// detail/graph_capture.hpp). ConditionalNode is in graph/conditional_node.hpp.
 //
 //   replay::Graph graph = replay::make_graph();
 //   replay::GraphBuilder b(graph);
@@ -31,6 +32,7 @@
 
 #include "replay/capture_scope.hpp"
 #include "replay/detail/capture_state.hpp"
+#include "replay/detail/graph_nodes.hpp"
 #include "replay/error.hpp"
 #include "replay/event.hpp"
 #include "replay/graph.hpp"
@@ -55,125 +57,6 @@ namespace replay {
 }
 
 class ConditionalNode;
-
-namespace detail {
-
-// Node types CUDA allows inside a conditional body (and, recursively, inside
-// the child graphs and conditionals there).
-constexpr bool allowed_in_conditional_body(NodeType type) noexcept {
-  switch (type) {
-    case NodeType::kernel:
-    case NodeType::empty:
-    case NodeType::memcpy:
-    case NodeType::memset:
-    case NodeType::child_graph:
-    case NodeType::conditional:
-      return true;
-    default:
-      return false;
-  }
-}
-inline constexpr const char* conditional_body_rule =
-    "a conditional node's body may hold only kernel, empty, memcpy, memset, child graph and conditional nodes";
-
-inline ::std::vector<::cudaGraphNode_t> graph_nodes(::cudaGraph_t graph, const ::std::source_location& where) {
-  ::std::size_t count = 0;
-  check(::cudaGraphGetNodes(graph, nullptr, &count), "cudaGraphGetNodes", where);
-  ::std::vector<::cudaGraphNode_t> out(count);
-  if (count != 0) {
-    check(::cudaGraphGetNodes(graph, out.data(), &count), "cudaGraphGetNodes", where);
-    out.resize(count);
-  }
-  return out;
-}
-inline NodeType node_type(::cudaGraphNode_t node, const ::std::source_location& where) {
-  ::cudaGraphNodeType type{};
-  check(::cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType", where);
-  return static_cast<NodeType>(type);
-}
-
-// The first node of `nodes` (and of the child graphs among them, recursively)
-// for which `bad(type)` holds; null when none does.
-template <class Bad>
-::cudaGraphNode_t find_node(const ::std::vector<::cudaGraphNode_t>& nodes, const Bad& bad,
-                            const ::std::source_location& where) {
-  for (::cudaGraphNode_t node : nodes) {
-    const NodeType type = node_type(node, where);
-    if (bad(type)) {
-      return node;
-    }
-    if (type == NodeType::child_graph) {
-      ::cudaGraph_t child = nullptr;
-      check(::cudaGraphChildGraphNodeGetGraph(node, &child), "cudaGraphChildGraphNodeGetGraph", where);
-      if (::cudaGraphNode_t inner = find_node(graph_nodes(child, where), bad, where)) {
-        return inner;
-      }
-    }
-  }
-  return nullptr;
-}
-
-// Per-thread capture bookkeeping, as a CaptureScope keeps it, for a capture
-// into a graph the builder does not own.
-class BorrowedCapture {
- public:
-  BorrowedCapture(::cudaStream_t stream, ::cudaGraph_t graph, const Deps& deps, CaptureMode mode,
-                  const ::std::source_location& where)
-      : stream_(stream), relaxed_(mode == CaptureMode::relaxed) {
-    if (stream == nullptr || stream == cudaStreamLegacy) {
-      throw usage_error("GraphBuilder::capture: cannot capture the legacy default stream; capture a replay::Stream",
-                        where);
-    }
-    if (StreamRef(stream).capture_status(where) != CaptureStatus::none) {
-      throw usage_error("GraphBuilder::capture: the stream is already capturing", where);
-    }
-    check(::cudaStreamBeginCaptureToGraph(stream, graph, deps.data(), nullptr, deps.size(),
-                                          static_cast<::cudaStreamCaptureMode>(mode)),
-          "cudaStreamBeginCaptureToGraph", where);
-    if (open_capture_scopes()++ == 0) {
-      capture_break() = {};
-    }
-    if (relaxed_) {
-      ++open_relaxed_capture_scopes();
-    }
-    active_ = true;
-  }
-  BorrowedCapture(const BorrowedCapture&) = delete;
-  BorrowedCapture& operator=(const BorrowedCapture&) = delete;
-  ~BorrowedCapture() {
-    if (active_) {
-      ::cudaGraph_t ignored = nullptr;
-      (void)end(ignored);
-      if (is_capture_error(::cudaPeekAtLastError())) {
-        (void)::cudaGetLastError();
-      }
-    }
-  }
-
-  // Ends the capture; the status of cudaStreamEndCapture and the break seen, if any.
-  ::cudaError_t end(::cudaGraph_t& captured) noexcept {
-    const ::cudaError_t status = ::cudaStreamEndCapture(stream_, &captured);
-    broken_ = capture_break();
-    active_ = false;
-    if (relaxed_) {
-      --open_relaxed_capture_scopes();
-    }
-    if (--open_capture_scopes() == 0) {
-      capture_break() = {};
-    }
-    flush_deferred_frees();
-    return status;
-  }
-  const CaptureBreak& broken() const noexcept { return broken_; }
-
- private:
-  ::cudaStream_t stream_;
-  bool relaxed_;
-  bool active_ = false;
-  CaptureBreak broken_;
-};
-
-}  // namespace detail
 
 class GraphBuilder {
  public:
@@ -424,64 +307,7 @@ class GraphBuilder {
     requires(::std::invocable<Work&, StreamRef>)
   ::std::vector<Node> capture(StreamRef stream, Work&& work, const Deps& deps = {},
                               CaptureMode mode = CaptureMode::this_thread,
-                              ::std::source_location where = ::std::source_location::current()) {
-    deps.validate("capture", where);
-    const auto before = detail::graph_nodes(handle(where), where);
-    {
-      detail::BorrowedCapture scope(stream.get(), graph_, deps, mode, where);
-      try {
-        ::std::invoke(work, stream);
-      } catch (...) {
-        ::cudaGraph_t ignored = nullptr;
-        if (scope.end(ignored) != ::cudaSuccess || is_capture_error(::cudaPeekAtLastError())) {
-          (void)::cudaGetLastError();  // the capture's own failure; the exception says what happened
-        }
-        remove_new_nodes(before);
-        throw;
-      }
-      ::cudaGraph_t captured = nullptr;
-      const ::cudaError_t status = scope.end(captured);
-      if (status != ::cudaSuccess) {
-        (void)::cudaGetLastError();
-        remove_new_nodes(before);
-        const detail::CaptureBreak& broken = scope.broken();
-        throw cuda_error(status, "cudaStreamEndCapture", where,
-                         broken.seen ? "the capture into the graph was broken by " + broken.api + " at " +
-                                           replay::to_string(broken.where)
-                                     : ::std::string("the capture into the graph was broken"));
-      }
-    }
-    ::std::vector<::cudaGraphNode_t> added = new_nodes(before, where);
-    if (body_) {
-      if (::cudaGraphNode_t bad = detail::find_node(
-              added, [](NodeType t) { return !detail::allowed_in_conditional_body(t); }, where)) {
-        const ::std::string name = describe_node(bad);
-        remove_new_nodes(before);
-        throw usage_error(::std::string("capture: ") + detail::conditional_body_rule + "; the capture made a " + name,
-                          where);
-      }
-    }
-    ::std::vector<Node> sinks;
-    if (added.empty()) {  // nothing captured: what comes next still follows `deps`
-      for (::std::size_t i = 0; i < deps.size(); ++i) {
-        sinks.push_back(Node::from_native_handle(deps.data()[i]));
-      }
-      return sinks;
-    }
-    for (::cudaGraphNode_t node : added) {
-      ::std::size_t dependents = 0;
-#if CUDART_VERSION >= 13000
-      check(::cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &dependents), "cudaGraphNodeGetDependentNodes",
-            where);
-#else
-      check(::cudaGraphNodeGetDependentNodes(node, nullptr, &dependents), "cudaGraphNodeGetDependentNodes", where);
-#endif
-      if (dependents == 0) {
-        sinks.push_back(Node::from_native_handle(node));
-      }
-    }
-    return sinks;
-  }
+                              ::std::source_location where = ::std::source_location::current());
 
 #if CUDART_VERSION >= 12040
   // ---- conditional nodes ----
@@ -577,127 +403,8 @@ class GraphBuilder {
   bool body_ = false;
 };
 
-#if CUDART_VERSION >= 12040
-
-// A conditional node and its bodies. The bodies are graphs CUDA owns (for the
-// node's lifetime); fill them with body(i) (a GraphBuilder that refuses node
-// types CUDA does not allow there) or by capture (body(i).capture(...)).
-class ConditionalNode : public Node {
- public:
-  ConditionalNode() noexcept = default;
-
-  ConditionalKind kind() const noexcept { return kind_; }
-  unsigned int body_count() const noexcept { return count_; }
-
-  // Body `index`: IF and WHILE have body 0; IF/ELSE has 0 (then) and 1 (else);
-  // SWITCH has one per case.
-  GraphBuilder body(unsigned int index = 0, ::std::source_location where = ::std::source_location::current()) const {
-    return GraphBuilder::from_native_handle(body_graph(index, where), true);
-  }
-  GraphBuilder then_body(::std::source_location where = ::std::source_location::current()) const {
-    return body(0, where);
-  }
-  GraphBuilder else_body(::std::source_location where = ::std::source_location::current()) const {
-    if (kind_ != ConditionalKind::if_then_else) {
-      throw usage_error("ConditionalNode::else_body: only an IF/ELSE node (add_if_else) has an else body", where);
-    }
-    return body(1, where);
-  }
-  ::cudaGraph_t body_graph(unsigned int index, ::std::source_location where = ::std::source_location::current()) const {
-    (void)handle(where);
-    if (index >= count_) {
-      throw usage_error("ConditionalNode: body " + ::std::to_string(index) + " requested of a " +
-                            ::std::string(to_string(kind_)) + " node with " + ::std::to_string(count_) + " bodies",
-                        where);
-    }
-    return bodies_[index];
-  }
-
- private:
-  friend class GraphBuilder;
-  ConditionalNode(::cudaGraphNode_t node, ConditionalKind kind, const ::cudaGraph_t* bodies,
-                  unsigned int count) noexcept
-      : Node(node), kind_(kind), bodies_(bodies), count_(count) {}
-
-  ConditionalKind kind_ = ConditionalKind::if_then;
-  const ::cudaGraph_t* bodies_ = nullptr;  // CUDA's array, valid while the node lives
-  unsigned int count_ = 0;
-};
-
-inline ConditionalNode GraphBuilder::add_conditional(ConditionalKind kind, ConditionalHandle condition,
-                                                     unsigned int bodies, const Deps& deps,
-                                                     const ::std::source_location& where) {
-  prepare(NodeType::conditional, deps, "add_conditional", where);
-  if (!condition) {
-    throw usage_error(::std::string("add ") + ::std::string(to_string(kind)) +
-                          " node: the ConditionalHandle is empty; make it with make_condition() on this graph",
-                      where);
-  }
-  ::cudaGraphNodeParams params{};
-  params.type = ::cudaGraphNodeTypeConditional;
-  params.conditional.handle = condition.get();
-  switch (kind) {
-    case ConditionalKind::if_then:
-    case ConditionalKind::if_then_else:
-      params.conditional.type = ::cudaGraphCondTypeIf;
-      break;
-    case ConditionalKind::while_loop:
-      params.conditional.type = ::cudaGraphCondTypeWhile;
-      break;
-    case ConditionalKind::switch_case:
-#if CUDART_VERSION >= 12080
-      params.conditional.type = ::cudaGraphCondTypeSwitch;
-#endif
-      break;
-  }
-  params.conditional.size = bodies;
-  params.conditional.phGraph_out = nullptr;
-  ::cudaGraphNode_t node = nullptr;
-#if CUDART_VERSION >= 13000
-  const ::cudaError_t status = ::cudaGraphAddNode(&node, graph_, deps.data(), nullptr, deps.size(), &params);
-#else
-  const ::cudaError_t status = ::cudaGraphAddNode(&node, graph_, deps.data(), deps.size(), &params);
-#endif
-  if (status != ::cudaSuccess) {
-    (void)::cudaGetLastError();
-    int driver = 0;
-    (void)::cudaDriverGetVersion(&driver);
-    (void)::cudaGetLastError();
-    ::std::string context = ::std::string("adding a ") + ::std::string(to_string(kind)) + " node with " +
-                            ::std::to_string(bodies) + " bodies";
-    if (driver < required_cuda_version(kind)) {
-      context += "; " + ::std::string(to_string(kind)) + " nodes need a CUDA " +
-                 ::std::to_string(required_cuda_version(kind) / 1000) + "." +
-                 ::std::to_string(required_cuda_version(kind) % 1000 / 10) + " driver, this one is " +
-                 ::std::to_string(driver / 1000) + "." + ::std::to_string(driver % 1000 / 10);
-    }
-    throw cuda_error(status, "cudaGraphAddNode", where, context);
-  }
-  return ConditionalNode(node, kind, params.conditional.phGraph_out, bodies);
-}
-
-inline ConditionalNode GraphBuilder::add_if(ConditionalHandle condition, const Deps& deps,
-                                            ::std::source_location where) {
-  return add_conditional(ConditionalKind::if_then, condition, 1, deps, where);
-}
-inline ConditionalNode GraphBuilder::add_while(ConditionalHandle condition, const Deps& deps,
-                                               ::std::source_location where) {
-  return add_conditional(ConditionalKind::while_loop, condition, 1, deps, where);
-}
-#if CUDART_VERSION >= 12080
-inline ConditionalNode GraphBuilder::add_if_else(ConditionalHandle condition, const Deps& deps,
-                                                 ::std::source_location where) {
-  return add_conditional(ConditionalKind::if_then_else, condition, 2, deps, where);
-}
-inline ConditionalNode GraphBuilder::add_switch(ConditionalHandle condition, unsigned int cases, const Deps& deps,
-                                                ::std::source_location where) {
-  if (cases == 0) {
-    throw usage_error("add_switch: a SWITCH node needs at least one case (body)", where);
-  }
-  return add_conditional(ConditionalKind::switch_case, condition, cases, deps, where);
-}
-#endif
-
-#endif  // CUDART_VERSION >= 12040
-
 }  // namespace replay
+
+// The out-of-line parts: capture into the graph, conditional nodes.
+#include "replay/detail/graph_capture.hpp"
+#include "replay/graph/conditional_node.hpp"

@@ -1,0 +1,78 @@
+#pragma once
+#include <replay/detail/require_cxx20.hpp>
+// StageSlot: one slot of the CUDA stage runner (buffers, events, streams, graphs, the item in flight).
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <source_location>
+#include <vector>
+
+#include "replay/detail/host_copy_pool.hpp"
+#include "replay/event.hpp"
+#include "replay/flags.hpp"
+#include "replay/graph.hpp"
+#include "replay/graph_exec.hpp"
+#include "replay/static_buffer.hpp"
+#include "replay/stream.hpp"
+
+namespace replay::detail {
+
+// One slot of the CUDA stage runner: its buffers, events, streams and graphs,
+// and the item in flight.
+template <class In, class Out>
+struct StageSlot {
+  StageSlot(::std::size_t in_capacity, ::std::size_t out_capacity, ::std::size_t out_chunk_count,
+            EventFlags event_flags, const ::std::source_location& where)
+      : staging_in(in_capacity, where),
+        staging_out(out_capacity, where),
+        device_in(in_capacity, where),
+        device_out(out_capacity, where),
+        copied_in(event_flags, where),
+        computed(event_flags, where),
+        copied_out(event_flags, where) {
+    if (out_chunk_count >= 2) {
+      chunk_events.reserve(out_chunk_count);
+      for (::std::size_t k = 0; k < out_chunk_count; ++k) {
+        chunk_events.emplace_back(event_flags, where);
+      }
+    }
+  }
+
+  PinnedBuffer<In> staging_in;
+  PinnedBuffer<Out> staging_out;
+  DeviceBuffer<In> device_in;
+  DeviceBuffer<Out> device_out;
+  Event copied_in;   // H2D done: compute may read device_in
+  Event computed;    // compute done: D2H may read device_out
+  Event copied_out;  // everything the item issued is done: the slot may be reused
+  // A staged output's chunk k is in staging_out: its host copy may start.
+  ::std::vector<Event> chunk_events;
+
+  // graph_compute: the compute stage captured on this slot's buffers.
+  ::std::optional<GraphExec> compute_graph;
+  // graph_slot: the whole slot as one graph, on its own stream. The Graph is
+  // kept because the node handles used for per-item updates belong to it.
+  ::std::optional<Stream> stream;
+  ::std::optional<Graph> slot_graph_source;
+  ::std::optional<GraphExec> slot_graph;
+  ::cudaGraphNode_t h2d_node = nullptr;
+  ::cudaGraphNode_t d2h_node = nullptr;
+  const void* graph_source = nullptr;  // where the H2D node reads now
+  void* graph_target = nullptr;        // where the D2H node writes now
+
+  // The item in flight (written by start, read by finish: ordered by the core's lock).
+  ::std::uint64_t id = 0;
+  ::std::source_location submitted_at;
+  const Out* output = nullptr;  // where the D2H copy put the output
+  ::std::size_t count = 0;      // output elements
+  Out* destination = nullptr;
+  ::std::size_t destination_size = 0;
+  bool copy_to_destination = false;  // pageable destination: copy from staging in finish()
+  ChunkPlan out_chunks;              // how a staged output is copied out
+  bool out_chunk_events = false;     // chunk_events were recorded for it
+  bool needs_stream_sync = false;    // fence failed: settle() synchronizes the streams
+};
+
+}  // namespace replay::detail
