@@ -20,6 +20,7 @@
 #include "replay/detail/capture_state.hpp"
 #include "replay/detail/deferred_free.hpp"
 #include "replay/detail/message.hpp"
+#include "replay/detail/signature_checks.hpp"
 #include "replay/error.hpp"
 #include "replay/graph.hpp"
 #include "replay/stream_ref.hpp"
@@ -199,9 +200,9 @@ class CaptureScope {
 // If `work` throws, the capture is ended and discarded, and the exception
 // propagates with the stream usable.
 template <class Work>
-  requires ::std::invocable<Work&, StreamRef>
 [[nodiscard]] Graph capture(StreamRef stream, Work&& work, CaptureMode mode = CaptureMode::this_thread,
                             ::std::source_location where = ::std::source_location::current()) {
+  detail::check_capture_work<Work>();  // work(replay::StreamRef), with a plain message otherwise
   CaptureScope scope(stream, mode, where);
   ::std::invoke(work, stream);
   return scope.finish(where);
@@ -209,10 +210,10 @@ template <class Work>
 
 // Appends what `work(stream)` issues to `into` and returns it.
 template <class Work>
-  requires ::std::invocable<Work&, StreamRef>
 [[nodiscard]] Graph capture_into(Graph&& into, StreamRef stream, Work&& work,
                                  CaptureMode mode = CaptureMode::this_thread,
                                  ::std::source_location where = ::std::source_location::current()) {
+  detail::check_capture_work<Work>();
   CaptureScope scope(stream, ::std::move(into), mode, where);
   ::std::invoke(work, stream);
   return scope.finish(where);

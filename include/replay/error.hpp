@@ -58,6 +58,47 @@ inline constexpr ::std::string_view capture_error_hint =
     "(stream 0) while another stream captures, an event wait that crosses captures, or ending "
     "the capture on another thread or before every forked stream was joined";
 
+namespace detail {
+
+// A failed runtime call also leaves its status in the runtime's last-error
+// slot, where a later check_last_launch() would pick it up and blame an
+// innocent kernel launch. These take replay's own failure back out of the
+// slot, and only when the slot holds it: an error that other code left there
+// is not replay's to clear. (Sticky errors stay; CUDA keeps those.)
+inline void clear_error_slot(::cudaError_t status) noexcept {
+  if (status != ::cudaSuccess && ::cudaPeekAtLastError() == status) {
+    (void)::cudaGetLastError();
+  }
+}
+// For calls whose failure is handled rather than thrown: true on success, and
+// a failure is taken back out of the slot.
+inline bool succeeded(::cudaError_t status) noexcept {
+  clear_error_slot(status);
+  return status == ::cudaSuccess;
+}
+// The explanation appended when there is no usable GPU or driver. Without a
+// driver the runtime says "CUDA driver version is insufficient for CUDA
+// runtime version", which reads as if an old driver were installed.
+inline ::std::string status_hint(::cudaError_t status) {
+  if (status == ::cudaErrorNoDevice) {
+    return "no NVIDIA GPU was found, or none is visible to this process (check nvidia-smi and "
+           "CUDA_VISIBLE_DEVICES)";
+  }
+  if (status != ::cudaErrorInsufficientDriver) {
+    return {};
+  }
+  int driver = 0;
+  if (!succeeded(::cudaDriverGetVersion(&driver)) || driver == 0) {
+    return "no NVIDIA driver (or no GPU) was found; the runtime words this as 'CUDA driver version is "
+           "insufficient for CUDA runtime version'";
+  }
+  return concat("the NVIDIA driver supports CUDA up to ", driver / 1000, ".", driver % 1000 / 10,
+                ", older than this program's CUDA runtime ", CUDART_VERSION / 1000, ".", CUDART_VERSION % 1000 / 10,
+                ": update the driver (nvidia-smi shows its version)");
+}
+
+}  // namespace detail
+
 // A failed CUDA runtime call.
 class cuda_error : public ::std::runtime_error {
  public:
@@ -97,6 +138,10 @@ class cuda_error : public ::std::runtime_error {
       msg += "; ";
       msg += capture_error_hint;
     }
+    if (const ::std::string hint = detail::status_hint(status); !hint.empty()) {
+      msg += "; ";
+      msg += hint;
+    }
     return msg;
   }
 
@@ -119,22 +164,6 @@ class usage_error : public ::std::logic_error {
 
 namespace detail {
 
-// A failed runtime call also leaves its status in the runtime's last-error
-// slot, where a later check_last_launch() would pick it up and blame an
-// innocent kernel launch. These take replay's own failure back out of the
-// slot, and only when the slot holds it: an error that other code left there
-// is not replay's to clear. (Sticky errors stay; CUDA keeps those.)
-inline void clear_error_slot(::cudaError_t status) noexcept {
-  if (status != ::cudaSuccess && ::cudaPeekAtLastError() == status) {
-    (void)::cudaGetLastError();
-  }
-}
-// For calls whose failure is handled rather than thrown: true on success, and
-// a failure is taken back out of the slot.
-inline bool succeeded(::cudaError_t status) noexcept {
-  clear_error_slot(status);
-  return status == ::cudaSuccess;
-}
 // The same for an error of a kind replay caused, e.g. is_capture_error after a
 // capture replay opened broke.
 template <class IsOurs>

@@ -56,6 +56,40 @@ TEST_SUITE("host") {
     CHECK_FALSE(replay::is_capture_error(cudaSuccess));
   }
 
+  TEST_CASE("no driver and no GPU are worded plainly; other statuses get no such hint") {
+    const replay::cuda_error no_driver(cudaErrorInsufficientDriver, "cudaGetDeviceCount");
+    const std::string driver_what = no_driver.what();
+    CHECK(driver_what.find("cudaErrorInsufficientDriver (35)") != std::string::npos);
+    CHECK(driver_what.find(cudaGetErrorString(cudaErrorInsufficientDriver)) != std::string::npos);
+    int driver = 0;
+    REQUIRE(cudaDriverGetVersion(&driver) == cudaSuccess);
+    MESSAGE("driver version " << driver << ": " << driver_what);
+    if (driver == 0) {  // no driver installed: say so, and how the runtime words it
+      CHECK(driver_what.find("; no NVIDIA driver (or no GPU) was found; the runtime words this as") !=
+            std::string::npos);
+    } else {  // a driver: this status means it is older than the runtime
+      CHECK(driver_what.find("; the NVIDIA driver supports CUDA up to " + std::to_string(driver / 1000) + ".") !=
+            std::string::npos);
+      CHECK(driver_what.find("older than this program's CUDA runtime " + std::to_string(CUDART_VERSION / 1000)) !=
+            std::string::npos);
+    }
+
+    const replay::cuda_error no_device(cudaErrorNoDevice, "cudaSetDevice");
+    const std::string device_what = no_device.what();
+    CHECK(device_what.find("cudaErrorNoDevice (100)") != std::string::npos);
+    CHECK(device_what.find("; no NVIDIA GPU was found, or none is visible to this process") != std::string::npos);
+    CHECK(device_what.find("CUDA_VISIBLE_DEVICES") != std::string::npos);
+    CHECK(device_what.find("NVIDIA driver") == std::string::npos);
+
+    for (cudaError_t status : {cudaErrorInvalidValue, cudaErrorMemoryAllocation, cudaErrorInvalidDevice,
+                               cudaErrorStreamCaptureInvalidated}) {
+      CAPTURE(status);
+      const std::string what = replay::cuda_error(status, "cudaMalloc").what();
+      CHECK(what.find("NVIDIA") == std::string::npos);
+      CHECK(what.find("nvidia-smi") == std::string::npos);
+    }
+  }
+
   TEST_CASE("cuda_error context is appended") {
     const replay::cuda_error err(cudaErrorInvalidValue, "cudaGraphInstantiate", std::source_location::current(),
                                  "at kernel node foo");

@@ -15,6 +15,7 @@
 #include "replay/detail/capture_state.hpp"
 #include "replay/detail/graph_nodes.hpp"
 #include "replay/error.hpp"
+#include "replay/detail/signature_checks.hpp"
 #include "replay/graph/builder.hpp"
 #include "replay/graph/node.hpp"
 #include "replay/stream_ref.hpp"
@@ -22,9 +23,9 @@
 namespace replay {
 
 template <class Work>
-  requires(::std::invocable<Work&, StreamRef>)
 ::std::vector<Node> GraphBuilder::capture(StreamRef stream, Work&& work, const Deps& deps, CaptureMode mode,
                                           ::std::source_location where) {
+  detail::check_capture_work<Work>();
   deps.validate("capture", where);
   const auto before = detail::graph_nodes(handle(where), where);
   {

@@ -33,6 +33,7 @@
 #include "replay/capture_scope.hpp"
 #include "replay/detail/capture_state.hpp"
 #include "replay/detail/graph_nodes.hpp"
+#include "replay/detail/signature_checks.hpp"
 #include "replay/error.hpp"
 #include "replay/event.hpp"
 #include "replay/graph.hpp"
@@ -108,15 +109,14 @@ class GraphBuilder {
   // The arguments are checked against the kernel's parameters at compile time
   // and copied into the node.
   template <class... Params, class... Args>
-    requires(kernel_signature<Params...>::template accepts<Args...>)
   KernelNode<Params...> add_kernel(void (*kernel)(Params...), ::dim3 grid, ::dim3 block, unsigned int shared_bytes,
                                    const Deps& deps, Args&&... args) {
     return add_kernel(kernel, LaunchConfig{grid, block, shared_bytes}, deps, ::std::forward<Args>(args)...);
   }
   template <class... Params, class... Args>
-    requires(kernel_signature<Params...>::template accepts<Args...>)
   KernelNode<Params...> add_kernel(void (*kernel)(Params...), const LaunchConfig& config, const Deps& deps,
                                    Args&&... args) {
+    detail::kernel_arguments_check<Params...>::template check<Args...>();  // names a mismatched argument
     const ::std::source_location& where = deps.where();
     if (kernel == nullptr) {
       throw usage_error("add_kernel: the kernel is a null function pointer", where);
@@ -304,7 +304,6 @@ class GraphBuilder {
   // again and the error propagates; in a conditional body, capturing a node
   // type CUDA does not allow there is a usage_error naming the node.
   template <class Work>
-    requires(::std::invocable<Work&, StreamRef>)
   ::std::vector<Node> capture(StreamRef stream, Work&& work, const Deps& deps = {},
                               CaptureMode mode = CaptureMode::this_thread,
                               ::std::source_location where = ::std::source_location::current());

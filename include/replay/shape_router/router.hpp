@@ -31,6 +31,7 @@
 #include "replay/detail/reentry_guard.hpp"
 #include "replay/detail/shape_plan.hpp"
 #include "replay/detail/shape_router_keys.hpp"
+#include "replay/detail/signature_checks.hpp"
 #include "replay/error.hpp"
 #include "replay/shape_router/backend.hpp"
 #include "replay/shape_router/cuda_backend.hpp"
@@ -99,6 +100,14 @@ class ShapeRouter {
       throw usage_error("ShapeRouter: the work callable is empty", where);
     }
     Plan::validate(options_, where);
+  }
+  // Any other callable: refused with a message that names the expected signature.
+  template <class Work>
+    requires(!::std::convertible_to<Work, work_type> && !::std::same_as<::std::remove_cvref_t<Work>, ShapeRouter>)
+  explicit ShapeRouter(Work&&, options_type options = {}, Backend backend = Backend{},
+                       ::std::source_location where = ::std::source_location::current())
+      : ShapeRouter(work_type{}, ::std::move(options), ::std::move(backend), where) {
+    detail::check_router_work<Work, Key, stream_type>();
   }
 
   ShapeRouter(const ShapeRouter&) = delete;

@@ -9,6 +9,7 @@
 
 #include "replay/detail/cuda_stage_runner.hpp"
 #include "replay/detail/message.hpp"
+#include "replay/detail/signature_checks.hpp"
 #include "replay/error.hpp"
 #include "replay/static_buffer.hpp"
 #include "replay/stream_pipeline/basic_pipeline.hpp"
@@ -29,6 +30,13 @@ class StreamPipeline : public BasicStreamPipeline<detail::CudaStageRunner<In, Ou
   StreamPipeline(PipelineOptions options, Compute compute,
                  ::std::source_location where = ::std::source_location::current())
       : base(::std::in_place, ::std::move(options), detail::ComputeStage<In, Out>(::std::move(compute)), where) {}
+  // Any other compute stage: refused with a message that names the expected signature.
+  template <class Compute>
+    requires(!PipelineCompute<Compute, In, Out>)
+  StreamPipeline(PipelineOptions options, Compute, ::std::source_location where = ::std::source_location::current())
+      : StreamPipeline(::std::move(options), [](BufferView<In>, BufferView<Out>, StreamRef) {}, where) {
+    detail::check_pipeline_compute<Compute, BufferView<In>, BufferView<Out>>();
+  }
 
   PipelineFlags flags() const { return this->runner().flags(); }
   int device() const { return this->runner().device(); }

@@ -54,10 +54,15 @@ class GraphedCallable {
   // device, dimension 0 the batch (any batch; the static inputs are sized for
   // the largest bucket and filled with the examples' rows). Captures every
   // bucket now, largest first, unless GraphedFlags::lazy_capture.
-  template <TensorCallable F>
+  template <class F>  // a TensorCallable; anything else is refused with the message below
   GraphedCallable(F&& fn, ::std::vector<::at::Tensor> example_inputs, GraphedOptions options = {},
                   ::std::source_location where = ::std::source_location::current())
       : state_(::std::make_unique<detail::GraphedState>()) {
+    static_assert(TensorCallable<F>,
+                  "replay: GraphedCallable needs a TensorCallable: a torch::nn module (holder or pointer) whose "
+                  "forward takes 1 to 8 Tensors, a torch::jit::Module, or a callable taking Tensors (or a "
+                  "std::vector<Tensor>) and returning a Tensor, a std::vector<Tensor>, a tuple of Tensors or a "
+                  "c10::IValue");
     init(make_tensor_function(::std::forward<F>(fn), where), ::std::move(example_inputs), ::std::move(options), where);
   }
 
