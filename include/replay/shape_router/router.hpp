@@ -3,19 +3,14 @@
 // over a GraphBackend. See replay/shape_router.hpp for an overview.
 #include <replay/detail/require_cxx20.hpp>
 
-#include <algorithm>
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <exception>
 #include <functional>
 #include <initializer_list>
-#include <limits>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -27,8 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "replay/detail/message.hpp"
-#include "replay/detail/reentry_guard.hpp"
+#include "replay/detail/router_records.hpp"
 #include "replay/detail/shape_plan.hpp"
 #include "replay/detail/shape_router_keys.hpp"
 #include "replay/detail/signature_checks.hpp"
@@ -40,16 +34,6 @@
 #include "replay/shape_router/stats.hpp"
 
 namespace replay {
-
-namespace detail {
-
-// The router this thread is inside (its work callable or failure handler),
-// to refuse re-entry: a nested run on another stream would wait for the
-// outer one to finish. One slot for routers of every type.
-struct ShapeRouterKind {};
-using ActiveRouterScope = ReentryGuard<ShapeRouterKind>;
-
-}  // namespace detail
 
 // ---------------------------------------------------------------------------
 // ShapeRouter
@@ -182,25 +166,7 @@ class ShapeRouter {
     explicit Lease(ShapeRouter* router) noexcept : router_(router) {}
     ShapeRouter* router_;
   };
-  [[nodiscard]] Lease lease(stream_type stream, ::std::source_location where = ::std::source_location::current()) {
-    refuse_reentry(where);
-    ::std::unique_lock<::std::mutex> lock(mutex_);
-    if (lease_owner_ == ::std::this_thread::get_id()) {
-      throw usage_error("ShapeRouter::lease(): this thread already holds a lease of this router", where);
-    }
-    switch_cv_.wait(lock, [&] { return lease_owner_ == ::std::thread::id(); });
-    lease_owner_ = ::std::this_thread::get_id();
-    try {
-      Submission held = enter_stream_locked(lock, stream, where);
-      held.keep();  // ended by ~Lease
-    } catch (...) {
-      lease_owner_ = ::std::thread::id();
-      switch_cv_.notify_all();
-      throw;
-    }
-    lease_stream_ = stream;
-    return Lease(this);
-  }
+  [[nodiscard]] Lease lease(stream_type stream, ::std::source_location where = ::std::source_location::current());
 
   // Bucketed: captures a graph for every bucket shape (the cartesian product
   // of the bucket lists), largest first, after the configured warm-ups.
@@ -231,60 +197,7 @@ class ShapeRouter {
     return capture(keys, stream, progress_type{}, where);
   }
   ::std::size_t capture(::std::span<const Key> keys, stream_type stream, const progress_type& progress,
-                        ::std::source_location where = ::std::source_location::current()) {
-    refuse_reentry(where);
-    ::std::vector<Key> shapes;
-    shapes.reserve(keys.size());
-    for (const Key& key : keys) {
-      const Planned planned = Plan::plan(options_, key, where);
-      if (!planned.oversize && ::std::find(shapes.begin(), shapes.end(), planned.shape) == shapes.end()) {
-        shapes.push_back(planned.shape);
-      }
-    }
-    Plan::sort_largest_first(shapes);
-    ::std::atomic<::std::size_t> next{0};
-    ::std::atomic<::std::size_t> with_graph{0};
-    ::std::size_t done = 0;
-    ::std::mutex progress_mutex;  // one progress call at a time, `done` in order
-    ::std::exception_ptr first_error;
-    auto capture_shapes = [&] {
-      for (::std::size_t i = next++; i < shapes.size(); i = next++) {
-        try {
-          with_graph += capture_one(shapes[i], stream, where) ? 1 : 0;
-          const ::std::lock_guard<::std::mutex> lock(progress_mutex);
-          ++done;
-          if (progress) {
-            const detail::ActiveRouterScope active(this);
-            progress(done, shapes.size(), shapes[i]);
-          }
-        } catch (...) {
-          const ::std::lock_guard<::std::mutex> lock(progress_mutex);
-          if (first_error == nullptr) {
-            first_error = ::std::current_exception();
-          }
-          next = shapes.size();  // the others stop after their current shape
-        }
-      }
-    };
-    const ::std::size_t helpers =
-        ::std::min<::std::size_t>(options_.capture_threads, shapes.size() == 0 ? 1 : shapes.size()) - 1;
-    ::std::vector<::std::thread> threads;
-    threads.reserve(helpers);
-    try {
-      for (::std::size_t t = 0; t < helpers; ++t) {
-        threads.emplace_back(capture_shapes);
-      }
-    } catch (...) {  // fewer threads than asked: the rest still runs
-    }
-    capture_shapes();
-    for (::std::thread& thread : threads) {
-      thread.join();
-    }
-    if (first_error != nullptr) {
-      ::std::rethrow_exception(first_error);
-    }
-    return with_graph.load();
-  }
+                        ::std::source_location where = ::std::source_location::current());
   ::std::size_t capture(::std::initializer_list<Key> keys, stream_type stream,
                         ::std::source_location where = ::std::source_location::current()) {
     return capture(::std::span<const Key>(keys.begin(), keys.size()), stream, progress_type{}, where);
@@ -296,75 +209,23 @@ class ShapeRouter {
   // failed capture gets another chance. A key being captured right now is
   // marked stale as soon as that capture ends. Returns false when the key
   // has neither a graph nor an eager mark nor a capture in flight.
-  bool invalidate(const Key& key, ::std::source_location where = ::std::source_location::current()) {
-    refuse_reentry(where);
-    const Planned planned = Plan::plan(options_, key, where);
-    ::std::lock_guard<::std::mutex> lock(mutex_);
-    const auto it = entries_.find(planned.shape);
-    return it != entries_.end() && invalidate_entry(*it->second);
-  }
+  bool invalidate(const Key& key, ::std::source_location where = ::std::source_location::current());
   // invalidate() for every key.
-  void invalidate_all(::std::source_location where = ::std::source_location::current()) {
-    refuse_reentry(where);
-    ::std::lock_guard<::std::mutex> lock(mutex_);
-    for (auto& [shape, entry] : entries_) {
-      (void)invalidate_entry(*entry);
-    }
-  }
+  void invalidate_all(::std::source_location where = ::std::source_location::current());
 
   // Drops the graph of `key`'s padded shape now (counted as an eviction).
   // False when it has none, or is being re-captured right now.
-  bool evict(const Key& key, ::std::source_location where = ::std::source_location::current()) {
-    refuse_reentry(where);
-    const Planned planned = Plan::plan(options_, key, where);
-    {
-      ::std::lock_guard<::std::mutex> lock(mutex_);
-      const auto it = entries_.find(planned.shape);
-      if (it == entries_.end() || !it->second->graph || it->second->state == State::capturing) {
-        return false;
-      }
-      drop_graph(*it->second, State::ready);
-      ++stats_.evictions;
-    }
-    trim();
-    return true;
-  }
+  bool evict(const Key& key, ::std::source_location where = ::std::source_location::current());
 
   // Drops every graph and forgets every key (warm-up counts, eager marks).
   // Captures in flight finish, launch once for their own run, and are then
   // dropped. Statistics are kept.
-  void clear(::std::source_location where = ::std::source_location::current()) {
-    refuse_reentry(where);
-    {
-      ::std::lock_guard<::std::mutex> lock(mutex_);
-      for (auto& [shape, entry] : entries_) {
-        entry->detached = true;
-      }
-      entries_.clear();
-      lru_.clear();
-      graph_lru_.clear();
-      live_graphs_ = 0;
-      total_bytes_ = 0;
-    }
-    trim();
-  }
+  void clear(::std::source_location where = ::std::source_location::current());
 
   // True when `key`'s padded shape has a graph (possibly stale).
-  bool contains(const Key& key, ::std::source_location where = ::std::source_location::current()) const {
-    refuse_reentry(where);
-    const Planned planned = Plan::plan(options_, key, where);
-    ::std::lock_guard<::std::mutex> lock(mutex_);
-    const auto it = entries_.find(planned.shape);
-    return it != entries_.end() && it->second->graph != nullptr;
-  }
+  bool contains(const Key& key, ::std::source_location where = ::std::source_location::current()) const;
   // True when `key`'s padded shape is marked eager after a failed capture.
-  bool is_eager(const Key& key, ::std::source_location where = ::std::source_location::current()) const {
-    refuse_reentry(where);
-    const Planned planned = Plan::plan(options_, key, where);
-    ::std::lock_guard<::std::mutex> lock(mutex_);
-    const auto it = entries_.find(planned.shape);
-    return it != entries_.end() && it->second->state == State::eager_only;
-  }
+  bool is_eager(const Key& key, ::std::source_location where = ::std::source_location::current()) const;
 
   ::std::size_t graph_count() const {
     refuse_reentry();
@@ -379,35 +240,10 @@ class ShapeRouter {
   }
 
   // The live graphs, most recently used first.
-  ::std::vector<GraphInfo<Key>> graphs() const {
-    refuse_reentry();
-    ::std::vector<GraphInfo<Key>> out;
-    ::std::lock_guard<::std::mutex> lock(mutex_);
-    out.reserve(graph_lru_.size());
-    for (const Entry* entry : graph_lru_) {
-      out.push_back(GraphInfo<Key>{entry->shape, entry->memory, entry->replays, entry->state == State::stale});
-    }
-    return out;
-  }
+  ::std::vector<GraphInfo<Key>> graphs() const;
 
   // Memory of the live graphs, and the device's graph pool where the backend reports it.
-  RouterMemory memory(::std::source_location where = ::std::source_location::current()) const {
-    refuse_reentry(where);
-    RouterMemory out;
-    {
-      ::std::lock_guard<::std::mutex> lock(mutex_);
-      for (const Entry* entry : graph_lru_) {
-        ++out.graphs;
-        out.alloc_bytes_sum += entry->memory.alloc_bytes;
-        out.alloc_bytes_max = ::std::max(out.alloc_bytes_max, entry->memory.alloc_bytes);
-        out.footprint_bytes += entry->memory.footprint_bytes;
-      }
-    }
-    if constexpr (ReportsPoolMemory<Backend>) {
-      out.pool = backend_.pool_memory(where);
-    }
-    return out;
-  }
+  RouterMemory memory(::std::source_location where = ::std::source_location::current()) const;
 
   RouterStats stats() const {
     refuse_reentry();
@@ -451,49 +287,14 @@ class ShapeRouter {
   // Rounds of capture_attempts, all interrupted, after which a key is marked eager.
   static constexpr ::std::uint32_t max_interrupted_rounds = 8;
 
-  enum class State : ::std::uint8_t {
-    warming,     // seen fewer than warmup_runs times
-    ready,       // warm, no graph (new, evicted, or an interrupted capture cooling down): the next run captures
-    capturing,   // one thread captures (or re-captures) it now, outside the lock
-    captured,    // graph live
-    stale,       // graph live but invalidated: the next run re-captures
-    eager_only,  // a capture failed on its own work: always eager
-  };
-  // A live graph: shared with launches in flight, so that an eviction never
-  // frees it under them. Its own launches and its re-capture are serialized.
-  struct GraphSlot {
-    explicit GraphSlot(exec_type&& e) : exec(::std::move(e)) {}
-    exec_type exec;
-    ::std::mutex mutex;
-  };
+  using State = detail::RouterEntryState;
+  using GraphSlot = detail::RouterGraphSlot<exec_type>;
   using GraphRef = ::std::shared_ptr<GraphSlot>;
-  struct Entry {
-    explicit Entry(const Key& k) : shape(k) {}
-    Key shape;
-    GraphRef graph;
-    GraphMemory memory;
-    ::std::uint64_t replays = 0;
-    ::std::uint32_t warmups = 0;
-    ::std::uint32_t interrupted_rounds = 0;  // consecutive capture rounds interrupted from outside
-    Clock::time_point retry_at{};
-    State state = State::ready;
-    bool detached = false;                // forgotten (clear, max_entries) while a capture was in flight
-    bool invalidated_in_capture = false;  // invalidate() while capturing: stale as soon as it is in
-    typename ::std::list<Entry*>::iterator lru;        // in lru_
-    typename ::std::list<Entry*>::iterator graph_lru;  // in graph_lru_ while `graph`
-  };
+  using Entry = detail::RouterEntry<Key, exec_type>;
   using EntryRef = ::std::shared_ptr<Entry>;
   using Handler = ::std::shared_ptr<const CaptureFailureHandler<Key>>;
-
-  enum class Outcome : ::std::uint8_t { captured, interrupted, failed };
-  struct Attempt {
-    Outcome outcome = Outcome::failed;
-    ::std::optional<CapturedGraph<exec_type>> fresh;  // a new capture
-    RecaptureResult updated{};                         // a re-capture of the entry's graph
-    ::std::string reason;
-    ::std::uint32_t interruptions = 0;
-    ::std::uint32_t retries = 0;
-  };
+  using Outcome = detail::RouterCaptureOutcome;
+  using Attempt = detail::RouterCaptureAttempt<exec_type>;
 
   // Ends a submission (see enter_stream) when it goes out of scope.
   class Submission {
@@ -522,221 +323,45 @@ class ShapeRouter {
     }
   }
 
+  // Stream ordering and leases: detail/router_streams.hpp.
   // Registers one submission (launch or eager issue) on `stream`, under the
   // lock, which it may release while it waits. Submissions on one stream
   // overlap freely (the stream orders them); a submission on another stream
   // first waits until every submission on the previous one has been issued,
   // then orders `stream` after it on the device.
   [[nodiscard]] Submission enter_stream(::std::unique_lock<::std::mutex>& lock, stream_type stream,
-                                        const ::std::source_location& where) {
-    if (lease_owner_ != ::std::thread::id()) [[unlikely]] {
-      if (lease_owner_ == ::std::this_thread::get_id()) {
-        if (!(lease_stream_ == stream)) {
-          throw usage_error("ShapeRouter::run on another stream than the lease this thread holds; run on the "
-                            "leased stream, or release the lease first",
-                            where);
-        }
-        in_flight_.fetch_add(1);
-        return Submission(this);
-      }
-      switch_cv_.wait(lock, [&] { return lease_owner_ == ::std::thread::id(); });
-    }
-    return enter_stream_locked(lock, stream, where);
-  }
+                                        const ::std::source_location& where);
   // enter_stream() without the lease check.
   [[nodiscard]] Submission enter_stream_locked(::std::unique_lock<::std::mutex>& lock, stream_type stream,
-                                               const ::std::source_location& where) {
-    for (;;) {
-      if (!switching_.load()) {
-        if (!last_stream_.has_value() || *last_stream_ == stream) [[likely]] {
-          last_stream_ = stream;
-          in_flight_.fetch_add(1);
-          return Submission(this);
-        }
-        if constexpr (!OrdersStreams<Backend>) {
-          throw usage_error(
-              "ShapeRouter::run on a second stream, but the backend cannot order streams (it has no "
-              "order_after): the graphs share their buffers, so the runs would race. Use one router per stream",
-              where);
-        } else {
-          switching_.store(true);
-          switch_cv_.wait(lock, [&] { return in_flight_.load() == 0; });
-          try {
-            backend_.order_after(*last_stream_, stream, where);
-          } catch (...) {
-            switching_.store(false);
-            switch_cv_.notify_all();
-            throw;
-          }
-          last_stream_ = stream;
-          ++stats_.stream_switches;
-          in_flight_.fetch_add(1);
-          switching_.store(false);
-          switch_cv_.notify_all();
-          return Submission(this);
-        }
-      }
-      switch_cv_.wait(lock, [&] { return !switching_.load(); });
-    }
-  }
-  void end_lease() noexcept {
-    {
-      const ::std::lock_guard<::std::mutex> lock(mutex_);
-      lease_owner_ = ::std::thread::id();
-      in_flight_.fetch_sub(1);
-    }
-    switch_cv_.notify_all();
-  }
+                                               const ::std::source_location& where);
+  void end_lease() noexcept;
   // Called with the lock released.
-  void leave_stream() noexcept {
-    if (in_flight_.fetch_sub(1) == 1 && switching_.load()) {
-      const ::std::lock_guard<::std::mutex> lock(mutex_);
-      switch_cv_.notify_all();
-    }
-  }
-
+  void leave_stream() noexcept;
   void launch(::std::unique_lock<::std::mutex>& lock, GraphRef graph, stream_type stream,
-              const ::std::source_location& where) {
-    const Submission submission = enter_stream(lock, stream, where);
-    lock.unlock();
-    const ::std::lock_guard<::std::mutex> exclusive(graph->mutex);
-    backend_.launch(graph->exec, stream, where);
-  }
-
+              const ::std::source_location& where);
   void issue_eager(::std::unique_lock<::std::mutex>& lock, const Key& shape, stream_type stream,
-                   const ::std::source_location& where) {
-    const Submission submission = enter_stream(lock, stream, where);
-    lock.unlock();
-    const detail::ActiveRouterScope active(this);
-    work_(shape, stream);
-  }
+                   const ::std::source_location& where);
 
-  void touch(Entry& entry) noexcept {
-    lru_.splice(lru_.begin(), lru_, entry.lru);
-    if (entry.graph) {
-      graph_lru_.splice(graph_lru_.begin(), graph_lru_, entry.graph_lru);
-    }
-  }
-
+  // The key table, its LRU lists and eviction: detail/router_table.hpp.
+  void touch(Entry& entry) noexcept;
   // The entry of `shape`, made (and the least recently used key forgotten
   // beyond max_entries) when new. Under the lock.
-  EntryRef entry_for(const Key& shape) {
-    if (const auto it = entries_.find(shape); it != entries_.end()) {
-      touch(*it->second);
-      return it->second;
-    }
-    while (entries_.size() >= options_.max_entries && forget_lru_entry()) {
-    }
-    EntryRef entry = ::std::make_shared<Entry>(shape);
-    entry->state = options_.warmup_runs > 0 ? State::warming : State::ready;
-    lru_.push_front(entry.get());
-    entry->lru = lru_.begin();
-    try {
-      entries_.emplace(shape, entry);
-    } catch (...) {
-      lru_.pop_front();
-      throw;
-    }
-    return entry;
-  }
-
+  EntryRef entry_for(const Key& shape);
   // Forgets the least recently used key that no thread is capturing.
-  bool forget_lru_entry() {
-    for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {
-      Entry& victim = **it;
-      if (victim.state == State::capturing) {
-        continue;
-      }
-      if (victim.graph) {
-        drop_graph(victim, State::ready);
-        ++stats_.evictions;
-      }
-      ++stats_.entry_evictions;
-      victim.detached = true;
-      lru_.erase(victim.lru);
-      entries_.erase(victim.shape);  // `victim` dies here
-      return true;
-    }
-    return false;
-  }
+  bool forget_lru_entry();
+  // Evicts the least recently used live graph other than `keep` and those
+  // being re-captured; false if none. Under the lock.
+  bool evict_lru(const Entry* keep);
+  void drop_graph(Entry& entry, State next) noexcept;
+  // Gives evicted graphs' memory back, where the backend can. No lock held.
+  void trim() noexcept;
+  bool invalidate_entry(Entry& entry) noexcept;
 
+  // Misses, captures, retries and failure reports: detail/router_capture.hpp.
   [[gnu::noinline]] Route<Key> run_miss(::std::unique_lock<::std::mutex>& lock, const Key& shape, stream_type stream,
-                                        const ::std::source_location& where) {
-    ++stats_.misses;
-    const EntryRef entry = entry_for(shape);
-    switch (entry->state) {
-      case State::warming:
-        if (++entry->warmups >= options_.warmup_runs) {
-          entry->state = State::ready;
-        }
-        ++stats_.warmups;
-        issue_eager(lock, shape, stream, where);
-        return Route<Key>{shape, RouteKind::warmup};
-      case State::ready:
-      case State::stale: {
-        if (entry->interrupted_rounds > 0 && Clock::now() < entry->retry_at) {
-          break;  // cooling down after an interrupted capture: eager (busy)
-        }
-        const bool recapture = entry->state == State::stale;
-        GraphRef graph = capture_locked(lock, entry, stream, where);
-        if (graph) {
-          launch(lock, ::std::move(graph), stream, where);
-          return Route<Key>{shape, recapture ? RouteKind::recaptured : RouteKind::captured};
-        }
-        if (entry->state == State::eager_only) {
-          ++stats_.eager_fallbacks;
-          issue_eager(lock, shape, stream, where);
-          return Route<Key>{shape, RouteKind::eager_fallback};
-        }
-        break;
-      }
-      case State::eager_only:
-        ++stats_.eager_fallbacks;
-        issue_eager(lock, shape, stream, where);
-        return Route<Key>{shape, RouteKind::eager_fallback};
-      case State::capturing:
-        break;
-      case State::captured: {  // captured by another thread since run() looked
-        ++entry->replays;
-        launch(lock, entry->graph, stream, where);
-        return Route<Key>{shape, RouteKind::replayed};
-      }
-    }
-    ++stats_.eager_busy;
-    issue_eager(lock, shape, stream, where);
-    return Route<Key>{shape, RouteKind::eager_busy};
-  }
-
+                                        const ::std::source_location& where);
   // capture() for one shape: warm-ups, then a capture (or a re-capture).
-  bool capture_one(const Key& shape, stream_type stream, const ::std::source_location& where) {
-    ::std::unique_lock<::std::mutex> lock(mutex_);
-    const EntryRef entry = entry_for(shape);
-    if (entry->state == State::captured) {
-      return true;
-    }
-    if (entry->state == State::capturing || entry->state == State::eager_only) {
-      return false;
-    }
-    if (entry->state != State::stale && (live_graphs_ >= options_.max_graphs || total_bytes_ >= options_.max_bytes)) {
-      return false;
-    }
-    while (entry->state == State::warming) {
-      if (++entry->warmups >= options_.warmup_runs) {
-        entry->state = State::ready;
-      }
-      ++stats_.warmups;
-      issue_eager(lock, shape, stream, where);
-      lock.lock();
-      if (entry->detached) {
-        return false;
-      }
-    }
-    if (entry->state != State::ready && entry->state != State::stale) {
-      return entry->state == State::captured;  // another thread got there meanwhile
-    }
-    return capture_locked(lock, entry, stream, where) != nullptr;
-  }
-
+  bool capture_one(const Key& shape, stream_type stream, const ::std::source_location& where);
   // Captures (state ready) or re-captures (state stale) `entry` with the lock
   // released, retrying interruptions; then installs the graph and evicts
   // beyond the limits (never before: a good graph goes only once its
@@ -744,196 +369,12 @@ class ShapeRouter {
   // null when the capture failed: the key is then marked eager (own failure)
   // or left to cool down (interrupted).
   GraphRef capture_locked(::std::unique_lock<::std::mutex>& lock, const EntryRef& entry, stream_type stream,
-                          const ::std::source_location& where) {
-    const bool recapture = entry->state == State::stale;
-    GraphRef graph = recapture ? entry->graph : nullptr;
-    entry->state = State::capturing;
-    entry->invalidated_in_capture = false;
-    Handler handler = on_capture_failure_;
-    lock.unlock();
-    Attempt attempt = attempt_capture(entry->shape, graph.get(), stream, where);
-    lock.lock();
-    stats_.interrupted_captures += attempt.interruptions;
-    stats_.capture_retries += attempt.retries;
-    if (attempt.outcome == Outcome::interrupted) {
-      if (++entry->interrupted_rounds < max_interrupted_rounds) {
-        entry->state = recapture ? State::stale : State::ready;
-        const ::std::uint32_t round = ::std::min<::std::uint32_t>(entry->interrupted_rounds - 1, 10);
-        entry->retry_at = Clock::now() + options_.retry_backoff * (1U << round);
-        return nullptr;
-      }
-      // Interrupted every time, round after round: most likely the work
-      // itself breaks the capture in a way that looks external (a raw call
-      // whose error was overwritten). Treated as its own failure.
-      attempt.outcome = Outcome::failed;
-      attempt.reason = detail::concat("every capture attempt was interrupted (", max_interrupted_rounds, " rounds of ",
-                                      options_.capture_attempts, "); last: ", attempt.reason);
-    }
-    if (attempt.outcome == Outcome::failed) {
-      if (!entry->detached) {
-        if (entry->graph) {
-          drop_graph(*entry, State::eager_only);
-        }
-        entry->state = State::eager_only;
-        entry->interrupted_rounds = 0;
-        ++stats_.capture_failures;
-        lock.unlock();
-        report_failure(handler, entry->shape, attempt.reason);
-        lock.lock();
-      }
-      return nullptr;
-    }
-    entry->interrupted_rounds = 0;
-    if (entry->detached) {
-      // Forgotten meanwhile (clear(), max_entries): the graph serves this run, then goes.
-      if (recapture) {
-        return graph;
-      }
-      ++stats_.captures;
-      return ::std::make_shared<GraphSlot>(::std::move(attempt.fresh->exec));
-    }
-    if (recapture) {
-      total_bytes_ -= entry->memory.footprint_bytes;
-      entry->memory.alloc_bytes = attempt.updated.memory.alloc_bytes;
-      // An in-place update reuses the executable graph: it keeps its footprint.
-      if (attempt.updated.path == UpdatePath::reinstantiated) {
-        entry->memory.footprint_bytes = attempt.updated.memory.footprint_bytes;
-        ++stats_.reinstantiations;
-      } else {
-        ++stats_.updates;
-      }
-      total_bytes_ += entry->memory.footprint_bytes;
-    } else {
-      graph = ::std::make_shared<GraphSlot>(::std::move(attempt.fresh->exec));
-      ++stats_.captures;
-      entry->graph = graph;
-      entry->memory = attempt.fresh->memory;
-      entry->replays = 0;
-      graph_lru_.push_front(entry.get());
-      entry->graph_lru = graph_lru_.begin();
-      ++live_graphs_;
-      total_bytes_ += entry->memory.footprint_bytes;
-    }
-    entry->state = entry->invalidated_in_capture ? State::stale : State::captured;
-    ++entry->replays;  // the launch that follows
-    touch(*entry);
-    bool evicted = false;
-    while ((live_graphs_ > options_.max_graphs || total_bytes_ > options_.max_bytes) && evict_lru(entry.get())) {
-      evicted = true;
-    }
-    if (evicted) {
-      lock.unlock();
-      trim();
-      lock.lock();
-    }
-    return graph;
-  }
-
+                          const ::std::source_location& where);
   // One capture (or re-capture of `graph`), retried while it is interrupted
   // from outside. No lock held.
   Attempt attempt_capture(const Key& shape, GraphSlot* graph, stream_type stream,
-                          const ::std::source_location& where) {
-    const detail::ActiveRouterScope active(this);
-    Attempt attempt;
-    auto issue = [&](stream_type s) { work_(shape, s); };
-    auto backoff = options_.retry_backoff;
-    for (::std::uint32_t i = 0; i < options_.capture_attempts; ++i) {
-      if (i > 0) {
-        ++attempt.retries;
-        ::std::this_thread::sleep_for(backoff);
-        backoff *= 2;
-      }
-      try {
-        if (graph != nullptr) {
-          const ::std::lock_guard<::std::mutex> exclusive(graph->mutex);
-          attempt.updated = backend_.recapture(graph->exec, stream, issue, where);
-        } else {
-          attempt.fresh.emplace(backend_.capture(stream, issue, where));
-        }
-        attempt.outcome = Outcome::captured;
-        break;
-      } catch (const capture_interrupted_error& e) {
-        ++attempt.interruptions;
-        attempt.outcome = Outcome::interrupted;
-        attempt.reason = e.what();
-      } catch (...) {
-        attempt.outcome = Outcome::failed;
-        attempt.reason = detail::describe_current_exception();
-        break;
-      }
-    }
-    return attempt;
-  }
-
-  // Evicts the least recently used live graph other than `keep` and those
-  // being re-captured; false if none. Under the lock.
-  bool evict_lru(const Entry* keep) {
-    for (auto it = graph_lru_.rbegin(); it != graph_lru_.rend(); ++it) {
-      Entry& victim = **it;
-      if (&victim == keep || victim.state == State::capturing) {
-        continue;
-      }
-      drop_graph(victim, State::ready);
-      ++stats_.evictions;
-      return true;
-    }
-    return false;
-  }
-
-  void drop_graph(Entry& entry, State next) noexcept {
-    if (entry.graph) {
-      graph_lru_.erase(entry.graph_lru);
-      entry.graph.reset();  // freed once the last launch holding it returns
-      --live_graphs_;
-      total_bytes_ -= entry.memory.footprint_bytes;
-    }
-    entry.memory = GraphMemory{};
-    entry.replays = 0;
-    entry.state = next;
-  }
-
-  // Gives evicted graphs' memory back, where the backend can. No lock held.
-  void trim() noexcept {
-    if constexpr (TrimsMemory<Backend>) {
-      backend_.trim(::std::source_location::current());
-    }
-  }
-
-  bool invalidate_entry(Entry& entry) noexcept {
-    switch (entry.state) {
-      case State::captured:
-      case State::stale:
-        entry.state = State::stale;
-        return true;
-      case State::eager_only:
-        entry.state = State::ready;
-        return true;
-      case State::capturing:
-        entry.invalidated_in_capture = true;
-        return true;
-      case State::ready:
-        entry.interrupted_rounds = 0;  // no cool-down: try at once
-        return false;
-      case State::warming:
-        return false;
-    }
-    return false;
-  }
-
-  void report_failure(const Handler& handler, const Key& shape, const ::std::string& reason) noexcept {
-    try {
-      const detail::ActiveRouterScope active(this);
-      if (handler && *handler) {
-        (*handler)(shape, reason);
-      } else {
-        const ::std::string line = detail::concat("replay::ShapeRouter: capturing shape ", detail::describe_key(shape),
-                                                  " failed; it runs eagerly from now on. ", reason, "\n");
-        ::std::fputs(line.c_str(), stderr);
-      }
-    } catch (...) {
-      // A failing logger must not take the serving path down.
-    }
-  }
+                          const ::std::source_location& where);
+  void report_failure(const Handler& handler, const Key& shape, const ::std::string& reason) noexcept;
 
   work_type work_;
   options_type options_;
@@ -959,3 +400,8 @@ class ShapeRouter {
 };
 
 }  // namespace replay
+
+// The out-of-line parts: stream ordering and leases, the key table, capture.
+#include "replay/detail/router_streams.hpp"
+#include "replay/detail/router_table.hpp"
+#include "replay/detail/router_capture.hpp"

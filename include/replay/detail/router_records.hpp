@@ -1,0 +1,74 @@
+#pragma once
+#include <replay/detail/require_cxx20.hpp>
+// ShapeRouter's internal records: the per-key entry, its graph slot, a capture attempt, the re-entry guard.
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "replay/detail/reentry_guard.hpp"
+#include "replay/shape_router/backend.hpp"
+#include "replay/shape_router/stats.hpp"
+
+namespace replay::detail {
+
+// The router this thread is inside (its work callable or failure handler),
+// to refuse re-entry: a nested run on another stream would wait for the
+// outer one to finish. One slot for routers of every type.
+struct ShapeRouterKind {};
+using ActiveRouterScope = ReentryGuard<ShapeRouterKind>;
+
+enum class RouterEntryState : ::std::uint8_t {
+  warming,     // seen fewer than warmup_runs times
+  ready,       // warm, no graph (new, evicted, or an interrupted capture cooling down): the next run captures
+  capturing,   // one thread captures (or re-captures) it now, outside the lock
+  captured,    // graph live
+  stale,       // graph live but invalidated: the next run re-captures
+  eager_only,  // a capture failed on its own work: always eager
+};
+
+// A live graph: shared with launches in flight, so that an eviction never
+// frees it under them. Its own launches and its re-capture are serialized.
+template <class Exec>
+struct RouterGraphSlot {
+  explicit RouterGraphSlot(Exec&& e) : exec(::std::move(e)) {}
+  Exec exec;
+  ::std::mutex mutex;
+};
+
+// One key of the router's table.
+template <class Key, class Exec>
+struct RouterEntry {
+  explicit RouterEntry(const Key& k) : shape(k) {}
+  Key shape;
+  ::std::shared_ptr<RouterGraphSlot<Exec>> graph;
+  GraphMemory memory;
+  ::std::uint64_t replays = 0;
+  ::std::uint32_t warmups = 0;
+  ::std::uint32_t interrupted_rounds = 0;  // consecutive capture rounds interrupted from outside
+  ::std::chrono::steady_clock::time_point retry_at{};
+  RouterEntryState state = RouterEntryState::ready;
+  bool detached = false;                // forgotten (clear, max_entries) while a capture was in flight
+  bool invalidated_in_capture = false;  // invalidate() while capturing: stale as soon as it is in
+  typename ::std::list<RouterEntry*>::iterator lru;        // in lru_
+  typename ::std::list<RouterEntry*>::iterator graph_lru;  // in graph_lru_ while `graph`
+};
+
+enum class RouterCaptureOutcome : ::std::uint8_t { captured, interrupted, failed };
+
+// What one capture (with its retries) came to.
+template <class Exec>
+struct RouterCaptureAttempt {
+  RouterCaptureOutcome outcome = RouterCaptureOutcome::failed;
+  ::std::optional<CapturedGraph<Exec>> fresh;  // a new capture
+  RecaptureResult updated{};                   // a re-capture of the entry's graph
+  ::std::string reason;
+  ::std::uint32_t interruptions = 0;
+  ::std::uint32_t retries = 0;
+};
+
+}  // namespace replay::detail

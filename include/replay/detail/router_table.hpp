@@ -1,0 +1,222 @@
+#pragma once
+#include <replay/detail/require_cxx20.hpp>
+// ShapeRouter's key table: lookups, LRU lists, eviction, invalidation, clearing and the table queries.
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <source_location>
+#include <vector>
+
+#include "replay/shape_router/router.hpp"
+#include "replay/shape_router/backend.hpp"
+#include "replay/shape_router/stats.hpp"
+
+namespace replay {
+
+template <RouterKey Key, GraphBackend Backend>
+inline bool ShapeRouter<Key, Backend>::invalidate(const Key& key, ::std::source_location where) {
+  refuse_reentry(where);
+  const Planned planned = Plan::plan(options_, key, where);
+  ::std::lock_guard<::std::mutex> lock(mutex_);
+  const auto it = entries_.find(planned.shape);
+  return it != entries_.end() && invalidate_entry(*it->second);
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline void ShapeRouter<Key, Backend>::invalidate_all(::std::source_location where) {
+  refuse_reentry(where);
+  ::std::lock_guard<::std::mutex> lock(mutex_);
+  for (auto& [shape, entry] : entries_) {
+    (void)invalidate_entry(*entry);
+  }
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline bool ShapeRouter<Key, Backend>::evict(const Key& key, ::std::source_location where) {
+  refuse_reentry(where);
+  const Planned planned = Plan::plan(options_, key, where);
+  {
+    ::std::lock_guard<::std::mutex> lock(mutex_);
+    const auto it = entries_.find(planned.shape);
+    if (it == entries_.end() || !it->second->graph || it->second->state == State::capturing) {
+      return false;
+    }
+    drop_graph(*it->second, State::ready);
+    ++stats_.evictions;
+  }
+  trim();
+  return true;
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline void ShapeRouter<Key, Backend>::clear(::std::source_location where) {
+  refuse_reentry(where);
+  {
+    ::std::lock_guard<::std::mutex> lock(mutex_);
+    for (auto& [shape, entry] : entries_) {
+      entry->detached = true;
+    }
+    entries_.clear();
+    lru_.clear();
+    graph_lru_.clear();
+    live_graphs_ = 0;
+    total_bytes_ = 0;
+  }
+  trim();
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline bool ShapeRouter<Key, Backend>::contains(const Key& key, ::std::source_location where) const {
+  refuse_reentry(where);
+  const Planned planned = Plan::plan(options_, key, where);
+  ::std::lock_guard<::std::mutex> lock(mutex_);
+  const auto it = entries_.find(planned.shape);
+  return it != entries_.end() && it->second->graph != nullptr;
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline bool ShapeRouter<Key, Backend>::is_eager(const Key& key, ::std::source_location where) const {
+  refuse_reentry(where);
+  const Planned planned = Plan::plan(options_, key, where);
+  ::std::lock_guard<::std::mutex> lock(mutex_);
+  const auto it = entries_.find(planned.shape);
+  return it != entries_.end() && it->second->state == State::eager_only;
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline auto ShapeRouter<Key, Backend>::graphs() const -> ::std::vector<GraphInfo<Key>> {
+  refuse_reentry();
+  ::std::vector<GraphInfo<Key>> out;
+  ::std::lock_guard<::std::mutex> lock(mutex_);
+  out.reserve(graph_lru_.size());
+  for (const Entry* entry : graph_lru_) {
+    out.push_back(GraphInfo<Key>{entry->shape, entry->memory, entry->replays, entry->state == State::stale});
+  }
+  return out;
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline RouterMemory ShapeRouter<Key, Backend>::memory(::std::source_location where) const {
+  refuse_reentry(where);
+  RouterMemory out;
+  {
+    ::std::lock_guard<::std::mutex> lock(mutex_);
+    for (const Entry* entry : graph_lru_) {
+      ++out.graphs;
+      out.alloc_bytes_sum += entry->memory.alloc_bytes;
+      out.alloc_bytes_max = ::std::max(out.alloc_bytes_max, entry->memory.alloc_bytes);
+      out.footprint_bytes += entry->memory.footprint_bytes;
+    }
+  }
+  if constexpr (ReportsPoolMemory<Backend>) {
+    out.pool = backend_.pool_memory(where);
+  }
+  return out;
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline void ShapeRouter<Key, Backend>::touch(Entry& entry) noexcept {
+  lru_.splice(lru_.begin(), lru_, entry.lru);
+  if (entry.graph) {
+    graph_lru_.splice(graph_lru_.begin(), graph_lru_, entry.graph_lru);
+  }
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline auto ShapeRouter<Key, Backend>::entry_for(const Key& shape) -> EntryRef {
+  if (const auto it = entries_.find(shape); it != entries_.end()) {
+    touch(*it->second);
+    return it->second;
+  }
+  while (entries_.size() >= options_.max_entries && forget_lru_entry()) {
+  }
+  EntryRef entry = ::std::make_shared<Entry>(shape);
+  entry->state = options_.warmup_runs > 0 ? State::warming : State::ready;
+  lru_.push_front(entry.get());
+  entry->lru = lru_.begin();
+  try {
+    entries_.emplace(shape, entry);
+  } catch (...) {
+    lru_.pop_front();
+    throw;
+  }
+  return entry;
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline bool ShapeRouter<Key, Backend>::forget_lru_entry() {
+  for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {
+    Entry& victim = **it;
+    if (victim.state == State::capturing) {
+      continue;
+    }
+    if (victim.graph) {
+      drop_graph(victim, State::ready);
+      ++stats_.evictions;
+    }
+    ++stats_.entry_evictions;
+    victim.detached = true;
+    lru_.erase(victim.lru);
+    entries_.erase(victim.shape);  // `victim` dies here
+    return true;
+  }
+  return false;
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline bool ShapeRouter<Key, Backend>::evict_lru(const Entry* keep) {
+  for (auto it = graph_lru_.rbegin(); it != graph_lru_.rend(); ++it) {
+    Entry& victim = **it;
+    if (&victim == keep || victim.state == State::capturing) {
+      continue;
+    }
+    drop_graph(victim, State::ready);
+    ++stats_.evictions;
+    return true;
+  }
+  return false;
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline void ShapeRouter<Key, Backend>::drop_graph(Entry& entry, State next) noexcept {
+  if (entry.graph) {
+    graph_lru_.erase(entry.graph_lru);
+    entry.graph.reset();  // freed once the last launch holding it returns
+    --live_graphs_;
+    total_bytes_ -= entry.memory.footprint_bytes;
+  }
+  entry.memory = GraphMemory{};
+  entry.replays = 0;
+  entry.state = next;
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline void ShapeRouter<Key, Backend>::trim() noexcept {
+  if constexpr (TrimsMemory<Backend>) {
+    backend_.trim(::std::source_location::current());
+  }
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline bool ShapeRouter<Key, Backend>::invalidate_entry(Entry& entry) noexcept {
+  switch (entry.state) {
+    case State::captured:
+    case State::stale:
+      entry.state = State::stale;
+      return true;
+    case State::eager_only:
+      entry.state = State::ready;
+      return true;
+    case State::capturing:
+      entry.invalidated_in_capture = true;
+      return true;
+    case State::ready:
+      entry.interrupted_rounds = 0;  // no cool-down: try at once
+      return false;
+    case State::warming:
+      return false;
+  }
+  return false;
+}
+
+}  // namespace replay
