@@ -171,7 +171,9 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(back == std::vector<float>(64, 2.0F));
   }
 
-  TEST_CASE("a buffer destroyed inside a capture is freed after it, without breaking it") {
+  TEST_CASE("a buffer destroyed inside a capture is freed after it, without breaking the stream") {
+    // The free waits for the end of the capture (cudaFree there would
+    // invalidate it); the graph, which may hold the freed address, is refused.
     replay::Stream stream;
     replay::DeviceBuffer<float> keep(256);
     auto temp = std::make_unique<replay::DeviceBuffer<float>>(256);
@@ -180,18 +182,21 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     REQUIRE(cudaPointerGetAttributes(&attributes, address) == cudaSuccess);
     REQUIRE(attributes.type == cudaMemoryTypeDevice);
     const std::size_t pending_before = replay::detail::deferred_frees().size();
-    replay::Graph graph;
     {
       replay::CaptureScope scope(stream);
       keep.fill(1.0F, stream);
-      temp.reset();  // cudaFree here would invalidate the capture; it is deferred
+      temp.reset();
       CHECK(replay::detail::deferred_frees().size() == pending_before + 1);
-      graph = scope.finish();
+      CHECK_THROWS_AS((void)scope.finish(), replay::usage_error);
     }
-    CHECK(graph.count(replay::NodeType::memset) == 1);  // the capture was not broken
+    CHECK(stream.ref().capture_status() == replay::CaptureStatus::none);
     CHECK(replay::detail::deferred_frees().size() == pending_before);
     // Freed: the runtime no longer knows the address.
     REQUIRE(cudaPointerGetAttributes(&attributes, address) == cudaSuccess);
     CHECK(attributes.type == cudaMemoryTypeUnregistered);
+    // The stream captures again.
+    const replay::Graph graph = replay::capture(stream, [&](replay::StreamRef s) { keep.fill(2.0F, s); });
+    CHECK(graph.count(replay::NodeType::memset) == 1);
   }
+
 }

@@ -630,11 +630,14 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     replay::Event done;
     done.record(stream);
     scale_kernel<<<1, 4096, 0, stream.get()>>>(y.data(), 1, 1.0F, 0.0F);  // 4096 threads: an invalid launch
-    REQUIRE(cudaPeekAtLastError() == cudaErrorInvalidConfiguration);
+    // Which code the runtime gives an oversized block varies between releases.
+    const cudaError_t pending = cudaPeekAtLastError();
+    REQUIRE(pending != cudaSuccess);
+    MESSAGE("the invalid launch left " << cudaGetErrorName(pending));
     const bool stream_ready = stream.ref().ready();
     const bool event_ready = done.ready();
     MESSAGE("ready while running: stream " << stream_ready << ", event " << event_ready);
-    CHECK(cudaPeekAtLastError() == cudaErrorInvalidConfiguration);
+    CHECK(cudaPeekAtLastError() == pending);
     CHECK_THROWS_AS(replay::check_last_launch("scale_kernel"), replay::cuda_error);  // still reported
     stream.synchronize();
   }

@@ -92,7 +92,7 @@ class GraphedCallable {
     ::c10::cuda::CUDAGuard device_guard(s.device);
     const ::cudaStream_t stream = ::c10::cuda::getCurrentCUDAStream(s.device.index()).stream();
     if (s.has_last && s.last_stream != stream) {
-      if (has_flag(s.flags, GraphedFlags::view_outputs)) [[unlikely]] {
+      if (s.views_handed_out) [[unlikely]] {
         // The previous call's views may still be read on its stream, after
         // the event recorded at its end: nothing orders those reads.
         throw usage_error("GraphedCallable with GraphedFlags::view_outputs called on another stream than the "
@@ -126,6 +126,7 @@ class GraphedCallable {
     s.done->record(StreamRef(stream), where);
     s.last_stream = stream;
     s.has_last = true;
+    s.views_handed_out = s.views_handed_out || has_flag(s.flags, GraphedFlags::view_outputs);
     settle.disarm();
     if (!s.failure.empty() && has_flag(s.flags, GraphedFlags::no_fallback)) {
       // The router marked the bucket eager; under no_fallback it must try
@@ -239,7 +240,15 @@ class GraphedCallable {
     out.padded_batch_ = route.shape;
     out.route_ = route.kind;
     if (!route.graph()) {
-      out.tensors_ = ::std::make_shared<::std::vector<::at::Tensor>>(s.context->take_outputs());
+      // An eager run of a padded batch (a warm-up, a failed capture's bucket)
+      // ran on the padded static inputs: its outputs are sliced back too.
+      auto eager = ::std::make_shared<::std::vector<::at::Tensor>>(s.context->take_outputs());
+      for (::at::Tensor& t : *eager) {
+        if (detail::GraphedCallCache::sliced(t, batch, route.shape)) {
+          t = t.narrow(0, 0, batch);
+        }
+      }
+      out.tensors_ = ::std::move(eager);
       return out;
     }
     const ::std::vector<::at::Tensor>* launched = s.context->launched_outputs();

@@ -62,6 +62,7 @@ struct GraphedState {
   ::std::optional<Event> done;  // recorded after every call: orders a call on another stream after it
   ::cudaStream_t last_stream = nullptr;
   bool has_last = false;
+  bool views_handed_out = false;  // a fast-mode call returned views (the constructor's own work hands out none)
   ::std::mutex mutex;
   GraphedCallCache cache;  // per batch: bucket, padding high-water mark, fast-mode views
   ::std::shared_ptr<TorchCaptureContext> context;
