@@ -76,6 +76,14 @@ __global__ void wait_for_flag_kernel(const volatile int* flag, long long max_cyc
   }
 }
 
+// Keeps the stream busy for about `cycles` clock cycles.
+__global__ void delay_kernel(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+    __nanosleep(200);
+  }
+}
+
 // Index of the first element of `out` that is not 2 in + 1, or npos.
 std::size_t first_mismatch(std::span<const float> in, std::span<const float> out) {
   if (in.size() != out.size()) {
@@ -882,5 +890,146 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     constexpr auto clash = replay::PipelineFlags::slot_streams | replay::PipelineFlags::graph_slot;
     CHECK_THROWS_WITH_AS(replay::StreamPipeline<float>({.input_capacity = 8, .flags = clash}, affine),
                          doctest::Contains("exclude each other"), replay::usage_error);
+  }
+  TEST_CASE("pageable in and out behind a slow compute, default copy helpers, two producers: every output checked") {
+    // Outputs of many chunks wait for a compute stage that takes a while: the
+    // completion thread waits for the first chunk before the helpers join, and
+    // the producers' input copies keep the helpers meanwhile.
+    constexpr std::size_t chunk_bytes = 4096;
+    const std::size_t capacity = 24 * (chunk_bytes / sizeof(float)) + 7;
+    const std::size_t per_producer = under_sanitizer() ? 6 : 40;
+    replay::StreamPipeline<float> pipeline(
+        {.input_capacity = capacity, .slots = 4, .staging_chunk_bytes = chunk_bytes},
+        [](replay::BufferView<float> in, replay::BufferView<float> out, replay::StreamRef s) {
+          delay_kernel<<<1, 1, 0, s.get()>>>(200000);  // about 0.1 ms
+          replay::check_last_launch("delay_kernel");
+          affine(in, out, s);
+        });
+    CHECK(replay::PipelineOptions{}.host_copy_threads == 8);
+    struct Work {
+      std::vector<std::vector<float>> inputs;
+      std::vector<std::vector<float>> outputs;
+      std::vector<replay::PipelineTicket<std::size_t>> tickets;
+    };
+    std::vector<Work> work(2);
+    for (Work& w : work) {
+      for (std::size_t i = 0; i < per_producer; ++i) {
+        const std::size_t n = (i % 3 == 0) ? capacity : random_size(1, capacity);
+        w.inputs.push_back(replay_test::random_floats(n));
+        w.outputs.emplace_back(n, -1.0F);
+      }
+    }
+    std::vector<std::thread> producers;
+    for (Work& w : work) {
+      producers.emplace_back([&pipeline, &w] {
+        for (std::size_t i = 0; i < w.inputs.size(); ++i) {
+          w.tickets.push_back(pipeline.submit(std::span<const float>(w.inputs[i]), std::span<float>(w.outputs[i])));
+        }
+      });
+    }
+    for (std::thread& t : producers) {
+      t.join();
+    }
+    for (Work& w : work) {
+      for (std::size_t i = 0; i < w.inputs.size(); ++i) {
+        INFO("item " << i);
+        REQUIRE(w.tickets[i].get() == w.inputs[i].size());
+        REQUIRE(first_mismatch(w.inputs[i], w.outputs[i]) == kNone);
+      }
+    }
+    pipeline.drain();
+    const auto stats = pipeline.stats();
+    CHECK(stats.completed == 2 * per_producer);
+    CHECK(stats.inputs_staged == 2 * per_producer);
+    CHECK(stats.outputs_staged == 2 * per_producer);
+  }
+
+  TEST_CASE("graph_slot records its own completion: outputs are whole when delivered, addresses changing or not") {
+    const std::size_t capacity = 1024;
+    const std::size_t items = under_sanitizer() ? 60 : 600;
+    const std::size_t buffers = 5;  // items reuse five input and output addresses, in a varying order
+    replay::StreamPipeline<float> pipeline({.input_capacity = capacity, .slots = 3, .flags = replay::PipelineFlags::graph_slot},
+                                           [](replay::BufferView<float> in, replay::BufferView<float> out,
+                                              replay::StreamRef s) {
+                                             delay_kernel<<<1, 1, 0, s.get()>>>(20000);
+                                             replay::check_last_launch("delay_kernel");
+                                             affine(in, out, s);
+                                           });
+    replay::PinnedBuffer<float> in_pool(capacity * buffers);
+    replay::PinnedBuffer<float> out_pool(capacity * buffers);
+    const auto in_view = in_pool.view();
+    const auto out_view = out_pool.view();
+    std::size_t checked = 0;
+    std::size_t mismatches = 0;
+    for (std::size_t i = 0; i < items; ++i) {
+      // The same buffer twice in a row now and then (no graph update), else another one.
+      const std::size_t b = (i % 7 == 1) ? (i - 1) % buffers : i % buffers;
+      // Its previous item was delivered (callbacks are checked before the next submit reuses it).
+      pipeline.drain();
+      const std::vector<float> input = replay_test::random_floats(capacity);
+      std::memcpy(in_pool.data() + b * capacity, input.data(), capacity * sizeof(float));
+      std::fill_n(out_pool.data() + b * capacity, capacity, -1.0F);
+      pipeline.submit(in_view.subview(b * capacity, capacity), out_view.subview(b * capacity, capacity),
+                      [&, input](const replay::PipelineCompletion<float>& done) {
+                        // The item is delivered only once its copy-out has landed.
+                        ++checked;
+                        if (!done.ok() || first_mismatch(input, done.output) != kNone) {
+                          ++mismatches;
+                        }
+                      });
+      if (i % 4 != 0) {
+        continue;
+      }
+      // Several in flight at once, too: three more on other buffers, through tickets.
+      std::vector<std::vector<float>> more;
+      std::vector<replay::PipelineTicket<std::size_t>> tickets;
+      for (std::size_t k = 1; k <= 3 && k < buffers; ++k) {
+        const std::size_t c = (b + k) % buffers;
+        more.push_back(replay_test::random_floats(capacity));
+        std::memcpy(in_pool.data() + c * capacity, more.back().data(), capacity * sizeof(float));
+        std::fill_n(out_pool.data() + c * capacity, capacity, -1.0F);
+        tickets.push_back(pipeline.submit(in_view.subview(c * capacity, capacity), out_view.subview(c * capacity, capacity)));
+      }
+      for (std::size_t k = 0; k < tickets.size(); ++k) {
+        const std::size_t c = (b + k + 1) % buffers;
+        REQUIRE(tickets[k].get() == capacity);
+        REQUIRE(first_mismatch(more[k], std::span<const float>(out_pool.data() + c * capacity, capacity)) == kNone);
+      }
+    }
+    pipeline.drain();
+    CHECK(checked == items);
+    CHECK(mismatches == 0);
+    CHECK(pipeline.stats().failed == 0);
+    CHECK(pipeline.stats().outputs_direct == pipeline.stats().completed);
+  }
+
+  TEST_CASE("graph_slot with no output: the graph's completion record follows the compute stage") {
+    const std::size_t capacity = 512;
+    std::atomic<int> captured{0};
+    replay::StreamPipeline<float> pipeline(
+        {.input_capacity = capacity,
+         .slots = 2,
+         .flags = replay::PipelineFlags::graph_slot,
+         .output_count = [](std::size_t) { return std::size_t{0}; }},
+        [&](replay::BufferView<float> in, replay::BufferView<float> out, replay::StreamRef s) {
+          ++captured;
+          delay_kernel<<<1, 1, 0, s.get()>>>(1000);  // the captured stage is not empty
+          replay::check_last_launch("delay_kernel");
+          affine(in, out, s);  // writes nothing: out is empty
+        });
+    CHECK(captured == 2);
+    const std::size_t items = under_sanitizer() ? 8 : 64;
+    std::vector<replay::PipelineTicket<std::vector<float>>> tickets;
+    std::vector<std::vector<float>> inputs;
+    for (std::size_t i = 0; i < items; ++i) {
+      inputs.push_back(replay_test::random_floats(capacity));
+      tickets.push_back(pipeline.submit(std::span<const float>(inputs.back())));
+    }
+    for (auto& ticket : tickets) {
+      CHECK(ticket.get().empty());
+    }
+    pipeline.drain();
+    CHECK(pipeline.stats().completed == items);
+    CHECK(pipeline.stats().failed == 0);
   }
 }

@@ -290,6 +290,46 @@ TEST_SUITE("host") {
     CHECK(std::is_sorted(control.finished_ids.begin(), control.finished_ids.end()));
   }
 
+  TEST_CASE("items that come faster or slower than the completion thread's watch are all delivered, in order") {
+    // Gaps of 0 (the completion thread is still watching), 20 us (around the
+    // watch) and 2 ms (it went to sleep and must be woken) between submits.
+    FakeControl control;
+    const int items = 60;
+    std::vector<std::uint64_t> ids;
+    std::vector<std::vector<long long>> outputs(items);
+    std::vector<std::vector<int>> inputs;
+    for (int i = 0; i < items; ++i) {
+      inputs.push_back(random_item(static_cast<std::size_t>(random_int(1, 32))));
+    }
+    {
+      FakePipeline pipeline(std::in_place, control, 3, 32);
+      for (int i = 0; i < items; ++i) {
+        const int gap_us = (i % 3 == 0) ? 0 : (i % 3 == 1 ? 20 : 2000);
+        std::this_thread::sleep_for(std::chrono::microseconds(gap_us));
+        (void)pipeline.submit(std::span<const int>(inputs[static_cast<std::size_t>(i)]),
+                              [&, i](const replay::PipelineCompletion<long long>& done) {
+                                ids.push_back(done.id);
+                                outputs[static_cast<std::size_t>(i)].assign(done.output.begin(), done.output.end());
+                              });
+        if (i % 10 == 9) {
+          pipeline.drain();  // and idle in between: the thread sleeps, then wakes for the next item
+          CHECK(ids.size() == static_cast<std::size_t>(i + 1));
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      }
+      pipeline.drain();
+    }
+    REQUIRE(ids.size() == static_cast<std::size_t>(items));
+    for (int i = 0; i < items; ++i) {
+      CHECK(ids[static_cast<std::size_t>(i)] == static_cast<std::uint64_t>(i));
+      CHECK(outputs[static_cast<std::size_t>(i)] == expected_output(inputs[static_cast<std::size_t>(i)]));
+    }
+  }
+
+  TEST_CASE("the copy helpers default to eight threads") {
+    CHECK(replay::PipelineOptions{}.host_copy_threads == 8);
+  }
+
   TEST_CASE("a full pipeline makes submit wait and try_submit return at once, until a slot frees") {
     FakeControl control;
     control.allow(0);  // nothing completes until the test says so

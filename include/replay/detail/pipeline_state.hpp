@@ -6,6 +6,7 @@
 #include <replay/detail/require_cxx20.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -213,9 +214,10 @@ struct PipelineState {
       records[slot]->error = error;
       records[slot]->issued = true;
       ++next_issue;
+      issued_count.store(next_issue, ::std::memory_order_release);
       wake_producers = turn_waiters != 0;
     }
-    work_ready.notify_one();
+    work_ready.notify_one();  // no system call unless the completion thread went to sleep
     if (wake_producers) {
       turn.notify_all();
     }
@@ -260,6 +262,7 @@ struct PipelineState {
     for (;;) {
       ::std::optional<InFlight> item;
       ::std::size_t slot = 0;
+      await_next_issue();
       {
         ::std::unique_lock lock(mutex);
         work_ready.wait(lock, [&] { return order.empty() ? stopping : records[order.front()]->issued; });
@@ -276,6 +279,33 @@ struct PipelineState {
       }
       deliver(slot, *item);
     }
+  }
+
+  // Before it sleeps on work_ready, the completion thread watches for the
+  // next item for a short while: a steady stream of small items then never
+  // finds it asleep, and submit() never pays for waking it (a futex system
+  // call and a context switch per item). `delivered` is written by this
+  // thread only, so it reads it without the lock.
+  void await_next_issue() const noexcept {
+    if (issued_count.load(::std::memory_order_acquire) > delivered) {
+      return;
+    }
+    const auto deadline = ::std::chrono::steady_clock::now() + completion_watch;
+    do {
+      for (int i = 0; i < 64; ++i) {
+        if (issued_count.load(::std::memory_order_acquire) > delivered) {
+          return;
+        }
+        cpu_relax();
+      }
+    } while (::std::chrono::steady_clock::now() < deadline);
+  }
+  static void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
   }
 
   void deliver(::std::size_t slot, InFlight& item) noexcept {
@@ -391,7 +421,11 @@ struct PipelineState {
   ::std::shared_ptr<VectorPool> vectors = ::std::make_shared<VectorPool>();
   ::std::shared_ptr<CountPool> counts = ::std::make_shared<CountPool>();
 
+  // How long the completion thread watches for the next item before it sleeps.
+  static constexpr ::std::chrono::microseconds completion_watch{50};
+
   ::std::atomic<::std::thread::id> issuing{};  // the producer inside runner.start(), if any
+  ::std::atomic<::std::uint64_t> issued_count{0};  // next_issue, readable without the lock
   mutable ::std::mutex mutex;                  // guards everything below
   ::std::condition_variable slot_freed;
   ::std::condition_variable turn;  // producers waiting to start their item in id order

@@ -82,6 +82,12 @@ void CudaStageRunner<In, Out>::capture_graphs(const ::std::source_location& wher
                                        fixed_output_count_ * sizeof(Out), ::cudaMemcpyDeviceToHost),
             "cudaGraphAddMemcpyNode1D", where);
     }
+    // The graph records copied_out itself: one cudaGraphLaunch is the whole
+    // per-item issue when the host addresses stay the same.
+    ::cudaGraphNode_t last = slot.d2h_node != nullptr ? slot.d2h_node : compute_node;
+    ::cudaGraphNode_t record_node = nullptr;
+    check(::cudaGraphAddEventRecordNode(&record_node, whole.handle(where), &last, 1, slot.copied_out.get()),
+          "cudaGraphAddEventRecordNode", where);
     slot.slot_graph.emplace(whole, InstantiateFlags::upload, slot.stream->get(), where);
     slot.slot_graph_source.emplace(::std::move(whole));
     slot.graph_source = slot.staging_in.data();
@@ -107,8 +113,7 @@ void CudaStageRunner<In, Out>::start_slot_graph(Slot& slot, bool has_destination
   if (target == slot.staging_out.data()) {
     slot.out_chunks = plan_chunks(produced * sizeof(Out), chunk_bytes_);  // copied out after the graph, in parallel
   }
-  slot.slot_graph->launch(slot.stream->get(), where);
-  slot.copied_out.record(slot.stream->get(), where);
+  slot.slot_graph->launch(slot.stream->get(), where);  // records copied_out at its end
   count_output_path(slot);
 }
 

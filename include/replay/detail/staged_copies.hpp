@@ -43,9 +43,11 @@ template <BufferElement In, BufferElement Out>
     }
     ::std::memcpy(to + chunks.offset(k), from + chunks.offset(k), chunks.length(k));
   };
-  if (!per_chunk) {
-    await(slot, slot.copied_out.get(), "cudaEventSynchronize");
-  }
+  // The helpers join only once the first chunk has landed. Until then the
+  // item may still be in its copy-in or compute, and a helper waiting on a
+  // chunk event would be lost for all that time to the producers' input
+  // copies; the later chunks land at link speed, far faster than a memcpy.
+  await(slot, per_chunk ? slot.chunk_events[0].get() : slot.copied_out.get(), "cudaEventSynchronize");
   copiers_.run(chunks.count, copy_chunk);
   if (per_chunk) {
     await(slot, slot.copied_out.get(), "cudaEventSynchronize");
