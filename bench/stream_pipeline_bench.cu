@@ -27,8 +27,10 @@
 //
 // Time is host wall time per batch (manual time). Counters: GBps (bytes per
 // second in each direction), items_per_s, the stages' times for one item run
-// alone (h2d_us, compute_us, d2h_us, from events), and ideal_s: the bound
-// "slowest stage total + one fill + one drain" = (items - 1) * slowest + sum.
+// alone (h2d_us, compute_us, d2h_us, from events; duplex_us: one item's
+// copies in and out at the same time), and ideal_s: the bound "slowest stage
+// total + one fill + one drain" = (items - 1) * slowest + sum, where the copy
+// stage's time is duplex_us (ideal_solo_s: each copy at its one-way rate).
 //
 // The compute stage is a loop of dependent FMAs per element whose iteration
 // count is calibrated at run time with events: compute time ~ 0 (copy_bound:
@@ -190,6 +192,7 @@ struct Calibration {
   double h2d_s = 0;
   double compute_s = 0;
   double d2h_s = 0;
+  double duplex_s = 0;  // one item's H2D and D2H at the same time, on two streams
 };
 
 // Stage times of one item alone, and the FMA count that makes the compute
@@ -214,6 +217,21 @@ const Calibration& calibration(std::size_t bytes, Balance balance) {
   c.d2h_s = device_seconds(stream, 10, [&] {
     replay::check(cudaMemcpyAsync(p.out.data(), d_out.data(), bytes, cudaMemcpyDeviceToHost, stream.get()),
                   "cudaMemcpyAsync");
+  });
+  // Both directions at once, as a pipeline runs them: on links that are not
+  // fully duplex this is more than either copy alone.
+  replay::Stream other;
+  replay::Event fork(replay::EventFlags::disable_timing);
+  replay::Event join(replay::EventFlags::disable_timing);
+  c.duplex_s = device_seconds(stream, 10, [&] {
+    fork.record(stream);
+    fork.wait_on(other);
+    replay::check(cudaMemcpyAsync(d_in.data(), p.in.data(), bytes, cudaMemcpyHostToDevice, stream.get()),
+                  "cudaMemcpyAsync");
+    replay::check(cudaMemcpyAsync(p.out.data(), d_out.data(), bytes, cudaMemcpyDeviceToHost, other.get()),
+                  "cudaMemcpyAsync");
+    join.record(other);
+    join.wait_on(stream);
   });
   const auto kernel_seconds = [&](int iterations) {
     return device_seconds(stream, 5, [&] { launch_fma(d_in.data(), d_out.data(), n, iterations, stream); });
@@ -359,9 +377,16 @@ void pipeline_batch(benchmark::State& state, Balance balance, Mode mode, std::si
       return;
     }
     set_rate_counters(state, items, bytes, total, state.iterations());
-    const double slowest = std::max({cal.h2d_s, cal.compute_s, cal.d2h_s});
-    state.counters["ideal_s"] =
-        static_cast<double>(items - 1) * slowest + cal.h2d_s + cal.compute_s + cal.d2h_s;
+    // In steady state an item's copies in and out overlap each other, so the
+    // copy stage runs at the measured duplex rate; ideal_solo_s takes each
+    // copy at its one-direction rate (a bound no link that shares bandwidth
+    // between directions can reach).
+    const double fill_drain = cal.h2d_s + cal.compute_s + cal.d2h_s;
+    const double slowest = std::max({cal.duplex_s, cal.compute_s});
+    const double slowest_solo = std::max({cal.h2d_s, cal.compute_s, cal.d2h_s});
+    state.counters["ideal_s"] = static_cast<double>(items - 1) * slowest + fill_drain;
+    state.counters["ideal_solo_s"] = static_cast<double>(items - 1) * slowest_solo + fill_drain;
+    state.counters["duplex_us"] = cal.duplex_s * 1e6;
     state.counters["h2d_us"] = cal.h2d_s * 1e6;
     state.counters["compute_us"] = cal.compute_s * 1e6;
     state.counters["d2h_us"] = cal.d2h_s * 1e6;

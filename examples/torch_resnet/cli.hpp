@@ -1,5 +1,5 @@
 #pragma once
-// Command-line helpers shared by the torch examples (torch_bert, torch_aoti).
+// Command-line helpers shared by the torch examples (torch_resnet, torch_bert).
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>

@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/cuda/EmptyTensor.h>
+
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/shape_router/router.hpp"
@@ -262,28 +264,47 @@ class GraphedCallable {
         out.tensors_ = *cached;
         return out;
       }
-      out.tensors_ = s.cache.store_views(batch, *launched, output_views(s, *launched, route.shape, batch, false));
+      out.tensors_ = s.cache.store_views(batch, *launched, output_views(s, *launched, route.shape, batch, false, where));
       s.cache.note_views_stored();
       return out;
     }
-    out.tensors_ = output_views(s, *launched, route.shape, batch, true);
+    out.tensors_ = output_views(s, *launched, route.shape, batch, true, where);
     return out;
   }
 
   // The static outputs sliced back to `batch` rows (those whose dimension 0
-  // is the bucket), cloned when asked.
+  // is the bucket), copied out when asked.
   static ::std::shared_ptr<::std::vector<::at::Tensor>> output_views(detail::GraphedState& s,
                                                                      const ::std::vector<::at::Tensor>& launched,
                                                                      ::std::int64_t padded, ::std::int64_t batch,
-                                                                     bool clone) {
+                                                                     bool copy, const ::std::source_location& where) {
     detail::GradScope grad(s.flags);  // the static outputs are inference tensors by default
     auto out = ::std::make_shared<::std::vector<::at::Tensor>>();
     out->reserve(launched.size());
     for (const ::at::Tensor& t : launched) {
       ::at::Tensor part = detail::GraphedCallCache::sliced(t, batch, padded) ? t.narrow(0, 0, batch) : t;
-      out->push_back(clone ? part.clone() : ::std::move(part));
+      out->push_back(copy ? copy_out(s, part, where) : ::std::move(part));
     }
     return out;
+  }
+
+  // A safe-mode output: a fresh tensor from the caching allocator on the
+  // current stream. A contiguous output is copied with one cudaMemcpyAsync
+  // (clone() goes through the dispatcher and TensorIterator, several
+  // microseconds of host time per output); others are cloned.
+  static ::at::Tensor copy_out(detail::GraphedState& s, const ::at::Tensor& part, const ::std::source_location& where) {
+    if (!part.is_contiguous() || !part.is_cuda()) [[unlikely]] {
+      return part.clone();
+    }
+    // Straight from the CUDA allocator path, without a dispatcher round trip.
+    ::at::Tensor fresh(::at::detail::empty_cuda(part.sizes(), part.scalar_type(), part.device(), ::std::nullopt));
+    const ::std::size_t bytes = part.nbytes();
+    if (bytes > 0) {
+      const ::cudaStream_t stream = ::c10::cuda::getCurrentCUDAStream(s.device.index()).stream();
+      check(::cudaMemcpyAsync(fresh.data_ptr(), part.const_data_ptr(), bytes, ::cudaMemcpyDeviceToDevice, stream),
+            "cudaMemcpyAsync", where);
+    }
+    return fresh;
   }
 
   ::std::unique_ptr<detail::GraphedState> state_;
