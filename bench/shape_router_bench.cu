@@ -23,6 +23,13 @@
 //  hit_latency/<capturing>:   p50/p99 host latency of hits on one key while another
 //                             thread keeps capturing a 100-kernel graph of other keys in
 //                             the same router (capturing:1), or not (capturing:0).
+//  hit_latency_raw/<capturing>: the same with raw CUDA and no router: p50/p99 of
+//                             cudaGraphLaunch of a 1-kernel graph while another thread
+//                             loops over raw stream capture of a 100-kernel graph,
+//                             cudaGraphInstantiate, cudaGraphUpload, one launch and
+//                             cudaGraphExecDestroy (what the router's capture path does),
+//                             or not. The driver's own stall of a launch during another
+//                             thread's capture and instantiation, measured in the same run.
 //  startup/<threads>:         capture_all of 32 buckets of a 100-kernel graph with
 //                             capture_threads = 1 or 4 (wall time per capture_all).
 #include <benchmark/benchmark.h>
@@ -397,13 +404,45 @@ void hit_rate(benchmark::State& state) {
   }
 }
 
+// hit_latency and hit_latency_raw: the captured graph's kernels, and the elements of each.
+constexpr int kLatencyKernels = 100;
+constexpr int kLatencyElements = 256;
+
+// Host latency of `hit` (20000 samples per iteration, the stream drained every 256).
+template <class Hit>
+std::vector<double> latency_samples(benchmark::State& state, replay::Stream& stream, Hit&& hit) {
+  std::vector<double> samples;
+  samples.reserve(1 << 16);
+  for (auto _ : state) {
+    samples.clear();
+    const auto begin = clock_type::now();
+    for (int i = 0; i < 20000; ++i) {
+      const auto start = clock_type::now();
+      hit();
+      samples.push_back(std::chrono::duration<double, std::nano>(clock_type::now() - start).count());
+      if ((i & 255) == 255) {
+        stream.synchronize();
+      }
+    }
+    state.SetIterationTime(seconds(begin, clock_type::now()));
+  }
+  return samples;
+}
+
+void report_latency(benchmark::State& state, std::vector<double> samples, std::int64_t captures) {
+  std::sort(samples.begin(), samples.end());
+  state.counters["p50_ns"] = samples[samples.size() / 2];
+  state.counters["p99_ns"] = samples[samples.size() * 99 / 100];
+  state.counters["captures"] = static_cast<double>(captures);
+}
+
 void hit_latency(benchmark::State& state) {
   if (skip_without_device(state)) {
     return;
   }
   const bool capturing = state.range(0) != 0;
-  constexpr int kKernels = 100;
-  constexpr int n = 256;
+  constexpr int kKernels = kLatencyKernels;
+  constexpr int n = kLatencyElements;
   replay::Stream stream;
   replay::DeviceBuffer<float> x(n);
   replay::ShapeRouter<int> router(
@@ -431,30 +470,84 @@ void hit_latency(benchmark::State& state) {
       std::this_thread::yield();
     }
   }
-  std::vector<double> samples;
-  samples.reserve(1 << 16);
-  for (auto _ : state) {
-    samples.clear();
-    const auto begin = clock_type::now();
-    for (int i = 0; i < 20000; ++i) {
-      const auto start = clock_type::now();
-      (void)router.run(1, stream);
-      samples.push_back(std::chrono::duration<double, std::nano>(clock_type::now() - start).count());
-      if ((i & 255) == 255) {
-        stream.synchronize();
-      }
-    }
-    state.SetIterationTime(seconds(begin, clock_type::now()));
-  }
+  const std::vector<double> samples = latency_samples(state, stream, [&] { (void)router.run(1, stream); });
   stop = true;
   if (capturer.joinable()) {
     capturer.join();
   }
   stream.synchronize();
-  std::sort(samples.begin(), samples.end());
-  state.counters["p50_ns"] = samples[samples.size() / 2];
-  state.counters["p99_ns"] = samples[samples.size() * 99 / 100];
-  state.counters["captures"] = static_cast<double>(captures.load());
+  report_latency(state, samples, captures.load());
+}
+
+void hit_latency_raw(benchmark::State& state) {
+  if (skip_without_device(state)) {
+    return;
+  }
+  replay::Stream capture_stream(replay::StreamFlags::non_blocking);
+  replay::Stream stream;
+  replay::DeviceBuffer<float> x(kLatencyElements);
+  const bool capturing = state.range(0) != 0;
+  constexpr int kKernels = kLatencyKernels;
+  constexpr int n = kLatencyElements;
+  auto issue = [&](int kernels, cudaStream_t s) {
+    for (int k = 0; k < kernels; ++k) {
+      tiny_kernel<<<1, n, 0, s>>>(x.data(), n, 1.0F);
+    }
+    replay::check_last_launch("tiny_kernel");
+  };
+  cudaGraph_t hit_graph = nullptr;
+  replay::check(cudaStreamBeginCapture(capture_stream.get(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  issue(1, capture_stream.get());
+  replay::check(cudaStreamEndCapture(capture_stream.get(), &hit_graph), "cudaStreamEndCapture");
+  cudaGraphExec_t hit_exec = nullptr;
+  replay::check(cudaGraphInstantiate(&hit_exec, hit_graph, 0), "cudaGraphInstantiate");
+  replay::check(cudaGraphUpload(hit_exec, stream.get()), "cudaGraphUpload");
+  stream.synchronize();
+  std::atomic<bool> stop{false};
+  std::atomic<std::int64_t> captures{0};
+  std::atomic<bool> failed{false};
+  std::thread capturer;
+  if (capturing) {
+    capturer = std::thread([&] {
+      try {
+        while (!stop.load()) {
+          cudaGraph_t graph = nullptr;
+          replay::check(cudaStreamBeginCapture(capture_stream.get(), cudaStreamCaptureModeThreadLocal),
+                        "cudaStreamBeginCapture");
+          issue(kKernels, capture_stream.get());
+          replay::check(cudaStreamEndCapture(capture_stream.get(), &graph), "cudaStreamEndCapture");
+          cudaGraphExec_t exec = nullptr;
+          replay::check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+          replay::check(cudaGraphDestroy(graph), "cudaGraphDestroy");
+          replay::check(cudaGraphUpload(exec, stream.get()), "cudaGraphUpload");
+          replay::check(cudaGraphLaunch(exec, stream.get()), "cudaGraphLaunch");
+          replay::check(cudaGraphExecDestroy(exec), "cudaGraphExecDestroy");
+          ++captures;
+        }
+      } catch (...) {
+        failed = true;
+        ++captures;
+      }
+    });
+    while (captures.load() == 0) {
+      std::this_thread::yield();
+    }
+  }
+  const std::vector<double> samples = latency_samples(state, stream, [&] {
+    replay::check(cudaGraphLaunch(hit_exec, stream.get()), "cudaGraphLaunch");
+  });
+  stop = true;
+  if (capturer.joinable()) {
+    capturer.join();
+  }
+  stream.synchronize();
+  replay::check(cudaGraphExecDestroy(hit_exec), "cudaGraphExecDestroy");
+  replay::check(cudaGraphDestroy(hit_graph), "cudaGraphDestroy");
+  if (failed.load()) {
+    state.SkipWithError("the raw capture loop failed");
+    return;
+  }
+  report_latency(state, samples, captures.load());
 }
 
 void startup(benchmark::State& state) {
@@ -513,6 +606,13 @@ BENCHMARK(dynamic_batch)->ArgName("mode")->Arg(0)->Arg(1)->Arg(2)->UseManualTime
 
 BENCHMARK(hit_rate)->ArgName("shared")->Arg(0)->Arg(1)->ThreadRange(1, 8)->UseRealTime();
 BENCHMARK(hit_latency)->ArgName("capturing")->Arg(0)->Arg(1)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(hit_latency_raw)
+    ->ArgName("capturing")
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(3)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(startup)->ArgName("threads")->Arg(1)->Arg(4)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

@@ -698,6 +698,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     });
     std::vector<int> mismatches(kThreads, 0);
     std::vector<int> errors(kThreads, 0);
+    std::vector<std::string> error_messages(kThreads);  // what each worker threw, if anything
     std::vector<std::future<void>> workers;
     for (int t = 0; t < kThreads; ++t) {
       workers.push_back(std::async(std::launch::async, [&, t] {
@@ -725,8 +726,12 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
               ++mismatches[static_cast<std::size_t>(t)];
             }
           }
+        } catch (const std::exception& e) {
+          ++errors[static_cast<std::size_t>(t)];
+          error_messages[static_cast<std::size_t>(t)] = e.what();
         } catch (...) {
           ++errors[static_cast<std::size_t>(t)];
+          error_messages[static_cast<std::size_t>(t)] = "a non-standard exception";
         }
       }));
     }
@@ -741,6 +746,9 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     for (int t = 0; t < kThreads; ++t) {
       CHECK(mismatches[static_cast<std::size_t>(t)] == 0);
       CHECK(errors[static_cast<std::size_t>(t)] == 0);
+      if (!error_messages[static_cast<std::size_t>(t)].empty()) {
+        MESSAGE("worker " << t << " threw: " << error_messages[static_cast<std::size_t>(t)]);
+      }
     }
     // Every bucket ends graphed: nothing was left eager for good.
     replay::Stream stream;

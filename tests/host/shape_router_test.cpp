@@ -50,7 +50,26 @@ namespace {
 
 // ---- the stand-in backend -------------------------------------------------
 
+// Streams destroyed so far (addresses are forgotten when reused): the
+// router must never touch a stream after the run on it returned.
+std::mutex g_streams_mutex;
+std::set<const void*> g_destroyed_streams;
+
 struct FakeStream {
+  FakeStream() {
+    const std::lock_guard<std::mutex> lock(g_streams_mutex);
+    g_destroyed_streams.erase(this);
+  }
+  FakeStream(const FakeStream&) = delete;
+  FakeStream& operator=(const FakeStream&) = delete;
+  ~FakeStream() {
+    const std::lock_guard<std::mutex> lock(g_streams_mutex);
+    g_destroyed_streams.insert(this);
+  }
+  static bool destroyed(const FakeStream* s) {
+    const std::lock_guard<std::mutex> lock(g_streams_mutex);
+    return g_destroyed_streams.count(s) != 0;
+  }
   std::vector<std::string> executed;            // what "ran", in order
   std::vector<std::string>* recording = nullptr;  // set while capturing
   bool invalidated = false;                       // a sync happened during capture
@@ -75,6 +94,27 @@ struct FakeStream {
 struct FakeExec {
   std::vector<std::string> ops;
   int id = 0;
+  // Set when this executable graph is destroyed (shared with launches in flight).
+  std::shared_ptr<std::atomic<bool>> gone = std::make_shared<std::atomic<bool>>(false);
+  FakeExec() = default;
+  FakeExec(std::vector<std::string> o, int i) : ops(std::move(o)), id(i) {}
+  FakeExec(FakeExec&&) noexcept = default;
+  FakeExec& operator=(FakeExec&& other) noexcept {
+    if (this != &other) {
+      if (gone) {
+        *gone = true;
+      }
+      ops = std::move(other.ops);
+      id = other.id;
+      gone = std::move(other.gone);
+    }
+    return *this;
+  }
+  ~FakeExec() {
+    if (gone) {
+      *gone = true;
+    }
+  }
 };
 
 struct FakeBackend {
@@ -94,11 +134,31 @@ struct FakeBackend {
   std::mutex log_mutex;                  // captures run concurrently, outside the router's lock
   std::atomic<int> next_id{0};
   std::atomic<int> launches{0};
-  std::atomic<int> orderings{0};  // order_after calls (a run on another stream than the previous)
+  std::atomic<int> orderings{0};  // wait_mark and drain calls (a run on another stream than the previous)
+  std::atomic<int> marks{0};
+  std::atomic<int> drains{0};
+  std::atomic<int> destroyed_touched{0};  // calls on a stream already destroyed (must stay 0)
   bool refuse_updates = false;
 
-  // A stream switch: the stand-in streams need no device ordering.
-  void order_after(FakeStream*, FakeStream*, std::source_location) { ++orderings; }
+  void touch(const FakeStream* s) {
+    if (FakeStream::destroyed(s)) {
+      ++destroyed_touched;
+    }
+  }
+  // Stream ordering: the stand-in streams need no device ordering; counted.
+  void mark(FakeStream* s, std::source_location) {
+    touch(s);
+    ++marks;
+  }
+  void wait_mark(FakeStream* s, std::source_location) {
+    touch(s);
+    ++orderings;
+  }
+  void drain(FakeStream* s, std::source_location) {
+    touch(s);
+    ++orderings;
+    ++drains;
+  }
 
   std::vector<std::string> record(FakeStream* s, auto& issue) {
     std::vector<std::string> ops;
@@ -143,6 +203,7 @@ struct FakeBackend {
     return result;
   }
   void launch(const FakeExec& exec, FakeStream* s, std::source_location) {
+    touch(s);
     ++launches;
     for (const auto& op : exec.ops) {
       s->executed.push_back(op);
@@ -789,7 +850,31 @@ struct HookedBackend : FakeBackend {
   }
 };
 
-// The stand-in without order_after: it cannot order two streams.
+// A backend whose launches take a while and check that the executable graph
+// they launch is not destroyed under them.
+struct SlowLaunchBackend : FakeBackend {
+  std::atomic<int> launched_destroyed{0};
+  std::atomic<int> slow_launches{0};
+  std::atomic<bool> slow{false};
+  SlowLaunchBackend() = default;
+  SlowLaunchBackend(const SlowLaunchBackend& other) : FakeBackend(other) {}
+  void launch(const FakeExec& exec, FakeStream* s, std::source_location where) {
+    if (slow.load()) {
+      ++slow_launches;
+      const auto gone = exec.gone;
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      if (gone->load()) {
+        ++launched_destroyed;
+      }
+      if (gone->load()) {
+        return;  // do not read the freed graph
+      }
+    }
+    FakeBackend::launch(exec, s, where);
+  }
+};
+
+// The stand-in without stream ordering: it cannot order two streams.
 struct UnorderedBackend {
   using stream_type = FakeStream*;
   using exec_type = FakeExec;
@@ -1080,5 +1165,108 @@ TEST_SUITE("host") {
       CHECK(router.run(6, &main_stream).kind == replay::RouteKind::captured);
       CHECK(router.graph_count() == 1);
     }
+  }
+
+  TEST_CASE("a stream destroyed after its last run is never touched: the next stream's first run drains once") {
+    // Old code: the switch recorded the order event on the previous stream
+    // (order_after(previous, next)), which its owner had destroyed: a
+    // use-after-free of a stream (on the GPU: SIGSEGV, or cudaEventRecord
+    // failing with cudaErrorContextIsDestroyed).
+    Router<int> router(work_ops);
+    {
+      FakeStream first;
+      (void)router.run(2, &first);
+      (void)router.run(2, &first);
+      CHECK(router.backend().marks == 0);  // one stream so far: hits record nothing
+    }
+    FakeStream second;
+    FakeStream fourth;  // made now: not at the address of `third`
+    CHECK(router.run(2, &second).kind == replay::RouteKind::replayed);
+    CHECK(router.backend().drains == 1);  // nothing was marked: ordered after the whole device, once
+    CHECK(router.backend().marks == 1);   // from now on every run marks its own stream
+    {
+      FakeStream third;
+      CHECK(router.run(2, &third).kind == replay::RouteKind::replayed);
+      (void)router.run(3, &third);  // a miss (eager warm-up) marks too
+    }
+    CHECK(router.run(2, &fourth).kind == replay::RouteKind::replayed);
+    CHECK(router.backend().drains == 1);      // later switches wait for the last mark
+    CHECK(router.backend().orderings == 3);   // drain, then two waits
+    CHECK(router.backend().marks == 4);
+    CHECK(router.stats().stream_switches == 3);
+    CHECK(router.backend().destroyed_touched == 0);
+  }
+
+  TEST_CASE("a lease marks its stream when it ends, so the next stream waits for that mark") {
+    Router<int> router(work_ops);
+    FakeStream b;
+    {
+      FakeStream a;
+      {
+        const auto lease = router.lease(&a);
+        (void)router.run(2, &a);
+      }
+      CHECK(router.backend().marks == 1);
+    }
+    CHECK(router.run(2, &b).kind == replay::RouteKind::replayed);
+    CHECK(router.backend().drains == 0);
+    CHECK(router.backend().orderings == 1);
+    CHECK(router.backend().destroyed_touched == 0);
+  }
+
+  TEST_CASE("threads on their own short-lived streams share a router: no stream is touched after it is gone") {
+    Router<int> router(work_ops, Options::bucketed({2, 4, 8}));
+    std::vector<std::thread> threads;
+    std::atomic<int> errors{0};
+    for (int t = 0; t < 6; ++t) {
+      threads.emplace_back([&, t] {
+        try {
+          for (int round = 0; round < 20; ++round) {
+            FakeStream own;  // destroyed after every few runs
+            for (int i = 0; i < 3; ++i) {
+              const int key = 1 + (t + round + i) % 8;
+              if (round % 2 == 0) {
+                const auto lease = router.lease(&own);
+                (void)router.run(key, &own);
+              } else {
+                (void)router.run(key, &own);
+              }
+            }
+          }
+        } catch (...) {
+          ++errors;
+        }
+      });
+    }
+    for (auto& thread : threads) {
+      thread.join();
+    }
+    CHECK(errors == 0);
+    CHECK(router.backend().destroyed_touched == 0);
+    CHECK(router.backend().drains <= 1);
+  }
+
+  TEST_CASE("evicting or clearing a graph while another thread launches it waits for that launch") {
+    // The hit path holds no reference to the graph it launches, only its
+    // lock: the eviction must wait for the launch, never free the graph under it.
+    replay::ShapeRouter<int, SlowLaunchBackend> router(work_ops, Options::exact());
+    FakeStream s;
+    CHECK(router.run(2, &s).kind == replay::RouteKind::captured);
+    CHECK(router.run(3, &s).kind == replay::RouteKind::captured);
+    router.backend().slow = true;
+    auto hit = std::async(std::launch::async, [&] { return router.run(2, &s).kind; });
+    while (router.backend().slow_launches.load() == 0) {
+      std::this_thread::yield();
+    }
+    CHECK(router.evict(2));
+    auto other = std::async(std::launch::async, [&] { return router.run(3, &s).kind; });
+    while (router.backend().slow_launches.load() < 2) {
+      std::this_thread::yield();
+    }
+    router.clear();
+    CHECK(hit.get() == replay::RouteKind::replayed);
+    CHECK(other.get() == replay::RouteKind::replayed);
+    CHECK(router.backend().launched_destroyed == 0);
+    CHECK(router.graph_count() == 0);
   }
 }

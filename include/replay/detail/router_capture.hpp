@@ -157,7 +157,9 @@ inline bool ShapeRouter<Key, Backend>::capture_one(const Key& shape, stream_type
   if (entry->state != State::ready && entry->state != State::stale) {
     return entry->state == State::captured;  // another thread got there meanwhile
   }
-  return capture_locked(lock, entry, stream, where) != nullptr;
+  const bool captured = capture_locked(lock, entry, stream, where) != nullptr;
+  release_retired(lock);
+  return captured;
 }
 
 template <RouterKey Key, GraphBackend Backend>
@@ -236,15 +238,9 @@ inline auto ShapeRouter<Key, Backend>::capture_locked(::std::unique_lock<::std::
   entry->state = entry->invalidated_in_capture ? State::stale : State::captured;
   ++entry->replays;  // the launch that follows
   touch(*entry);
-  bool evicted = false;
   while ((live_graphs_ > options_.max_graphs || total_bytes_ > options_.max_bytes) && evict_lru(entry.get())) {
-    evicted = true;
   }
-  if (evicted) {
-    lock.unlock();
-    trim();
-    lock.lock();
-  }
+  release_retired(lock);  // the evicted graphs, destroyed (and the pool trimmed) with the lock released
   return graph;
 }
 

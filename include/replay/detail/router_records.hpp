@@ -31,11 +31,18 @@ enum class RouterEntryState : ::std::uint8_t {
   eager_only,  // a capture failed on its own work: always eager
 };
 
-// A live graph: shared with launches in flight, so that an eviction never
-// frees it under them. Its own launches and its re-capture are serialized.
+// A live graph. Its own launches, its re-capture and its destruction are
+// serialized by `mutex`: a hit locks it under the router's lock and launches
+// after releasing that lock, holding no reference; the destructor waits for
+// such a launch to end, so an eviction never frees a graph under a launch.
 template <class Exec>
 struct RouterGraphSlot {
   explicit RouterGraphSlot(Exec&& e) : exec(::std::move(e)) {}
+  RouterGraphSlot(const RouterGraphSlot&) = delete;
+  RouterGraphSlot& operator=(const RouterGraphSlot&) = delete;
+  ~RouterGraphSlot() {
+    const ::std::lock_guard<::std::mutex> wait_for_launch(mutex);
+  }
   Exec exec;
   ::std::mutex mutex;
 };

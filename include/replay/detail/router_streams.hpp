@@ -4,6 +4,8 @@
 #include <mutex>
 #include <source_location>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "replay/shape_router/router.hpp"
 #include "replay/detail/router_records.hpp"
@@ -43,8 +45,8 @@ inline auto ShapeRouter<Key, Backend>::enter_stream(::std::unique_lock<::std::mu
                           "leased stream, or release the lease first",
                           where);
       }
-      in_flight_.fetch_add(1);
-      return Submission(this);
+      ++entered_;
+      return Submission(this, false);  // the lease's end marks
     }
     switch_cv_.wait(lock, [&] { return lease_owner_ == ::std::thread::id(); });
   }
@@ -57,31 +59,55 @@ inline auto ShapeRouter<Key, Backend>::enter_stream_locked(::std::unique_lock<::
   for (;;) {
     if (!switching_.load()) {
       if (!last_stream_.has_value() || *last_stream_ == stream) [[likely]] {
-        last_stream_ = stream;
-        in_flight_.fetch_add(1);
-        return Submission(this);
+        if (!last_stream_.has_value()) [[unlikely]] {
+          last_stream_ = stream;
+        }
+        ++entered_;
+        if (!marking_) {
+          unmarked_ = true;
+        }
+        return Submission(this, marking_);
       }
       if constexpr (!OrdersStreams<Backend>) {
         throw usage_error(
             "ShapeRouter::run on a second stream, but the backend cannot order streams (it has no "
-            "order_after): the graphs share their buffers, so the runs would race. Use one router per stream",
+            "mark/wait_mark/drain): the graphs share their buffers, so the runs would race. Use one router "
+            "per stream",
             where);
       } else {
+        // Every submission on the previous stream is issued (and, when
+        // marking, marked by its own thread) before this one is ordered
+        // after them. The previous stream is never named: it may be gone.
         switching_.store(true);
-        switch_cv_.wait(lock, [&] { return in_flight_.load() == 0; });
         try {
-          backend_.order_after(*last_stream_, stream, where);
+          switch_cv_.wait(lock, [&] { return issued_.load() == entered_; });
+          if (unmarked_) {
+            // Runs on one stream so far recorded nothing: order after all of
+            // the device's work, once; from now on every submission marks.
+            lock.unlock();
+            try {
+              backend_.drain(stream, where);
+            } catch (...) {
+              lock.lock();
+              throw;
+            }
+            lock.lock();
+          } else {
+            backend_.wait_mark(stream, where);
+          }
         } catch (...) {
           switching_.store(false);
           switch_cv_.notify_all();
           throw;
         }
+        marking_ = true;
+        unmarked_ = false;
         last_stream_ = stream;
         ++stats_.stream_switches;
-        in_flight_.fetch_add(1);
+        ++entered_;
         switching_.store(false);
         switch_cv_.notify_all();
-        return Submission(this);
+        return Submission(this, true);
       }
     }
     switch_cv_.wait(lock, [&] { return !switching_.load(); });
@@ -90,38 +116,86 @@ inline auto ShapeRouter<Key, Backend>::enter_stream_locked(::std::unique_lock<::
 
 template <RouterKey Key, GraphBackend Backend>
 inline void ShapeRouter<Key, Backend>::end_lease() noexcept {
+  bool marked = false;
+  if constexpr (OrdersStreams<Backend>) {
+    try {
+      // The leased stream is alive (the lease is on it): the next user on
+      // another stream is ordered after everything issued under the lease.
+      backend_.mark(*lease_stream_, ::std::source_location::current());
+      marked = true;
+    } catch (...) {
+    }
+  }
   {
     const ::std::lock_guard<::std::mutex> lock(mutex_);
     lease_owner_ = ::std::thread::id();
-    in_flight_.fetch_sub(1);
+    unmarked_ = !marked;
+    issued_.fetch_add(1);
   }
   switch_cv_.notify_all();
 }
 
 template <RouterKey Key, GraphBackend Backend>
-inline void ShapeRouter<Key, Backend>::leave_stream() noexcept {
-  if (in_flight_.fetch_sub(1) == 1 && switching_.load()) {
+inline void ShapeRouter<Key, Backend>::leave_stream(bool unmarked) noexcept {
+  if (unmarked) [[unlikely]] {
+    const ::std::lock_guard<::std::mutex> lock(mutex_);
+    unmarked_ = true;
+    issued_.fetch_add(1);
+    switch_cv_.notify_all();
+    return;
+  }
+  issued_.fetch_add(1);
+  if (switching_.load()) [[unlikely]] {
     const ::std::lock_guard<::std::mutex> lock(mutex_);
     switch_cv_.notify_all();
   }
 }
 
+// Lock order: a graph's mutex is always taken before a submission is entered
+// (a thread entered on a stream never blocks on a graph), and graphs are
+// destroyed outside submissions with the router's lock released; so a
+// switch, which waits for every entered submission to be issued, never waits
+// on a thread that waits for it.
 template <RouterKey Key, GraphBackend Backend>
 inline void ShapeRouter<Key, Backend>::launch(::std::unique_lock<::std::mutex>& lock, GraphRef graph,
                                               stream_type stream, const ::std::source_location& where) {
-  const Submission submission = enter_stream(lock, stream, where);
+  release_retired(lock);
   lock.unlock();
   const ::std::lock_guard<::std::mutex> exclusive(graph->mutex);
+  lock.lock();
+  Submission submission = enter_stream(lock, stream, where);
+  lock.unlock();
   backend_.launch(graph->exec, stream, where);
+  submission.issued(stream, where);
 }
 
 template <RouterKey Key, GraphBackend Backend>
 inline void ShapeRouter<Key, Backend>::issue_eager(::std::unique_lock<::std::mutex>& lock, const Key& shape,
                                                    stream_type stream, const ::std::source_location& where) {
-  const Submission submission = enter_stream(lock, stream, where);
+  release_retired(lock);
+  Submission submission = enter_stream(lock, stream, where);
   lock.unlock();
-  const detail::ActiveRouterScope active(this);
-  work_(shape, stream);
+  {
+    const detail::ActiveRouterScope active(this);
+    work_(shape, stream);
+  }
+  submission.issued(stream, where);
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline void ShapeRouter<Key, Backend>::release_retired(::std::unique_lock<::std::mutex>& lock) noexcept {
+  if (retired_.empty() && !evicted_memory_) [[likely]] {
+    return;
+  }
+  ::std::vector<GraphRef> retired;
+  retired.swap(retired_);
+  const bool trim_memory = ::std::exchange(evicted_memory_, false);
+  lock.unlock();
+  retired.clear();  // each waits for a launch of it in progress, then is destroyed
+  if (trim_memory) {
+    trim();
+  }
+  lock.lock();
 }
 
 }  // namespace replay

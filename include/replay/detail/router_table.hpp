@@ -35,34 +35,34 @@ template <RouterKey Key, GraphBackend Backend>
 inline bool ShapeRouter<Key, Backend>::evict(const Key& key, ::std::source_location where) {
   refuse_reentry(where);
   const Planned planned = Plan::plan(options_, key, where);
-  {
-    ::std::lock_guard<::std::mutex> lock(mutex_);
-    const auto it = entries_.find(planned.shape);
-    if (it == entries_.end() || !it->second->graph || it->second->state == State::capturing) {
-      return false;
-    }
-    drop_graph(*it->second, State::ready);
-    ++stats_.evictions;
+  ::std::unique_lock<::std::mutex> lock(mutex_);
+  const auto it = entries_.find(planned.shape);
+  if (it == entries_.end() || !it->second->graph || it->second->state == State::capturing) {
+    return false;
   }
-  trim();
+  drop_graph(*it->second, State::ready);
+  ++stats_.evictions;
+  release_retired(lock);
   return true;
 }
 
 template <RouterKey Key, GraphBackend Backend>
 inline void ShapeRouter<Key, Backend>::clear(::std::source_location where) {
   refuse_reentry(where);
-  {
-    ::std::lock_guard<::std::mutex> lock(mutex_);
-    for (auto& [shape, entry] : entries_) {
-      entry->detached = true;
+  ::std::unique_lock<::std::mutex> lock(mutex_);
+  for (auto& [shape, entry] : entries_) {
+    entry->detached = true;
+    if (entry->graph && entry->state != State::capturing) {  // a re-capture in flight keeps its own
+      retired_.push_back(::std::move(entry->graph));
     }
-    entries_.clear();
-    lru_.clear();
-    graph_lru_.clear();
-    live_graphs_ = 0;
-    total_bytes_ = 0;
   }
-  trim();
+  entries_.clear();
+  lru_.clear();
+  graph_lru_.clear();
+  live_graphs_ = 0;
+  total_bytes_ = 0;
+  evicted_memory_ = true;
+  release_retired(lock);
 }
 
 template <RouterKey Key, GraphBackend Backend>
@@ -181,7 +181,15 @@ template <RouterKey Key, GraphBackend Backend>
 inline void ShapeRouter<Key, Backend>::drop_graph(Entry& entry, State next) noexcept {
   if (entry.graph) {
     graph_lru_.erase(entry.graph_lru);
-    entry.graph.reset();  // freed once the last launch holding it returns
+    if (entry.memory.alloc_bytes > 0 || entry.memory.footprint_bytes > 0) {
+      evicted_memory_ = true;  // it held graph-pool memory: trim once it is gone
+    }
+    try {
+      retired_.push_back(::std::move(entry.graph));  // destroyed with the lock released
+    } catch (...) {
+      entry.graph.reset();  // no room to defer: destroyed here (waits for a launch of it)
+    }
+    entry.graph.reset();
     --live_graphs_;
     total_bytes_ -= entry.memory.footprint_bytes;
   }

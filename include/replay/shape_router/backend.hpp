@@ -62,9 +62,20 @@ struct IssueArchetype {
 // for different graphs (a graph's own launches and recapture are serialized
 // by the router).
 // Optional: GraphPoolMemory pool_memory(source_location) const;
-//   void order_after(stream_type from, stream_type to, source_location):
-//       makes later work on `to` wait for the work issued on `from` so far
-//       (without it, the router refuses a run on a second stream);
+//   stream ordering (concept OrdersStreams; without it, the router refuses a
+//   run on a second stream):
+//     void mark(stream_type s, source_location): records the router's order
+//         point after the work issued on `s` so far (cudaEventRecord). Called
+//         by the thread that issued that work, while `s` is surely alive, and
+//         from several threads at once on the same stream;
+//     void wait_mark(stream_type to, source_location): makes later work on
+//         `to` wait for the latest mark (cudaStreamWaitEvent);
+//     void drain(stream_type to, source_location): makes later work on `to`
+//         wait for everything the router issued on any stream, without naming
+//         those streams (they may be gone): a device-wide synchronization.
+//         Used once, at the first stream switch of a router whose runs were
+//         not marked (a router used from one stream marks nothing, so that
+//         its hits pay no event record);
 //   void trim(source_location) noexcept: gives memory of evicted graphs back.
 template <class B>
 concept GraphBackend =
@@ -80,7 +91,9 @@ concept GraphBackend =
 
 template <class B>
 concept OrdersStreams = requires(B& backend, typename B::stream_type stream, ::std::source_location where) {
-  backend.order_after(stream, stream, where);
+  backend.mark(stream, where);
+  backend.wait_mark(stream, where);
+  backend.drain(stream, where);
 };
 
 template <class B>

@@ -113,13 +113,21 @@ class CudaGraphBackend {
     exec.launch(stream, where);
   }
 
-  // Makes later work on `to` wait for the work issued on `from` so far.
-  void order_after(StreamRef from, StreamRef to, ::std::source_location where = ::std::source_location::current()) {
-    if (!shared_->order) {
-      shared_->order.emplace(EventFlags::disable_timing, where);
-    }
-    shared_->order->record(from, where);
-    shared_->order->wait_on(to, where);
+  // Stream ordering (see OrdersStreams). mark() records the backend's order
+  // event on `s` (made on the first mark, on `s`'s device); wait_mark() makes
+  // `to` wait for the latest record; drain() synchronizes `to`'s device once
+  // no capture replay made is open on it (replay::synchronize_device).
+  // Records from several threads on one stream are safe: the latest record
+  // follows every launch whose thread recorded before it.
+  void mark(StreamRef s, ::std::source_location where = ::std::source_location::current()) {
+    order_event(s, where).record(s, where);
+  }
+  void wait_mark(StreamRef to, ::std::source_location where = ::std::source_location::current()) {
+    order_event(to, where).wait_on(to, where);
+  }
+  void drain(StreamRef to, ::std::source_location where = ::std::source_location::current()) {
+    const detail::DeviceScope on_device(detail::device_of(to.get(), where), where);
+    synchronize_device(where);
   }
 
   // Gives graph-pool memory that no live graph uses back (cudaDeviceGraphMemTrim
@@ -156,8 +164,17 @@ class CudaGraphBackend {
     ::std::vector<::std::pair<int, Stream>> idle;
     ::std::set<int> devices;
     int last_device = -1;
-    ::std::optional<Event> order;  // used by order_after only, which the router serializes
+    ::std::optional<Event> order;  // made once, under `mutex`, by order_event()
   };
+
+  EventRef order_event(StreamRef s, const ::std::source_location& where) {
+    const ::std::lock_guard<::std::mutex> lock(shared_->mutex);
+    if (!shared_->order) {
+      const detail::DeviceScope on_device(detail::device_of(s.get(), where), where);
+      shared_->order.emplace(EventFlags::disable_timing, where);
+    }
+    return *shared_->order;
+  }
 
   // A capture stream on `device` for one capture, handed back afterwards.
   class CaptureStream {

@@ -44,13 +44,20 @@ namespace replay {
 // not held across launches, warm-ups, eager runs or captures, so a key being
 // captured (its own state, "capturing") never stalls hits on other keys;
 // runs of that key meanwhile issue the work eagerly (RouteKind::eager_busy).
-// A graph is kept alive by reference while it is launched, so an eviction
-// never frees a graph under a launch.
+// A graph being launched is locked, not referenced: its eviction waits for
+// that launch, and graphs are destroyed with the internal mutex released.
 //
 // Streams: the graphs of one router share the buffers they were captured
 // with. A run on a stream other than the previous run's waits, on the device,
-// for the work the router issued on that stream (backend order_after); a
-// backend that cannot order streams makes such a run throw usage_error. The
+// for the work the router issued on that stream; a backend that cannot order
+// streams makes such a run throw usage_error. The router never touches a
+// stream after the run (or lease) on it has returned, so a stream may be
+// destroyed at any time after its last run: once a router has seen a second
+// stream, every run records the router's order event on its own stream
+// before it returns (backend mark), and a switch waits for that event. The
+// first switch of a router that was used from one stream only (and so
+// recorded nothing, to keep its hits cheap) synchronizes the device once
+// (backend drain), unless a lease recorded the event last. The
 // router orders only what it issues: copies into or out of the shared buffers
 // that the caller issues around run() are the caller's to order (one router
 // per stream, or a GraphedCallable, which orders whole calls).
@@ -138,6 +145,20 @@ class ShapeRouter {
     if (const auto it = entries_.find(planned.shape); it != entries_.end() && it->second->state == State::captured)
         [[likely]] {
       Entry& entry = *it->second;
+      // The hit: the graph is locked (not referenced) under the router's
+      // lock, which is released before the launch; busy (another thread
+      // launches the same graph): the reference-holding path below.
+      if (GraphSlot& graph = *entry.graph; graph.mutex.try_lock()) [[likely]] {
+        const ::std::unique_lock<::std::mutex> exclusive(graph.mutex, ::std::adopt_lock);
+        touch(entry);
+        ++entry.replays;
+        ++stats_.hits;
+        Submission submission = enter_stream(lock, stream, where);
+        lock.unlock();
+        backend_.launch(graph.exec, stream, where);
+        submission.issued(stream, where);
+        return Route<Key>{planned.shape, RouteKind::replayed};
+      }
       touch(entry);
       ++entry.replays;
       ++stats_.hits;
@@ -299,12 +320,22 @@ class ShapeRouter {
   // Ends a submission (see enter_stream) when it goes out of scope.
   class Submission {
    public:
-    explicit Submission(ShapeRouter* router) noexcept : router_(router) {}
+    Submission(ShapeRouter* router, bool marks) noexcept : router_(router), marks_(marks) {}
     Submission(const Submission&) = delete;
     Submission& operator=(const Submission&) = delete;
     ~Submission() {
       if (router_ != nullptr) {
-        router_->leave_stream();
+        router_->leave_stream(marks_);
+      }
+    }
+    // The work is issued on `stream` (still alive: this thread issued it):
+    // records the order event after it when the router orders streams.
+    void issued(const stream_type& stream, const ::std::source_location& where) {
+      if (marks_) {
+        if constexpr (OrdersStreams<Backend>) {
+          router_->backend_.mark(stream, where);
+        }
+        marks_ = false;
       }
     }
     // Kept open past this object (a Lease ends it).
@@ -312,6 +343,7 @@ class ShapeRouter {
 
    private:
     ShapeRouter* router_;
+    bool marks_;  // a mark is owed (and not yet recorded)
   };
 
   // Queries without a caller's location report the router's own.
@@ -335,8 +367,12 @@ class ShapeRouter {
   [[nodiscard]] Submission enter_stream_locked(::std::unique_lock<::std::mutex>& lock, stream_type stream,
                                                const ::std::source_location& where);
   void end_lease() noexcept;
-  // Called with the lock released.
-  void leave_stream() noexcept;
+  // Called with the lock released. `unmarked`: a mark owed was not recorded
+  // (the work threw): the next switch drains instead.
+  void leave_stream(bool unmarked) noexcept;
+  // Destroys the graphs dropped under the lock (drop_graph), and trims, with
+  // it released for that time (held again on return). Never inside a submission.
+  void release_retired(::std::unique_lock<::std::mutex>& lock) noexcept;
   void launch(::std::unique_lock<::std::mutex>& lock, GraphRef graph, stream_type stream,
               const ::std::source_location& where);
   void issue_eager(::std::unique_lock<::std::mutex>& lock, const Key& shape, stream_type stream,
@@ -352,6 +388,8 @@ class ShapeRouter {
   // Evicts the least recently used live graph other than `keep` and those
   // being re-captured; false if none. Under the lock.
   bool evict_lru(const Entry* keep);
+  // Unlinks the entry's graph; the graph itself goes to retired_, destroyed
+  // by release_retired() once the lock is released (never under it).
   void drop_graph(Entry& entry, State next) noexcept;
   // Gives evicted graphs' memory back, where the backend can. No lock held.
   void trim() noexcept;
@@ -389,11 +427,20 @@ class ShapeRouter {
   ::std::size_t live_graphs_ = 0;
   ::std::size_t total_bytes_ = 0;
   RouterStats stats_;
-  // Stream ordering (enter_stream): the stream of the latest submissions,
-  // how many of them are still being issued, and a switch in progress.
+  // Graphs dropped under the lock, destroyed once it is released.
+  ::std::vector<GraphRef> retired_;
+  bool evicted_memory_ = false;  // a dropped graph held graph memory: trim
+  // Stream ordering (enter_stream): the stream of the latest submissions;
+  // submissions entered (under the lock) and issued (counted without it):
+  // the difference is how many are still being issued; a switch in
+  // progress; whether every submission marks (a second stream was seen);
+  // whether work on last_stream_ may follow the latest mark.
   ::std::optional<stream_type> last_stream_;
-  ::std::atomic<int> in_flight_{0};
+  ::std::size_t entered_ = 0;
+  ::std::atomic<::std::size_t> issued_{0};
   ::std::atomic<bool> switching_{false};
+  bool marking_ = false;
+  bool unmarked_ = false;
   ::std::condition_variable switch_cv_;  // a switch or a lease ended
   ::std::thread::id lease_owner_;         // the thread holding a Lease, if any
   ::std::optional<stream_type> lease_stream_;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "replay/capture_scope.hpp"
+#include "replay/device.hpp"
 #include "replay/detail/capture_coordinator.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
@@ -56,7 +57,7 @@ class TorchGraphBackend {
   using exec_type = TorchGraphExec;
 
   explicit TorchGraphBackend(::std::shared_ptr<TorchCaptureContext> context)
-      : context_(::std::move(context)), order_(::std::make_shared<::std::optional<Event>>()) {}
+      : context_(::std::move(context)), order_(::std::make_shared<Order>()) {}
 
   const ::std::shared_ptr<TorchCaptureContext>& context() const noexcept { return context_; }
 
@@ -159,15 +160,20 @@ class TorchGraphBackend {
     return CapturedGraph<TorchGraphExec>{::std::move(exec), memory};
   }
 
-  // Makes later work on `to` wait for the work issued on `from` so far (the
-  // router calls it when a run comes on another stream than the previous).
-  void order_after(StreamRef from, StreamRef to, ::std::source_location where = ::std::source_location::current()) {
+  // Stream ordering (see OrdersStreams): mark() records the order event on
+  // `s` right after the router's work on it, wait_mark() makes `to` wait for
+  // the latest record, drain() synchronizes the device once no replay
+  // capture is open on it (the first switch of a router whose runs were not
+  // marked: the earlier stream may be gone).
+  void mark(StreamRef s, ::std::source_location where = ::std::source_location::current()) {
+    order_event(where).record(s, where);
+  }
+  void wait_mark(StreamRef to, ::std::source_location where = ::std::source_location::current()) {
+    order_event(where).wait_on(to, where);
+  }
+  void drain(StreamRef /*to*/, ::std::source_location where = ::std::source_location::current()) {
     ::c10::cuda::CUDAGuard device_guard(context_->device());
-    if (!order_->has_value()) {
-      order_->emplace(EventFlags::disable_timing, where);
-    }
-    (*order_)->record(from, where);
-    (*order_)->wait_on(to, where);
+    synchronize_device(where);
   }
 
   // Captures anew into a new graph that replaces `exec` (torch graphs are not
@@ -197,7 +203,19 @@ class TorchGraphBackend {
 
  private:
   ::std::shared_ptr<TorchCaptureContext> context_;
-  ::std::shared_ptr<::std::optional<Event>> order_;  // made on the first stream switch
+  EventRef order_event(const ::std::source_location& where) {
+    const ::std::lock_guard<::std::mutex> lock(order_->mutex);
+    if (!order_->event.has_value()) {
+      ::c10::cuda::CUDAGuard device_guard(context_->device());
+      order_->event.emplace(EventFlags::disable_timing, where);
+    }
+    return *order_->event;
+  }
+  struct Order {
+    ::std::mutex mutex;
+    ::std::optional<Event> event;  // made on the first mark or switch
+  };
+  ::std::shared_ptr<Order> order_;
 };
 
 static_assert(GraphBackend<TorchGraphBackend>);
