@@ -633,7 +633,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     // Which code the runtime gives an oversized block varies between releases.
     const cudaError_t pending = cudaPeekAtLastError();
     REQUIRE(pending != cudaSuccess);
-    MESSAGE("the invalid launch left " << cudaGetErrorName(pending));
+    MESSAGE("the invalid launch left " << std::string(cudaGetErrorName(pending)));
     const bool stream_ready = stream.ref().ready();
     const bool event_ready = done.ready();
     MESSAGE("ready while running: stream " << stream_ready << ", event " << event_ready);
