@@ -24,6 +24,16 @@
 //      own stream, and graph_slot, one graph launch per item);
 //      host_us_per_item is the submitting thread's CPU time per item
 //      (budget_us: the 3 us target).
+//  pipeline/tiny/<serial|pipelined|graph_slot>_recycled/64KiB: the same, but
+//      the host buffers are a ring of `slots` pinned input and output buffers
+//      reused in submission order, as a server reuses pooled request buffers
+//      (the serial loop uses the same ring). Items take the slots in turn, so
+//      each slot sees one address pair and a graph_slot item is one
+//      cudaGraphLaunch; graph_retargets_per_item says whether it was (0) or
+//      whether the copy nodes were re-pointed (2 with new addresses per item).
+//      A ring of `slots` buffers is safe to reuse: submit() of item k returns
+//      only once item k - slots was delivered (the host does not rewrite the
+//      inputs here; a server refilling one waits for that item's ticket).
 //
 // Time is host wall time per batch (manual time). Counters: GBps (bytes per
 // second in each direction), items_per_s, the stages' times for one item run
@@ -43,6 +53,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -508,7 +519,9 @@ replay::PipelineFlags flags_of(TinyMode m) {
   }
 }
 
-void tiny_batch(benchmark::State& state, TinyMode mode, std::size_t bytes) {
+constexpr std::size_t kTinySlots = 8;
+
+void tiny_batch(benchmark::State& state, TinyMode mode, std::size_t bytes, bool recycled) {
   const bool pipelined = mode != TinyMode::serial;
   if (skip_without_device(state)) {
     return;
@@ -530,29 +543,35 @@ void tiny_batch(benchmark::State& state, TinyMode mode, std::size_t bytes) {
       d_in.emplace(n);
       d_out.emplace(n);
     } else {
-      pipeline.emplace(replay::PipelineOptions{.input_capacity = n, .slots = 8, .flags = flags_of(mode)},
+      pipeline.emplace(replay::PipelineOptions{.input_capacity = n, .slots = kTinySlots, .flags = flags_of(mode)},
                        [iterations](replay::BufferView<float> i, replay::BufferView<float> o, replay::StreamRef s) {
                          launch_fma(i.data(), o.data(), i.size(), iterations, s);
                        });
     }
     double cpu = 0;
+    // Item i of a batch uses buffer i, or with `recycled` the next one of the
+    // ring: item k since the pipeline was made (its id) uses buffer k % slots.
+    std::size_t submitted = 0;
+    const auto buffer_of = [&](std::size_t i) { return recycled ? submitted++ % kTinySlots : i; };
     const auto run_batch = [&](std::size_t count) {
       const double cpu_start = thread_cpu_seconds();
       if (!pipelined) {
         for (std::size_t i = 0; i < count; ++i) {
+          const std::size_t b = buffer_of(i);
           replay::check(
-              cudaMemcpyAsync(d_in->data(), in.data() + i * n, bytes, cudaMemcpyHostToDevice, stream->get()),
+              cudaMemcpyAsync(d_in->data(), in.data() + b * n, bytes, cudaMemcpyHostToDevice, stream->get()),
               "cudaMemcpyAsync");
           launch_fma(d_in->data(), d_out->data(), n, iterations, *stream);
           replay::check(
-              cudaMemcpyAsync(out.data() + i * n, d_out->data(), bytes, cudaMemcpyDeviceToHost, stream->get()),
+              cudaMemcpyAsync(out.data() + b * n, d_out->data(), bytes, cudaMemcpyDeviceToHost, stream->get()),
               "cudaMemcpyAsync");
         }
         cpu += thread_cpu_seconds() - cpu_start;
         stream->synchronize();
       } else {
         for (std::size_t i = 0; i < count; ++i) {
-          (void)pipeline->submit(in.subview(i * n, n), out.subview(i * n, n));
+          const std::size_t b = buffer_of(i);
+          (void)pipeline->submit(in.subview(b * n, n), out.subview(b * n, n));
         }
         cpu += thread_cpu_seconds() - cpu_start;
         pipeline->drain();
@@ -560,6 +579,7 @@ void tiny_batch(benchmark::State& state, TinyMode mode, std::size_t bytes) {
     };
     run_batch(64);  // warm
     cpu = 0;
+    const std::uint64_t retargets_before = pipeline ? pipeline->stats().graph_retargets : 0;
     double total = 0;
     for (auto _ : state) {
       const auto start = std::chrono::steady_clock::now();
@@ -577,6 +597,11 @@ void tiny_batch(benchmark::State& state, TinyMode mode, std::size_t bytes) {
         cpu * 1e6 / (static_cast<double>(items) * static_cast<double>(state.iterations()));
     state.counters["budget_us"] = 3.0;
     state.counters["compute_us"] = cal.compute_s * 1e6;
+    if (pipeline) {
+      state.counters["graph_retargets_per_item"] =
+          static_cast<double>(pipeline->stats().graph_retargets - retargets_before) /
+          (static_cast<double>(items) * static_cast<double>(state.iterations()));
+    }
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
@@ -615,10 +640,18 @@ void register_all() {
   for (std::size_t bytes : {4 * kKiB, 16 * kKiB, 64 * kKiB}) {
     for (TinyMode m : {TinyMode::serial, TinyMode::pipelined, TinyMode::slot_streams, TinyMode::graph_slot}) {
       const std::string name = std::string("pipeline/tiny/") + name_of(m) + "/" + size_label(bytes);
-      benchmark::RegisterBenchmark(name.c_str(), [m, bytes](benchmark::State& s) { tiny_batch(s, m, bytes); })
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [m, bytes](benchmark::State& s) { tiny_batch(s, m, bytes, false); })
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond);
     }
+  }
+  for (TinyMode m : {TinyMode::serial, TinyMode::pipelined, TinyMode::graph_slot}) {
+    const std::size_t bytes = 64 * kKiB;
+    const std::string name = std::string("pipeline/tiny/") + name_of(m) + "_recycled/" + size_label(bytes);
+    benchmark::RegisterBenchmark(name.c_str(), [m, bytes](benchmark::State& s) { tiny_batch(s, m, bytes, true); })
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
   }
 }
 

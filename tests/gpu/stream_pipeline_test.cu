@@ -1003,6 +1003,118 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(pipeline.stats().outputs_direct == pipeline.stats().completed);
   }
 
+  TEST_CASE("graph_slot on a ring of `slots` recycled buffers is one launch per item; new addresses re-point only "
+            "the copy whose address changed; every output checked") {
+    constexpr std::size_t slots = 4;
+    const std::size_t capacity = 1000;
+    replay::StreamPipeline<float> pipeline(
+        {.input_capacity = capacity, .slots = slots, .flags = replay::PipelineFlags::graph_slot},
+        [](replay::BufferView<float> in, replay::BufferView<float> out, replay::StreamRef s) { affine(in, out, s); });
+    // Recycled buffers, then recycled and new addresses interleaved at random, then recycled again.
+    const std::size_t recycled_items = under_sanitizer() ? 24 : 400;
+    const std::size_t mixed_items = under_sanitizer() ? 48 : 600;
+    const std::size_t items = 2 * recycled_items + mixed_items;
+    replay::PinnedBuffer<float> ring_in(capacity * slots);  // buffer s serves the items of slot s
+    replay::PinnedBuffer<float> ring_out(capacity * slots);
+    replay::PinnedBuffer<float> fresh_in(capacity * mixed_items);  // each part used once: a new address
+    replay::PinnedBuffer<float> fresh_out(capacity * mixed_items);
+    std::size_t fresh_inputs = 0;
+    std::size_t fresh_outputs = 0;
+
+    // An item in flight: its input (the host reference's), and where its output arrives.
+    struct Pending {
+      std::vector<float> input;
+      std::vector<float> pageable_out;
+      std::optional<replay::PipelineTicket<std::size_t>> to_destination;
+      std::optional<replay::PipelineTicket<std::vector<float>>> to_vector;
+      std::span<const float> output;  // to_destination's output
+    };
+    std::vector<Pending> pending(slots);
+    std::size_t checked = 0;
+    const auto settle = [&](Pending& p) {
+      if (p.to_destination) {
+        REQUIRE(p.to_destination->get() == capacity);
+        REQUIRE(first_mismatch(p.input, p.output) == kNone);
+        p.to_destination.reset();
+        ++checked;
+      } else if (p.to_vector) {
+        const std::vector<float> out = p.to_vector->get();
+        REQUIRE(first_mismatch(p.input, out) == kNone);
+        p.to_vector.reset();
+        ++checked;
+      }
+    };
+
+    // The test's model of each slot graph's host addresses (nullptr: the
+    // slot's own staging, where the graphs start). Items take the slots in
+    // turn: item k (its id) runs in slot k % slots.
+    std::vector<const void*> graph_source(slots, nullptr);
+    std::vector<const void*> graph_target(slots, nullptr);
+    std::uint64_t expected_retargets = 0;
+    std::size_t pinned_inputs = 0;
+    std::size_t pinned_destinations = 0;
+    for (std::size_t k = 0; k < items; ++k) {
+      const std::size_t s = k % slots;
+      Pending& p = pending[s];
+      settle(p);  // item k - slots: the slot's previous item, the last one to use ring buffer s
+      const bool mixed = k >= recycled_items && k < recycled_items + mixed_items;
+      // 0 and 7: the ring; 1 new input; 2 new destination; 3 pageable input;
+      // 4 no destination (a vector); 5 both new; 6 pageable destination.
+      const auto kind = mixed ? static_cast<unsigned>(replay_test::rng()() % 8) : 0U;
+      p.input = replay_test::random_floats(capacity);
+
+      replay::HostRange<const float> input(std::span<const float>(p.input));  // kind 3: pageable, staged
+      const float* source = nullptr;
+      if (kind != 3) {
+        const bool fresh = kind == 1 || kind == 5;
+        auto view = fresh ? fresh_in.view().subview(fresh_inputs++ * capacity, capacity)
+                          : ring_in.view().subview(s * capacity, capacity);
+        std::memcpy(view.data(), p.input.data(), capacity * sizeof(float));
+        input = view;
+        source = view.data();
+        ++pinned_inputs;
+      }
+      const float* target = nullptr;
+      if (kind == 4) {
+        p.to_vector = pipeline.submit(input);
+      } else if (kind == 6) {
+        p.pageable_out.assign(capacity, -1.0F);
+        p.output = p.pageable_out;
+        p.to_destination = pipeline.submit(input, std::span<float>(p.pageable_out));
+      } else {
+        const bool fresh = kind == 2 || kind == 5;
+        auto view = fresh ? fresh_out.view().subview(fresh_outputs++ * capacity, capacity)
+                          : ring_out.view().subview(s * capacity, capacity);
+        std::fill_n(view.data(), capacity, -1.0F);
+        p.output = std::span<const float>(view.data(), capacity);
+        p.to_destination = pipeline.submit(input, view);
+        target = view.data();
+        ++pinned_destinations;
+      }
+      REQUIRE((p.to_destination ? p.to_destination->id() : p.to_vector->id()) == k);
+      // Only a copy whose host address differs from the slot's last item's is re-pointed.
+      expected_retargets += (graph_source[s] != source ? 1U : 0U) + (graph_target[s] != target ? 1U : 0U);
+      graph_source[s] = source;
+      graph_target[s] = target;
+      if (k + 1 == recycled_items) {
+        // Each slot's first item pointed both copies at its ring buffers; nothing since.
+        CHECK(pipeline.stats().graph_retargets == 2 * slots);
+      }
+    }
+    for (Pending& p : pending) {
+      settle(p);
+    }
+    pipeline.drain();
+    CHECK(checked == items);
+    const auto stats = pipeline.stats();
+    CHECK(stats.completed == items);
+    CHECK(stats.failed == 0);
+    CHECK(stats.graph_retargets == expected_retargets);
+    CHECK(stats.inputs_in_place == pinned_inputs);
+    CHECK(stats.inputs_staged == items - pinned_inputs);
+    CHECK(stats.outputs_direct == pinned_destinations);
+  }
+
   TEST_CASE("graph_slot with no output: the graph's completion record follows the compute stage") {
     const std::size_t capacity = 512;
     std::atomic<int> captured{0};

@@ -161,6 +161,12 @@ class CudaStageRunner {
     slot.submitted_at = where;
     slot.needs_stream_sync = false;
     const ::std::size_t bytes = input.size_bytes();
+    if (has_flag(flags_, PipelineFlags::graph_slot) && plan.input_pinned && slot.graph_source == input.data()) {
+      // The slot graph reads this address already: nothing to issue here, and
+      // start() is one cudaGraphLaunch when the destination is the same too.
+      inputs_in_place_.fetch_add(1, ::std::memory_order_relaxed);  // bytes == capacity != 0
+      return;
+    }
     DeviceScope device(device_, where);
     try {
       bool in_place = plan.input_pinned;
@@ -251,6 +257,7 @@ class CudaStageRunner {
     stats.inputs_staged = inputs_staged_.load(::std::memory_order_relaxed);
     stats.outputs_direct = outputs_direct_.load(::std::memory_order_relaxed);
     stats.outputs_staged = outputs_staged_.load(::std::memory_order_relaxed);
+    stats.graph_retargets = graph_retargets_.load(::std::memory_order_relaxed);
   }
 
   // ---- for StreamPipeline's accessors ----------------------------------------
@@ -383,6 +390,7 @@ class CudaStageRunner {
   ::std::atomic<::std::uint64_t> inputs_staged_{0};
   ::std::atomic<::std::uint64_t> outputs_direct_{0};
   ::std::atomic<::std::uint64_t> outputs_staged_{0};
+  ::std::atomic<::std::uint64_t> graph_retargets_{0};
 };
 
 }  // namespace replay::detail

@@ -127,6 +127,7 @@ bool CudaStageRunner<In, Out>::point_h2d(Slot& slot, const void* source, ::std::
     return false;
   }
   slot.graph_source = source;
+  graph_retargets_.fetch_add(1, ::std::memory_order_relaxed);
   return true;
 }
 
@@ -140,6 +141,7 @@ bool CudaStageRunner<In, Out>::point_d2h(Slot& slot, void* target, ::std::size_t
     return false;
   }
   slot.graph_target = target;
+  graph_retargets_.fetch_add(1, ::std::memory_order_relaxed);
   return true;
 }
 

@@ -17,6 +17,11 @@ struct PipelineStats {
   ::std::uint64_t inputs_staged = 0;    // inputs first copied into a slot's pinned staging
   ::std::uint64_t outputs_direct = 0;   // outputs copied straight into a pinned destination
   ::std::uint64_t outputs_staged = 0;   // outputs that went through a slot's pinned staging
+  // PipelineFlags::graph_slot: copy nodes re-pointed at another host address
+  // (one cudaGraphExecMemcpyNodeSetParams1D each). It does not grow while
+  // every slot sees the input and destination addresses of its previous
+  // item: each item is then one cudaGraphLaunch.
+  ::std::uint64_t graph_retargets = 0;
 };
 
 }  // namespace replay
