@@ -282,26 +282,36 @@ class GraphedCallable {
     auto out = ::std::make_shared<::std::vector<::at::Tensor>>();
     out->reserve(launched.size());
     for (const ::at::Tensor& t : launched) {
-      ::at::Tensor part = detail::GraphedCallCache::sliced(t, batch, padded) ? t.narrow(0, 0, batch) : t;
-      out->push_back(copy ? copy_out(s, part, where) : ::std::move(part));
+      const bool sliced = detail::GraphedCallCache::sliced(t, batch, padded);
+      if (copy) {
+        out->push_back(copy_out(s, t, sliced ? batch : -1, where));
+      } else {
+        out->push_back(sliced ? t.narrow(0, 0, batch) : t);
+      }
     }
     return out;
   }
 
   // A safe-mode output: a fresh tensor from the caching allocator on the
-  // current stream. A contiguous output is copied with one cudaMemcpyAsync
-  // (clone() goes through the dispatcher and TensorIterator, several
-  // microseconds of host time per output); others are cloned.
-  static ::at::Tensor copy_out(detail::GraphedState& s, const ::at::Tensor& part, const ::std::source_location& where) {
-    if (!part.is_contiguous() || !part.is_cuda()) [[unlikely]] {
-      return part.clone();
+  // current stream holding `t` (its first `rows` rows when rows >= 0). A
+  // contiguous output is copied with one cudaMemcpyAsync (clone() goes
+  // through the dispatcher and TensorIterator, several microseconds of host
+  // time per output; so would narrow()); others are narrowed and cloned.
+  static ::at::Tensor copy_out(detail::GraphedState& s, const ::at::Tensor& t, ::std::int64_t rows,
+                               const ::std::source_location& where) {
+    if (!t.is_contiguous() || !t.is_cuda()) [[unlikely]] {
+      return (rows >= 0 ? t.narrow(0, 0, rows) : t).clone();
+    }
+    ::c10::SmallVector<::std::int64_t, 8> sizes(t.sizes().begin(), t.sizes().end());
+    if (rows >= 0) {
+      sizes[0] = rows;  // the first rows of a contiguous tensor are one contiguous block
     }
     // Straight from the CUDA allocator path, without a dispatcher round trip.
-    ::at::Tensor fresh(::at::detail::empty_cuda(part.sizes(), part.scalar_type(), part.device(), ::std::nullopt));
-    const ::std::size_t bytes = part.nbytes();
+    ::at::Tensor fresh(::at::detail::empty_cuda(sizes, t.scalar_type(), t.device(), ::std::nullopt));
+    const ::std::size_t bytes = fresh.nbytes();
     if (bytes > 0) {
       const ::cudaStream_t stream = ::c10::cuda::getCurrentCUDAStream(s.device.index()).stream();
-      check(::cudaMemcpyAsync(fresh.data_ptr(), part.const_data_ptr(), bytes, ::cudaMemcpyDeviceToDevice, stream),
+      check(::cudaMemcpyAsync(fresh.data_ptr(), t.const_data_ptr(), bytes, ::cudaMemcpyDeviceToDevice, stream),
             "cudaMemcpyAsync", where);
     }
     return fresh;
