@@ -1,8 +1,9 @@
 #pragma once
 // Internals of BasicStreamPipeline: the state it shares with its completion
 // thread (slot scheduling, the in-order issue turn, the in-flight FIFO that
-// delivers results in submission order, the completion loop) and the
-// fixed-capacity slot FIFO.
+// delivers results in submission order). The completion thread's loop and
+// delivery are in detail/pipeline_delivery.hpp, the fixed-capacity slot FIFO
+// in detail/slot_ring.hpp.
 #include <replay/detail/require_cxx20.hpp>
 
 #include <atomic>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "replay/detail/message.hpp"
+#include "replay/detail/slot_ring.hpp"
 #include "replay/detail/ticket_state.hpp"
 #include "replay/error.hpp"
 #include "replay/stream_pipeline/completion.hpp"
@@ -31,31 +33,6 @@
 #include "replay/stream_pipeline/stats.hpp"
 
 namespace replay::detail {
-
-// Fixed-capacity FIFO of slot indices: never allocates after construction, so
-// neither submitting nor completing can fail half-way for lack of memory.
-class SlotRing {
- public:
-  explicit SlotRing(::std::size_t capacity) : items_(capacity) {}
-  bool empty() const noexcept { return count_ == 0; }
-  ::std::size_t size() const noexcept { return count_; }
-  void push(::std::size_t value) noexcept {
-    items_[(head_ + count_) % items_.size()] = value;
-    ++count_;
-  }
-  ::std::size_t front() const noexcept { return items_[head_]; }
-  ::std::size_t pop() noexcept {
-    const ::std::size_t value = items_[head_];
-    head_ = (head_ + 1) % items_.size();
-    --count_;
-    return value;
-  }
-
- private:
-  ::std::vector<::std::size_t> items_;
-  ::std::size_t head_ = 0;
-  ::std::size_t count_ = 0;
-};
 
 // What a BasicStreamPipeline shares with its completion thread: the runner,
 // the slots, the in-flight FIFO, the counters and the thread itself.
@@ -257,126 +234,18 @@ struct PipelineState {
     }
   }
 
-  void completion_loop() noexcept {
-    runner.bind_completion_thread();
-    for (;;) {
-      ::std::optional<InFlight> item;
-      ::std::size_t slot = 0;
-      await_next_issue();
-      {
-        ::std::unique_lock lock(mutex);
-        work_ready.wait(lock, [&] { return order.empty() ? stopping : records[order.front()]->issued; });
-        if (order.empty()) {
-          if (orphaned) {
-            lock.unlock();
-            completion.detach();  // this thread owns the state now: nobody joins it
-            delete this;
-          }
-          return;  // stopping, and everything was delivered
-        }
-        slot = order.pop();
-        item.swap(records[slot]);
-      }
-      deliver(slot, *item);
-    }
-  }
-
+  // The completion thread (in detail/pipeline_delivery.hpp): delivers the
+  // in-flight FIFO's head once it is issued; returns when stopping with
+  // nothing left in flight.
+  void completion_loop() noexcept;
   // Before it sleeps on work_ready, the completion thread watches for the
   // next item for a short while: a steady stream of small items then never
   // finds it asleep, and submit() never pays for waking it (a futex system
   // call and a context switch per item). `delivered` is written by this
   // thread only, so it reads it without the lock.
-  void await_next_issue() const noexcept {
-    if (issued_count.load(::std::memory_order_acquire) > delivered) {
-      return;
-    }
-    const auto deadline = ::std::chrono::steady_clock::now() + completion_watch;
-    do {
-      for (int i = 0; i < 64; ++i) {
-        if (issued_count.load(::std::memory_order_acquire) > delivered) {
-          return;
-        }
-        cpu_relax();
-      }
-    } while (::std::chrono::steady_clock::now() < deadline);
-  }
-  static void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-  }
-
-  void deliver(::std::size_t slot, InFlight& item) noexcept {
-    ::std::span<const Out> output;
-    ::std::exception_ptr error = item.error;
-    ::std::vector<Out> result;
-    const bool to_vector = item.delivery.index() == 0;
-    if (error == nullptr) {
-      try {
-        PipelineOutputSink<Out> sink;
-        if (to_vector) {
-          sink.context = &result;
-          sink.allocate = [](void* context, ::std::size_t n) -> Out* {
-            auto& vector = *static_cast<::std::vector<Out>*>(context);
-            vector.resize(n);
-            return vector.data();
-          };
-        }
-        output = runner.finish(slot, sink);
-      } catch (...) {
-        error = ::std::current_exception();
-      }
-    }
-    if (error != nullptr) {
-      runner.settle(slot);
-    }
-    if (auto* vector_record = ::std::get_if<0>(&item.delivery)) {
-      if (error == nullptr) {
-        if (output.data() != result.data() || output.size() != result.size()) {
-          try {  // a runner that ignored the sink
-            result.assign(output.begin(), output.end());
-          } catch (...) {
-            error = ::std::current_exception();
-          }
-        }
-      }
-      if (error == nullptr) {
-        vectors->fulfill(*vector_record, ::std::move(result));
-      } else {
-        vectors->fail(*vector_record, error);
-      }
-    } else if (auto* count_record = ::std::get_if<1>(&item.delivery)) {
-      if (error == nullptr) {
-        counts->fulfill(*count_record, output.size());
-      } else {
-        counts->fail(*count_record, error);
-      }
-    } else {
-      auto& callback = ::std::get<2>(item.delivery);
-      const completion_type done{item.id, error == nullptr ? output : ::std::span<const Out>(), error};
-      try {
-        callback(done);  // output may live in the slot: release afterwards
-      } catch (...) {
-        ::std::lock_guard lock(mutex);
-        try {  // the producer's first error is kept; later ones are dropped
-          (void)callback_errors.try_emplace(item.producer, ::std::current_exception());
-        } catch (...) {
-          // Out of host memory while recording it: the error is lost, not the pipeline.
-        }
-      }
-    }
-    {
-      ::std::lock_guard lock(mutex);
-      free_slots.push(slot);
-      --pending;
-      ++delivered;
-      ++(error == nullptr ? stats.completed : stats.failed);
-    }
-    slot_freed.notify_one();
-    progress.notify_all();
-  }
+  void await_next_issue() const noexcept;
+  static void cpu_relax() noexcept;
+  void deliver(::std::size_t slot, InFlight& item) noexcept;
 
   void wait_idle() {
     ::std::unique_lock lock(mutex);
@@ -448,3 +317,6 @@ struct PipelineState {
 };
 
 }  // namespace replay::detail
+
+// The out-of-line part: the completion thread.
+#include "replay/detail/pipeline_delivery.hpp"

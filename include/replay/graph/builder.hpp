@@ -6,7 +6,9 @@
 // instantiation for updates on the executable graph. Capture mixes in two
 // ways: a captured Graph as a child node (add_child), or capture straight
 // into this graph or body (capture(), cudaStreamBeginCaptureToGraph; in
-// detail/graph_capture.hpp). ConditionalNode is in graph/conditional_node.hpp.
+// detail/graph_capture.hpp). add_host, add_child and add_mem_alloc are defined
+// in detail/graph_builder_nodes.hpp; ConditionalNode is in
+// graph/conditional_node.hpp.
 //
 //   replay::Graph graph = replay::make_graph();
 //   replay::GraphBuilder b(graph);
@@ -176,54 +178,12 @@ class GraphBuilder {
   // executable graph made from it. `fn`, and its destructor, must not call CUDA.
   template <class F>
     requires ::std::invocable<::std::decay_t<F>&> && ::std::move_constructible<::std::decay_t<F>>
-  HostNode add_host(F&& fn, const Deps& deps = {}, ::std::source_location where = ::std::source_location::current()) {
-    prepare(NodeType::host, deps, "add_host", where);
-    using Holder = detail::HostCallable<::std::decay_t<F>>;
-    auto failure = ::std::make_shared<detail::HostCallFailure>();
-    auto holder = ::std::make_unique<Holder>(Holder{::std::forward<F>(fn), failure});
-    ::cudaUserObject_t object = nullptr;
-    check(::cudaUserObjectCreate(&object, holder.get(), &Holder::destroy, 1, ::cudaUserObjectNoDestructorSync),
-          "cudaUserObjectCreate", where);
-    Holder* raw = holder.release();  // the user object owns it now
-    const ::cudaError_t retained = ::cudaGraphRetainUserObject(graph_, object, 1, ::cudaGraphUserObjectMove);
-    if (retained != ::cudaSuccess) {
-      (void)::cudaUserObjectRelease(object, 1);
-      check(retained, "cudaGraphRetainUserObject", where);
-    }
-    // From here the graph holds the only reference: it frees the callable.
-    ::cudaHostNodeParams params{};
-    params.fn = &Holder::call;
-    params.userData = raw;
-    ::cudaGraphNode_t node = nullptr;
-    check(::cudaGraphAddHostNode(&node, graph_, deps.data(), deps.size(), &params), "cudaGraphAddHostNode", where);
-    return HostNode(node, ::std::move(failure));
-  }
+  HostNode add_host(F&& fn, const Deps& deps = {}, ::std::source_location where = ::std::source_location::current());
 
   // A node running a copy of `child` (a captured section, say). CUDA refuses
   // child graphs holding conditional or memory nodes; so does this, by name.
   ChildGraphNode add_child(const Graph& child, const Deps& deps = {},
-                           ::std::source_location where = ::std::source_location::current()) {
-    prepare(NodeType::child_graph, deps, "add_child", where);
-    const auto nodes = detail::graph_nodes(child.handle(where), where);
-    if (::cudaGraphNode_t bad = detail::find_node(
-            nodes,
-            [](NodeType t) {
-              return t == NodeType::conditional || t == NodeType::mem_alloc || t == NodeType::mem_free;
-            },
-            where)) {
-      throw usage_error("add_child: the child graph holds a " + describe_node(bad) +
-                            "; CUDA does not allow conditional, memory-allocation or memory-free nodes in a child "
-                            "graph (add them to the parent instead)",
-                        where);
-    }
-    if (body_) {
-      refuse_in_body(nodes, "add_child", where);
-    }
-    ::cudaGraphNode_t node = nullptr;
-    check(::cudaGraphAddChildGraphNode(&node, graph_, deps.data(), deps.size(), child.get()),
-          "cudaGraphAddChildGraphNode", where);
-    return ChildGraphNode(node);
-  }
+                           ::std::source_location where = ::std::source_location::current());
 
   // Records `event` when the node runs. The event must outlive the launches.
   EventRecordNode add_event_record(const Event& event, const Deps& deps = {},
@@ -248,26 +208,7 @@ class GraphBuilder {
 
   // Allocates `bytes` of device memory on the current device, in graph order.
   MemAllocNode add_mem_alloc(::std::size_t bytes, const Deps& deps = {},
-                             ::std::source_location where = ::std::source_location::current()) {
-    prepare(NodeType::mem_alloc, deps, "add_mem_alloc", where);
-    if (bytes == 0) {
-      throw usage_error("add_mem_alloc: zero bytes requested", where);
-    }
-    int device = 0;
-    check(::cudaGetDevice(&device), "cudaGetDevice", where);
-    ::cudaMemAllocNodeParams params{};
-    params.poolProps.allocType = ::cudaMemAllocationTypePinned;
-    params.poolProps.handleTypes = ::cudaMemHandleTypeNone;
-    params.poolProps.location.type = ::cudaMemLocationTypeDevice;
-    params.poolProps.location.id = device;
-    params.accessDescs = nullptr;
-    params.accessDescCount = 0;
-    params.bytesize = bytes;
-    ::cudaGraphNode_t node = nullptr;
-    check(::cudaGraphAddMemAllocNode(&node, graph_, deps.data(), deps.size(), &params), "cudaGraphAddMemAllocNode",
-          where);
-    return MemAllocNode(node, params.dptr, bytes);
-  }
+                             ::std::source_location where = ::std::source_location::current());
   // Frees memory a memory-allocation node (of this or an earlier-launched graph) made.
   MemFreeNode add_mem_free(void* ptr, const Deps& deps = {},
                            ::std::source_location where = ::std::source_location::current()) {
@@ -404,6 +345,8 @@ class GraphBuilder {
 
 }  // namespace replay
 
-// The out-of-line parts: capture into the graph, conditional nodes.
+// The out-of-line parts: the nodes that take more than one CUDA call, capture
+// into the graph, conditional nodes.
+#include "replay/detail/graph_builder_nodes.hpp"
 #include "replay/detail/graph_capture.hpp"
 #include "replay/graph/conditional_node.hpp"
