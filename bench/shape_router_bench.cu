@@ -3,6 +3,10 @@
 //
 //  route_only/<policy>:       host time of run() with a backend whose launch does
 //                             nothing: the routing itself (lookup, rounding, stats, lock).
+//  route_cold/<routed>:       run() with a stand-in launch that walks 256 KiB of host memory
+//                             (routed:1) against the walk alone (routed:0), interleaved;
+//                             overhead_ns = routed - walk: the routing with the host cache
+//                             disturbed between hits, as a launch does. Needs no GPU.
 //  route_launch/<mode>:       host time of one launch of a 1-kernel graph, raw
 //                             cudaGraphLaunch (mode 0) vs ShapeRouter::run on a hit
 //                             (mode 1); the two are measured interleaved in both entries,
@@ -64,6 +68,17 @@ struct NullBackend {
     return {};
   }
   void launch(const NullExec&, int, std::source_location) {}
+};
+// route_cold's: launches walk a host buffer.
+struct ColdBackend : NullBackend {
+  std::vector<char>* scratch = nullptr;
+  void launch(const NullExec&, int, std::source_location) const { walk(*scratch); }
+  static void walk(std::vector<char>& buffer) {
+    for (std::size_t i = 0; i < buffer.size(); i += 64) {
+      buffer[i] = static_cast<char>(buffer[i] + 1);
+    }
+    benchmark::ClobberMemory();
+  }
 };
 }  // namespace shape_router_bench
 
@@ -128,6 +143,53 @@ void route_only(benchmark::State& state) {
     benchmark::DoNotOptimize(router.run(keys[i++ & 4095], 0));
   }
   state.SetLabel(bucketed ? "bucketed" : "exact");
+}
+
+// ---- route_cold: the routing with the host cache disturbed between hits ----------
+//
+// A launch runs microseconds of driver code that evicts much of what the
+// router read from the host's caches, so a hit pays for every cache line it
+// touches. The stand-in launch here walks a buffer (256 KiB, one write per
+// cache line) instead: routed:1 is run() with that launch, routed:0 the walk
+// alone; the difference is the router's cost with cold caches, on any machine.
+
+void route_cold(benchmark::State& state) {
+  const bool report_routed = state.range(0) != 0;
+  constexpr int kBurst = 32;
+  std::vector<char> scratch(256 << 10);
+  shape_router_bench::ColdBackend backend;
+  backend.scratch = &scratch;
+  replay::ShapeRouter<int, shape_router_bench::ColdBackend> router(
+      [](int, int) {}, replay::ShapeRouterOptions<int>::bucketed(replay::power_of_two_buckets(64)), backend);
+  const auto keys = random_batches(4096, 64);
+  for (int k : keys) {
+    (void)router.run(k, 0);
+  }
+  // Interleaved bursts, as in route_launch, so that drift cancels.
+  std::size_t i = 0;
+  double walk_total = 0.0;
+  double routed_total = 0.0;
+  std::int64_t runs = 0;
+  for (auto _ : state) {
+    auto start = clock_type::now();
+    for (int b = 0; b < kBurst; ++b) {
+      benchmark::DoNotOptimize(keys[i++ & 4095]);
+      shape_router_bench::ColdBackend::walk(scratch);
+    }
+    const double walk = seconds(start, clock_type::now());
+    start = clock_type::now();
+    for (int b = 0; b < kBurst; ++b) {
+      benchmark::DoNotOptimize(router.run(keys[i++ & 4095], 0));
+    }
+    const double routed = seconds(start, clock_type::now());
+    walk_total += walk;
+    routed_total += routed;
+    runs += kBurst;
+    state.SetIterationTime((report_routed ? routed : walk) / kBurst);
+  }
+  const double n = static_cast<double>(std::max<std::int64_t>(runs, 1));
+  state.counters["overhead_ns"] = (routed_total - walk_total) / n * 1e9;
+  state.SetLabel(report_routed ? "ShapeRouter::run (hit), stand-in launch walks 256 KiB" : "the walk alone");
 }
 
 // ---- route_launch: router hit vs raw cudaGraphLaunch -----------------------------
@@ -590,6 +652,7 @@ void startup(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(route_only)->ArgName("bucketed")->Arg(0)->Arg(1);
+BENCHMARK(route_cold)->ArgName("routed")->Arg(0)->Arg(1)->UseManualTime();
 BENCHMARK(route_launch)->ArgName("routed")->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(pool_memory)
     ->ArgNames({"buckets", "shared"})

@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -850,6 +851,43 @@ struct HookedBackend : FakeBackend {
   }
 };
 
+// A backend whose re-captures replace the executable graph through the policy
+// CudaGraphBackend uses (detail::update_or_reinstantiate), with steps that
+// refuse every update and count instantiations; the first `failing` of them
+// fail (as cudaGraphInstantiate would).
+struct InstantiatingBackend : FakeBackend {
+  int instantiations = 0;
+  int failing = 0;
+  struct Steps {
+    InstantiatingBackend& backend;
+    bool update_in_place(FakeExec&, const std::vector<std::string>&) { return false; }  // refused
+    std::optional<FakeExec> instantiate(const std::vector<std::string>& ops) {
+      if (++backend.instantiations <= backend.failing) {
+        return std::nullopt;
+      }
+      return FakeExec{ops, backend.next_id++};
+    }
+    FakeExec instantiate_diagnosed(const std::vector<std::string>& ops) {
+      if (auto exec = instantiate(ops)) {
+        return std::move(*exec);
+      }
+      throw std::runtime_error("fake instantiation failed");
+    }
+  };
+  InstantiatingBackend() = default;
+  InstantiatingBackend(const InstantiatingBackend& other)
+      : FakeBackend(other), instantiations(other.instantiations), failing(other.failing) {}
+  template <class Issue>
+  replay::RecaptureResult recapture(FakeExec& exec, FakeStream* s, Issue&& issue, std::source_location) {
+    const auto ops = record(s, issue);
+    Steps steps{*this};
+    replay::RecaptureResult result;
+    result.path = replay::detail::update_or_reinstantiate(exec, ops, steps);
+    result.memory = memory_of(ops);
+    return result;
+  }
+};
+
 // A backend whose launches take a while and check that the executable graph
 // they launch is not destroyed under them.
 struct SlowLaunchBackend : FakeBackend {
@@ -985,6 +1023,48 @@ TEST_SUITE("host") {
     CHECK(router.stats().capture_failures == 1);
   }
 
+  TEST_CASE("a failing re-capture instantiates at most twice, and a retry that succeeds is kept and used") {
+    // Old code: the backend called GraphExec::update(), which re-instantiated
+    // (with its own diagnostic retry) when the update was refused, and when
+    // that threw it instantiated again: four instantiations per failing
+    // re-capture, and a diagnostic retry that succeeded was destroyed and
+    // reported as a failure ("instantiate result 0"). Here that is 4 counted
+    // and the key marked eager instead of recaptured.
+    int version = 0;
+    auto work = [&](int n, FakeStream* s) { s->issue(op("v", version) + op("k", n)); };
+    std::vector<std::string> failures;
+    replay::ShapeRouter<int, InstantiatingBackend> router(
+        work, {.on_capture_failure = [&](const int&, std::string_view why) { failures.emplace_back(why); }});
+    FakeStream s;
+    CHECK(router.run(3, &s).kind == replay::RouteKind::captured);  // capture(): not counted here
+
+    // The first instantiation fails, the diagnostic retry succeeds: kept.
+    router.backend().failing = 1;
+    version = 1;
+    REQUIRE(router.invalidate(3));
+    CHECK(router.run(3, &s).kind == replay::RouteKind::recaptured);
+    CHECK(router.backend().instantiations == 2);
+    CHECK(router.stats().reinstantiations == 1);
+    CHECK(failures.empty());
+    CHECK_FALSE(router.is_eager(3));
+    s.executed.clear();
+    CHECK(router.run(3, &s).kind == replay::RouteKind::replayed);  // the retry's graph serves the hits
+    CHECK(s.executed == std::vector<std::string>{"v1k3"});
+
+    // Both fail: two instantiations, no more (and no retry of an own failure); eager.
+    router.backend().instantiations = 0;
+    router.backend().failing = 2;
+    version = 2;
+    REQUIRE(router.invalidate(3));
+    s.executed.clear();
+    CHECK(router.run(3, &s).kind == replay::RouteKind::eager_fallback);
+    CHECK(router.backend().instantiations == 2);
+    CHECK(s.executed == std::vector<std::string>{"v2k3"});
+    REQUIRE(failures.size() == 1);
+    CHECK(failures[0].find("fake instantiation failed") != std::string::npos);
+    CHECK(router.is_eager(3));
+  }
+
   TEST_CASE("the entry table is bounded: keys from an open domain are forgotten least recently used first") {
     // Old code: one entry per key ever seen, scanned on every capture.
     Router<int> router(work_ops, {.warmup_runs = 1, .max_graphs = 8, .max_entries = 16});
@@ -1005,6 +1085,30 @@ TEST_SUITE("host") {
                          replay::usage_error);
     CHECK_THROWS_WITH_AS(Router<int>(work_ops, {.capture_attempts = 0}), doctest::Contains("capture_attempts"),
                          replay::usage_error);
+  }
+
+  TEST_CASE("hits reorder no list, yet the entry table forgets the least recently used key") {
+    // A hit only flags its entry; forgetting gives a flagged entry a second
+    // chance. (Without it, key 1 would be forgotten here: it was made first.)
+    Router<int> router(work_ops, {.max_entries = 3});
+    FakeStream s;
+    for (int k : {1, 2, 3}) {
+      CHECK(router.run(k, &s).kind == replay::RouteKind::captured);
+    }
+    CHECK(router.run(1, &s).kind == replay::RouteKind::replayed);
+    CHECK(router.run(4, &s).kind == replay::RouteKind::captured);
+    CHECK(router.contains(1));
+    CHECK_FALSE(router.contains(2));  // the least recently used
+    CHECK(router.contains(3));
+    CHECK(router.run(5, &s).kind == replay::RouteKind::captured);
+    CHECK_FALSE(router.contains(3));  // 1's second chance is spent; 3 is older than 1
+    CHECK(router.contains(1));
+    CHECK(router.stats().entry_evictions == 2);
+    const auto graphs = router.graphs();  // by recency, most recent first
+    REQUIRE(graphs.size() == 3);
+    CHECK(graphs[0].shape == 5);
+    CHECK(graphs[1].shape == 4);
+    CHECK(graphs[2].shape == 1);
   }
 
   TEST_CASE("a hit completes while another key's capture is blocked (real threads)") {

@@ -25,6 +25,18 @@
 namespace replay {
 
 template <RouterKey Key, GraphBackend Backend>
+inline ::std::size_t ShapeRouter<Key, Backend>::capture_all(stream_type stream, const progress_type& progress,
+                                                            ::std::source_location where) {
+  if (options_.policy != RoutingPolicy::bucketed) {
+    throw usage_error("ShapeRouter::capture_all(stream) needs RoutingPolicy::bucketed; with the exact "
+                      "policy pass the keys: capture(keys, stream)",
+                      where);
+  }
+  const ::std::vector<Key> shapes = bucket_shapes();
+  return capture(::std::span<const Key>(shapes), stream, progress, where);
+}
+
+template <RouterKey Key, GraphBackend Backend>
 inline ::std::size_t ShapeRouter<Key, Backend>::capture(::std::span<const Key> keys, stream_type stream,
                                                         const progress_type& progress, ::std::source_location where) {
   refuse_reentry(where);

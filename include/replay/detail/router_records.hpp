@@ -51,14 +51,17 @@ struct RouterGraphSlot {
 template <class Key, class Exec>
 struct RouterEntry {
   explicit RouterEntry(const Key& k) : shape(k) {}
-  Key shape;
+  // What a hit reads and writes first.
+  RouterEntryState state = RouterEntryState::ready;
+  bool recent = false;  // hit since it was last moved in the router's lru_ (a second chance there)
   ::std::shared_ptr<RouterGraphSlot<Exec>> graph;
-  GraphMemory memory;
   ::std::uint64_t replays = 0;
+  ::std::uint64_t last_used = 0;  // the router's use stamp: recency of the key and its graph
+  Key shape;
+  GraphMemory memory;
   ::std::uint32_t warmups = 0;
   ::std::uint32_t interrupted_rounds = 0;  // consecutive capture rounds interrupted from outside
   ::std::chrono::steady_clock::time_point retry_at{};
-  RouterEntryState state = RouterEntryState::ready;
   bool detached = false;                // forgotten (clear, max_entries) while a capture was in flight
   bool invalidated_in_capture = false;  // invalidate() while capturing: stale as soon as it is in
   typename ::std::list<RouterEntry*>::iterator lru;        // in lru_

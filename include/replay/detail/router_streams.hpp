@@ -1,6 +1,6 @@
 #pragma once
 #include <replay/detail/require_cxx20.hpp>
-// ShapeRouter's stream ordering and leases: submissions, stream switches, launches and eager issues.
+// ShapeRouter's hit path, stream ordering and leases: run(), submissions, stream switches, launches and eager issues.
 #include <mutex>
 #include <source_location>
 #include <thread>
@@ -9,10 +9,80 @@
 
 #include "replay/shape_router/router.hpp"
 #include "replay/detail/router_records.hpp"
+#include "replay/detail/shape_router_keys.hpp"
 #include "replay/error.hpp"
 #include "replay/shape_router/backend.hpp"
+#include "replay/shape_router/stats.hpp"
 
 namespace replay {
+
+// Ends a submission (see enter_stream) when it goes out of scope.
+template <RouterKey Key, GraphBackend Backend>
+class ShapeRouter<Key, Backend>::Submission {
+ public:
+  Submission(ShapeRouter* router, bool marks) noexcept : router_(router), marks_(marks) {}
+  Submission(const Submission&) = delete;
+  Submission& operator=(const Submission&) = delete;
+  ~Submission() {
+    if (router_ != nullptr) {
+      router_->leave_stream(marks_);
+    }
+  }
+  // The work is issued on `stream` (still alive: this thread issued it):
+  // records the order event after it when the router orders streams.
+  void issued(const stream_type& stream, const ::std::source_location& where) {
+    if (marks_) {
+      if constexpr (OrdersStreams<Backend>) {
+        router_->backend_.mark(stream, where);
+      }
+      marks_ = false;
+    }
+  }
+  // Kept open past this object (a Lease ends it).
+  void keep() noexcept { router_ = nullptr; }
+
+ private:
+  ShapeRouter* router_;
+  bool marks_;  // a mark is owed (and not yet recorded)
+};
+
+template <RouterKey Key, GraphBackend Backend>
+inline Route<Key> ShapeRouter<Key, Backend>::run(const Key& key, stream_type stream, ::std::source_location where) {
+  refuse_reentry(where);
+  const Planned planned = Plan::plan(options_, key, where);
+  ::std::unique_lock<::std::mutex> lock(mutex_);
+  ++hot_.runs;
+  hot_.real_elements += detail::element_count(key);
+  hot_.padded_elements += detail::element_count(planned.shape);
+  if (planned.oversize) [[unlikely]] {
+    ++stats_.misses;
+    ++stats_.oversize;
+    issue_eager(lock, planned.shape, stream, where);
+    return Route<Key>{planned.shape, RouteKind::eager_oversize};
+  }
+  if (const auto it = entries_.find(planned.shape); it != entries_.end() && it->second->state == State::captured)
+      [[likely]] {
+    Entry& entry = *it->second;
+    // The hit: the graph is locked (not referenced) under the router's
+    // lock, which is released before the launch; busy (another thread
+    // launches the same graph): the reference-holding path below. A hit
+    // moves nothing in the LRU lists (see touch_hit).
+    touch_hit(entry);
+    ++hot_.hits;
+    if (GraphSlot& graph = *entry.graph; graph.mutex.try_lock()) [[likely]] {
+      const ::std::unique_lock<::std::mutex> exclusive(graph.mutex, ::std::adopt_lock);
+      Submission submission = enter_stream(lock, stream, where);
+      lock.unlock();
+      backend_.launch(graph.exec, stream, where);
+      submission.issued(stream, where);
+      return Route<Key>{planned.shape, RouteKind::replayed};
+    }
+    launch(lock, entry.graph, stream, where);
+    return Route<Key>{planned.shape, RouteKind::replayed};
+  }
+  return run_miss(lock, planned.shape, stream, where);
+}
+
 
 template <RouterKey Key, GraphBackend Backend>
 inline auto ShapeRouter<Key, Backend>::lease(stream_type stream, ::std::source_location where) -> Lease {

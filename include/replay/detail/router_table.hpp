@@ -14,6 +14,34 @@
 namespace replay {
 
 template <RouterKey Key, GraphBackend Backend>
+inline RouterStats ShapeRouter<Key, Backend>::stats() const {
+  refuse_reentry();
+  ::std::lock_guard<::std::mutex> lock(mutex_);
+  RouterStats out = stats_;
+  out.runs = hot_.runs;
+  out.hits = hot_.hits;
+  out.real_elements = hot_.real_elements;
+  out.padded_elements = hot_.padded_elements;
+  return out;
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline void ShapeRouter<Key, Backend>::reset_stats() {
+  refuse_reentry();
+  ::std::lock_guard<::std::mutex> lock(mutex_);
+  stats_ = RouterStats{};
+  hot_ = HotCounters{};
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline void ShapeRouter<Key, Backend>::set_capture_failure_handler(CaptureFailureHandler<Key> handler,
+                                                                   ::std::source_location where) {
+  refuse_reentry(where);
+  ::std::lock_guard<::std::mutex> lock(mutex_);
+  on_capture_failure_ = ::std::make_shared<const CaptureFailureHandler<Key>>(::std::move(handler));
+}
+
+template <RouterKey Key, GraphBackend Backend>
 inline bool ShapeRouter<Key, Backend>::invalidate(const Key& key, ::std::source_location where) {
   refuse_reentry(where);
   const Planned planned = Plan::plan(options_, key, where);
@@ -88,8 +116,10 @@ inline auto ShapeRouter<Key, Backend>::graphs() const -> ::std::vector<GraphInfo
   refuse_reentry();
   ::std::vector<GraphInfo<Key>> out;
   ::std::lock_guard<::std::mutex> lock(mutex_);
-  out.reserve(graph_lru_.size());
-  for (const Entry* entry : graph_lru_) {
+  ::std::vector<const Entry*> live(graph_lru_.begin(), graph_lru_.end());
+  ::std::sort(live.begin(), live.end(), [](const Entry* a, const Entry* b) { return a->last_used > b->last_used; });
+  out.reserve(live.size());
+  for (const Entry* entry : live) {
     out.push_back(GraphInfo<Key>{entry->shape, entry->memory, entry->replays, entry->state == State::stale});
   }
   return out;
@@ -116,10 +146,9 @@ inline RouterMemory ShapeRouter<Key, Backend>::memory(::std::source_location whe
 
 template <RouterKey Key, GraphBackend Backend>
 inline void ShapeRouter<Key, Backend>::touch(Entry& entry) noexcept {
+  entry.last_used = ++use_clock_;
+  entry.recent = false;
   lru_.splice(lru_.begin(), lru_, entry.lru);
-  if (entry.graph) {
-    graph_lru_.splice(graph_lru_.begin(), graph_lru_, entry.graph_lru);
-  }
 }
 
 template <RouterKey Key, GraphBackend Backend>
@@ -132,6 +161,7 @@ inline auto ShapeRouter<Key, Backend>::entry_for(const Key& shape) -> EntryRef {
   }
   EntryRef entry = ::std::make_shared<Entry>(shape);
   entry->state = options_.warmup_runs > 0 ? State::warming : State::ready;
+  entry->last_used = ++use_clock_;
   lru_.push_front(entry.get());
   entry->lru = lru_.begin();
   try {
@@ -145,9 +175,19 @@ inline auto ShapeRouter<Key, Backend>::entry_for(const Key& shape) -> EntryRef {
 
 template <RouterKey Key, GraphBackend Backend>
 inline bool ShapeRouter<Key, Backend>::forget_lru_entry() {
-  for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {
-    Entry& victim = **it;
+  // From the back; an entry hit since it was last moved goes to the front
+  // instead (once: the flag is cleared), so each entry is looked at at most
+  // twice: amortized O(1) per forgotten key, whatever the table's size.
+  for (auto it = lru_.end(); it != lru_.begin();) {
+    const auto current = ::std::prev(it);
+    Entry& victim = **current;
+    if (victim.recent) {
+      victim.recent = false;
+      lru_.splice(lru_.begin(), lru_, current);  // `it` stays; its predecessor is next
+      continue;
+    }
     if (victim.state == State::capturing) {
+      it = current;
       continue;
     }
     if (victim.graph) {
@@ -165,16 +205,21 @@ inline bool ShapeRouter<Key, Backend>::forget_lru_entry() {
 
 template <RouterKey Key, GraphBackend Backend>
 inline bool ShapeRouter<Key, Backend>::evict_lru(const Entry* keep) {
-  for (auto it = graph_lru_.rbegin(); it != graph_lru_.rend(); ++it) {
-    Entry& victim = **it;
-    if (&victim == keep || victim.state == State::capturing) {
-      continue;
+  // The oldest stamp among the live graphs: a scan (at most max_graphs + 1
+  // of them), on the capture path only, so that a hit moves nothing.
+  Entry* victim = nullptr;
+  for (Entry* entry : graph_lru_) {
+    if (entry != keep && entry->state != State::capturing &&
+        (victim == nullptr || entry->last_used < victim->last_used)) {
+      victim = entry;
     }
-    drop_graph(victim, State::ready);
-    ++stats_.evictions;
-    return true;
   }
-  return false;
+  if (victim == nullptr) {
+    return false;
+  }
+  drop_graph(*victim, State::ready);
+  ++stats_.evictions;
+  return true;
 }
 
 template <RouterKey Key, GraphBackend Backend>

@@ -18,6 +18,8 @@
 
 #include "replay/capture_scope.hpp"
 #include "replay/detail/capture_coordinator.hpp"
+#include "replay/detail/message.hpp"
+#include "replay/detail/router_recapture.hpp"
 #include "replay/device.hpp"
 #include "replay/error.hpp"
 #include "replay/event.hpp"
@@ -81,7 +83,8 @@ class CudaGraphBackend {
 
   // Captures anew and updates `exec` in place (cudaGraphExecUpdate: same
   // topology, new pointers or parameters), or re-instantiates once when CUDA
-  // refuses: at most one instantiation (plus its diagnosis) per re-capture.
+  // refuses: at most two instantiations per re-capture (one, and one
+  // diagnostic retry when it fails, kept when it succeeds).
   // An in-place update is safe while earlier launches still run (they keep
   // the old parameters); a replaced executable graph is freed by CUDA once
   // its launches finish. `exec` is unchanged when this throws.
@@ -95,15 +98,8 @@ class CudaGraphBackend {
     RecaptureResult result;
     result.memory.alloc_bytes = graph_alloc_bytes(graph, where);
     const ::std::size_t reserved_before = pool_reserved(device, where);
-    try {
-      exec.update_in_place(graph, where);
-      result.path = UpdatePath::in_place;
-    } catch (const graph_update_error&) {
-      // Refused (a topology change, or a node kind that cannot be updated,
-      // refused with an error status on some drivers): re-instantiate.
-      exec = instantiate(graph, stream, where);
-      result.path = UpdatePath::reinstantiated;
-    }
+    InstantiateSteps steps{*this, stream, where};
+    result.path = detail::update_or_reinstantiate(exec, graph, steps);
     result.memory.footprint_bytes = growth(reserved_before, pool_reserved(device, where));
     return result;
   }
@@ -235,19 +231,78 @@ class CudaGraphBackend {
     }
   }
 
-  GraphExec instantiate(const Graph& graph, StreamRef stream, const ::std::source_location& where) const {
-    try {
-      GraphExec exec(graph, flags_, stream, where);
-      if (upload_) {
-        exec.upload(stream, where);
+  // The CUDA steps of detail::update_or_reinstantiate (see there); each
+  // executable graph made is uploaded on `stream` when the backend uploads.
+  // Out of memory while instantiating or uploading is thrown as
+  // capture_interrupted_error.
+  struct InstantiateSteps {
+    const CudaGraphBackend& backend;
+    StreamRef stream;
+    const ::std::source_location& where;
+    ::cudaError_t first = ::cudaSuccess;  // why instantiate() failed
+
+    bool update_in_place(GraphExec& exec, const Graph& graph) const {
+      try {
+        exec.update_in_place(graph, where);
+        return true;
+      } catch (const graph_update_error&) {
+        // Refused (a topology change, or a node kind that cannot be updated,
+        // refused with an error status on some drivers): re-instantiate.
+        return false;
+      }
+    }
+    ::std::optional<GraphExec> instantiate(const Graph& graph) {
+      if (const char* reason = invalid_flags_reason(backend.flags_)) {
+        throw usage_error(reason, where);
+      }
+      ::cudaGraphExec_t exec = nullptr;
+      first = ::cudaGraphInstantiate(&exec, graph.handle(where), to_underlying(backend.flags_));
+      if (first == ::cudaSuccess) {
+        return uploaded(GraphExec::from_native_handle(exec, backend.flags_));
+      }
+      detail::clear_error_slot(first);
+      return ::std::nullopt;
+    }
+    GraphExec instantiate_diagnosed(const Graph& graph) const {
+      ::cudaGraphInstantiateParams params{};
+      params.flags = to_underlying(backend.flags_);
+      ::cudaGraphExec_t exec = nullptr;
+      const ::cudaError_t retried = ::cudaGraphInstantiateWithParams(&exec, graph.handle(where), &params);
+      if (retried == ::cudaSuccess && exec != nullptr) {
+        return uploaded(GraphExec::from_native_handle(exec, backend.flags_));  // the first failure was transient
+      }
+      detail::clear_error_slot(retried);
+      if (exec != nullptr) {
+        (void)::cudaGraphExecDestroy(exec);
+      }
+      ::std::string context = detail::concat("instantiate result ", static_cast<int>(params.result_out));
+      if (params.errNode_out != nullptr) {
+        context += detail::concat(", at ", describe_node(params.errNode_out));
+      }
+      const cuda_error error(first, "cudaGraphInstantiate", where, context);
+      if (first == ::cudaErrorMemoryAllocation || retried == ::cudaErrorMemoryAllocation) {
+        throw capture_interrupted_error(error.what());
+      }
+      throw error;
+    }
+    GraphExec uploaded(GraphExec exec) const {
+      if (backend.upload_) {
+        try {
+          exec.upload(stream, where);
+        } catch (const cuda_error& e) {
+          if (e.status() == ::cudaErrorMemoryAllocation) {
+            throw capture_interrupted_error(e.what());
+          }
+          throw;
+        }
       }
       return exec;
-    } catch (const cuda_error& e) {
-      if (e.status() == ::cudaErrorMemoryAllocation) {
-        throw capture_interrupted_error(e.what());
-      }
-      throw;
     }
+  };
+
+  GraphExec instantiate(const Graph& graph, StreamRef stream, const ::std::source_location& where) const {
+    InstantiateSteps steps{*this, stream, where};
+    return detail::instantiate_diagnosed_once<GraphExec>(graph, steps);
   }
 
   static ::std::size_t pool_reserved(int device, const ::std::source_location& where) {

@@ -60,8 +60,9 @@ struct ShapeRouterOptions {
   CaptureFailureHandler<Key> on_capture_failure{};
   // Most keys the router keeps state for (graphs, warm-up counts, eager
   // marks). Beyond it the least recently used key is forgotten (its graph
-  // evicted), so keys from an open domain cost bounded memory and a miss
-  // costs the same however many keys were ever seen.
+  // evicted; a key hit since its last miss gets a second chance first), so
+  // keys from an open domain cost bounded memory and a miss costs the same
+  // however many keys were ever seen.
   ::std::size_t max_entries = 65536;
   // Attempts per capture when a capture is interrupted by something outside
   // the work (another thread invalidated it, out of memory while
@@ -76,9 +77,11 @@ struct ShapeRouterOptions {
   ::std::chrono::microseconds retry_backoff{1000};
   // Threads capture() / capture_all() use: each captures and instantiates
   // whole shapes, in parallel (the CUDA backend captures each on a stream of
-  // its own; warm-ups go to the caller's stream from every thread). 1: the
-  // calling thread alone. The work callable must then be safe to capture
-  // from several threads at once.
+  // its own; warm-ups go to the caller's stream from every thread). 1 (the
+  // default): the calling thread alone, which was the faster on an H200 for
+  // kernel-only work (docs/shape_router.md, "At start"); measure before
+  // raising it. The work callable must then be safe to capture from several
+  // threads at once.
   ::std::uint32_t capture_threads = 1;
 
   static ShapeRouterOptions exact() { return {}; }

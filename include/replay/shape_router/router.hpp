@@ -129,44 +129,7 @@ class ShapeRouter {
   // and later runs then issue the work eagerly. Exceptions from the work
   // itself when run eagerly, and launch errors, do propagate.
   Route<Key> run(const Key& key, stream_type stream,
-                 ::std::source_location where = ::std::source_location::current()) {
-    refuse_reentry(where);
-    const Planned planned = Plan::plan(options_, key, where);
-    ::std::unique_lock<::std::mutex> lock(mutex_);
-    ++stats_.runs;
-    stats_.real_elements += detail::element_count(key);
-    stats_.padded_elements += detail::element_count(planned.shape);
-    if (planned.oversize) [[unlikely]] {
-      ++stats_.misses;
-      ++stats_.oversize;
-      issue_eager(lock, planned.shape, stream, where);
-      return Route<Key>{planned.shape, RouteKind::eager_oversize};
-    }
-    if (const auto it = entries_.find(planned.shape); it != entries_.end() && it->second->state == State::captured)
-        [[likely]] {
-      Entry& entry = *it->second;
-      // The hit: the graph is locked (not referenced) under the router's
-      // lock, which is released before the launch; busy (another thread
-      // launches the same graph): the reference-holding path below.
-      if (GraphSlot& graph = *entry.graph; graph.mutex.try_lock()) [[likely]] {
-        const ::std::unique_lock<::std::mutex> exclusive(graph.mutex, ::std::adopt_lock);
-        touch(entry);
-        ++entry.replays;
-        ++stats_.hits;
-        Submission submission = enter_stream(lock, stream, where);
-        lock.unlock();
-        backend_.launch(graph.exec, stream, where);
-        submission.issued(stream, where);
-        return Route<Key>{planned.shape, RouteKind::replayed};
-      }
-      touch(entry);
-      ++entry.replays;
-      ++stats_.hits;
-      launch(lock, entry.graph, stream, where);
-      return Route<Key>{planned.shape, RouteKind::replayed};
-    }
-    return run_miss(lock, planned.shape, stream, where);
-  }
+                 ::std::source_location where = ::std::source_location::current());
 
   // Exclusive use of the router's shared buffers on `stream` for as long as
   // the returned object lives: waits until no other thread holds a lease and
@@ -199,15 +162,7 @@ class ShapeRouter {
     return capture_all(stream, progress_type{}, where);
   }
   ::std::size_t capture_all(stream_type stream, const progress_type& progress,
-                            ::std::source_location where = ::std::source_location::current()) {
-    if (options_.policy != RoutingPolicy::bucketed) {
-      throw usage_error("ShapeRouter::capture_all(stream) needs RoutingPolicy::bucketed; with the exact "
-                        "policy pass the keys: capture(keys, stream)",
-                        where);
-    }
-    const ::std::vector<Key> shapes = bucket_shapes();
-    return capture(::std::span<const Key>(shapes), stream, progress, where);
-  }
+                            ::std::source_location where = ::std::source_location::current());
 
   // Captures graphs for `keys` (padded, deduplicated), largest first. Oversize
   // keys are skipped (they never run as graphs). Returns how many of the
@@ -266,24 +221,12 @@ class ShapeRouter {
   // Memory of the live graphs, and the device's graph pool where the backend reports it.
   RouterMemory memory(::std::source_location where = ::std::source_location::current()) const;
 
-  RouterStats stats() const {
-    refuse_reentry();
-    ::std::lock_guard<::std::mutex> lock(mutex_);
-    return stats_;
-  }
-  void reset_stats() {
-    refuse_reentry();
-    ::std::lock_guard<::std::mutex> lock(mutex_);
-    stats_ = RouterStats{};
-  }
+  RouterStats stats() const;
+  void reset_stats();
 
   // Replaces the capture-failure handler (empty: one line on stderr).
   void set_capture_failure_handler(CaptureFailureHandler<Key> handler,
-                                   ::std::source_location where = ::std::source_location::current()) {
-    refuse_reentry(where);
-    ::std::lock_guard<::std::mutex> lock(mutex_);
-    on_capture_failure_ = ::std::make_shared<const CaptureFailureHandler<Key>>(::std::move(handler));
-  }
+                                   ::std::source_location where = ::std::source_location::current());
 
   // The options given at construction, without on_capture_failure: the router
   // holds the handler (set_capture_failure_handler() replaces it).
@@ -317,34 +260,9 @@ class ShapeRouter {
   using Outcome = detail::RouterCaptureOutcome;
   using Attempt = detail::RouterCaptureAttempt<exec_type>;
 
-  // Ends a submission (see enter_stream) when it goes out of scope.
-  class Submission {
-   public:
-    Submission(ShapeRouter* router, bool marks) noexcept : router_(router), marks_(marks) {}
-    Submission(const Submission&) = delete;
-    Submission& operator=(const Submission&) = delete;
-    ~Submission() {
-      if (router_ != nullptr) {
-        router_->leave_stream(marks_);
-      }
-    }
-    // The work is issued on `stream` (still alive: this thread issued it):
-    // records the order event after it when the router orders streams.
-    void issued(const stream_type& stream, const ::std::source_location& where) {
-      if (marks_) {
-        if constexpr (OrdersStreams<Backend>) {
-          router_->backend_.mark(stream, where);
-        }
-        marks_ = false;
-      }
-    }
-    // Kept open past this object (a Lease ends it).
-    void keep() noexcept { router_ = nullptr; }
-
-   private:
-    ShapeRouter* router_;
-    bool marks_;  // a mark is owed (and not yet recorded)
-  };
+  // Ends a submission (see enter_stream) when it goes out of scope:
+  // detail/router_streams.hpp.
+  class Submission;
 
   // Queries without a caller's location report the router's own.
   void refuse_reentry(const ::std::source_location& where = ::std::source_location::current()) const {
@@ -379,7 +297,16 @@ class ShapeRouter {
                    const ::std::source_location& where);
 
   // The key table, its LRU lists and eviction: detail/router_table.hpp.
+  // Recency: every use stamps the entry (last_used, from use_clock_). A miss
+  // also moves it to the front of lru_; a hit only flags it (recent), and
+  // forget_lru_entry gives a flagged entry a second chance, so that a hit
+  // writes only the entry and the clock. Live graphs are evicted by stamp.
   void touch(Entry& entry) noexcept;
+  void touch_hit(Entry& entry) noexcept {
+    entry.last_used = ++use_clock_;
+    entry.recent = true;
+    ++entry.replays;
+  }
   // The entry of `shape`, made (and the least recently used key forgotten
   // beyond max_entries) when new. Under the lock.
   EntryRef entry_for(const Key& shape);
@@ -420,30 +347,47 @@ class ShapeRouter {
   // Moved out of options_, which stays immutable (read unlocked); shared so
   // that a handler replaced meanwhile stays alive while it is being called.
   Handler on_capture_failure_;
+  // What a hit reads and writes, together (a launch between two hits
+  // evicts much of the host's cache): the lock, the table, the counters a
+  // hit updates, the stream-ordering state. The rest of the statistics,
+  // the LRU lists and the capture bookkeeping come after.
   mutable ::std::mutex mutex_;
   detail::key_map<Key, EntryRef> entries_;
-  ::std::list<Entry*> lru_;        // every entry, most recently used first
-  ::std::list<Entry*> graph_lru_;  // entries with a graph, most recently used first
-  ::std::size_t live_graphs_ = 0;
-  ::std::size_t total_bytes_ = 0;
-  RouterStats stats_;
-  // Graphs dropped under the lock, destroyed once it is released.
-  ::std::vector<GraphRef> retired_;
-  bool evicted_memory_ = false;  // a dropped graph held graph memory: trim
+  // The counters of RouterStats a hit updates (stats() merges them in).
+  struct HotCounters {
+    ::std::uint64_t runs = 0;
+    ::std::uint64_t hits = 0;
+    ::std::uint64_t real_elements = 0;
+    ::std::uint64_t padded_elements = 0;
+  } hot_;
+  ::std::uint64_t use_clock_ = 0;  // stamps Entry::last_used
   // Stream ordering (enter_stream): the stream of the latest submissions;
   // submissions entered (under the lock) and issued (counted without it):
   // the difference is how many are still being issued; a switch in
   // progress; whether every submission marks (a second stream was seen);
   // whether work on last_stream_ may follow the latest mark.
+  // Every submission is counted, single-stream hits too: a switch must wait
+  // for launches still being issued, and one that skipped the count could
+  // only be found through its graph, which may be retired and being
+  // destroyed by another thread meanwhile (its destructor waiting for a
+  // launch that in turn waits for the switch).
   ::std::optional<stream_type> last_stream_;
   ::std::size_t entered_ = 0;
   ::std::atomic<::std::size_t> issued_{0};
+  ::std::thread::id lease_owner_;  // the thread holding a Lease, if any
   ::std::atomic<bool> switching_{false};
   bool marking_ = false;
   bool unmarked_ = false;
   ::std::condition_variable switch_cv_;  // a switch or a lease ended
-  ::std::thread::id lease_owner_;         // the thread holding a Lease, if any
   ::std::optional<stream_type> lease_stream_;
+  ::std::list<Entry*> lru_;        // every entry; see touch()
+  ::std::list<Entry*> graph_lru_;  // entries with a graph (their order is their stamps')
+  ::std::size_t live_graphs_ = 0;
+  ::std::size_t total_bytes_ = 0;
+  RouterStats stats_;  // without the HotCounters
+  // Graphs dropped under the lock, destroyed once it is released.
+  ::std::vector<GraphRef> retired_;
+  bool evicted_memory_ = false;  // a dropped graph held graph memory: trim
 };
 
 }  // namespace replay
