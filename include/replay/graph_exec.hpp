@@ -8,11 +8,13 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <optional>
 #include <source_location>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include "replay/detail/instantiate_policy.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/detail/unique_handle.hpp"
 #include "replay/error.hpp"
@@ -222,6 +224,42 @@ class GraphExec : public detail::unique_handle<detail::graph_exec_ref, detail::g
     return UpdateResult{UpdatePath::reinstantiated, info.result, describe_failed(info)};
   }
 
+  // The CUDA steps of detail::instantiate_diagnosed_once.
+  struct InstantiateSteps {
+    InstantiateFlags exec_flags;
+    const ::std::source_location& where;
+    ::cudaError_t first = ::cudaSuccess;  // why instantiate() failed
+
+    ::std::optional<::cudaGraphExec_t> instantiate(GraphRef graph) {
+      ::cudaGraphExec_t exec = nullptr;
+      first = ::cudaGraphInstantiate(&exec, graph.handle(where), to_underlying(exec_flags));
+      if (first != ::cudaSuccess) {
+        return ::std::nullopt;
+      }
+      return exec;
+    }
+    // Asks again through the params form, which says why and at which node.
+    ::cudaGraphExec_t instantiate_diagnosed(GraphRef graph) const {
+      ::cudaGraphInstantiateParams params{};
+      params.flags = to_underlying(exec_flags);
+      ::cudaGraphExec_t retry = nullptr;
+      const ::cudaError_t retried = ::cudaGraphInstantiateWithParams(&retry, graph.get(), &params);
+      detail::clear_error_slot(first);
+      if (retried == ::cudaSuccess && retry != nullptr) {
+        return retry;  // the failure was transient (e.g. memory freed meanwhile): keep the good one
+      }
+      detail::clear_error_slot(retried);
+      if (retry != nullptr) {
+        (void)::cudaGraphExecDestroy(retry);
+      }
+      throw cuda_error(first, "cudaGraphInstantiate", where,
+                       params.errNode_out != nullptr
+                           ? detail::concat("instantiate result ", static_cast<int>(params.result_out), ", at ",
+                                            describe_node(params.errNode_out))
+                           : detail::concat("instantiate result ", static_cast<int>(params.result_out)));
+    }
+  };
+
   static ::cudaGraphExec_t instantiate(GraphRef graph, InstantiateFlags flags, StreamRef upload_stream,
                                        const ::std::source_location& where) {
     if (const char* reason = invalid_flags_reason(flags)) {
@@ -231,29 +269,8 @@ class GraphExec : public detail::unique_handle<detail::graph_exec_ref, detail::g
     // through the params form), then an explicit upload: the same effect, and
     // the flags are the ones cudaGraphExecGetFlags reports back.
     const auto exec_flags = flags & ~InstantiateFlags::upload;
-    ::cudaGraphExec_t exec = nullptr;
-    const ::cudaError_t status = ::cudaGraphInstantiate(&exec, graph.handle(where), to_underlying(exec_flags));
-    if (status != ::cudaSuccess) {
-      // Ask again through the params form, which says why and at which node.
-      ::cudaGraphInstantiateParams params{};
-      params.flags = to_underlying(exec_flags);
-      ::cudaGraphExec_t retry = nullptr;
-      const ::cudaError_t retried = ::cudaGraphInstantiateWithParams(&retry, graph.get(), &params);
-      detail::clear_error_slot(status);
-      if (retried == ::cudaSuccess && retry != nullptr) {
-        exec = retry;  // the failure was transient (e.g. memory freed meanwhile): keep the good one
-      } else {
-        detail::clear_error_slot(retried);
-        if (retry != nullptr) {
-          (void)::cudaGraphExecDestroy(retry);
-        }
-        throw cuda_error(status, "cudaGraphInstantiate", where,
-                         params.errNode_out != nullptr
-                             ? detail::concat("instantiate result ", static_cast<int>(params.result_out), ", at ",
-                                              describe_node(params.errNode_out))
-                             : detail::concat("instantiate result ", static_cast<int>(params.result_out)));
-      }
-    }
+    InstantiateSteps steps{exec_flags, where};
+    const ::cudaGraphExec_t exec = detail::instantiate_diagnosed_once<::cudaGraphExec_t>(graph, steps);
     if (has_flag(flags, InstantiateFlags::upload)) {
       const ::cudaError_t uploaded = ::cudaGraphUpload(exec, upload_stream.handle(where));
       if (uploaded != ::cudaSuccess) {

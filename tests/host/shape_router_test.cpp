@@ -851,10 +851,11 @@ struct HookedBackend : FakeBackend {
   }
 };
 
-// A backend whose re-captures replace the executable graph through the policy
-// CudaGraphBackend uses (detail::update_or_reinstantiate), with steps that
-// refuse every update and count instantiations; the first `failing` of them
-// fail (as cudaGraphInstantiate would).
+// A backend whose re-captures replace the executable graph through the
+// policies CudaGraphBackend and GraphExec use (detail::update_or_reinstantiate,
+// detail::instantiate_diagnosed_once), with steps that refuse every update and
+// count instantiations; the first `failing` of them fail (as
+// cudaGraphInstantiate would).
 struct InstantiatingBackend : FakeBackend {
   int instantiations = 0;
   int failing = 0;
@@ -872,6 +873,9 @@ struct InstantiatingBackend : FakeBackend {
         return std::move(*exec);
       }
       throw std::runtime_error("fake instantiation failed");
+    }
+    FakeExec instantiate_new(const std::vector<std::string>& ops) {
+      return replay::detail::instantiate_diagnosed_once<FakeExec>(ops, *this);
     }
   };
   InstantiatingBackend() = default;

@@ -18,7 +18,6 @@
 
 #include "replay/capture_scope.hpp"
 #include "replay/detail/capture_coordinator.hpp"
-#include "replay/detail/message.hpp"
 #include "replay/detail/router_recapture.hpp"
 #include "replay/device.hpp"
 #include "replay/error.hpp"
@@ -231,15 +230,11 @@ class CudaGraphBackend {
     }
   }
 
-  // The CUDA steps of detail::update_or_reinstantiate (see there); each
-  // executable graph made is uploaded on `stream` when the backend uploads.
-  // Out of memory while instantiating or uploading is thrown as
-  // capture_interrupted_error.
+  // The CUDA steps of detail::update_or_reinstantiate (see there).
   struct InstantiateSteps {
     const CudaGraphBackend& backend;
     StreamRef stream;
     const ::std::source_location& where;
-    ::cudaError_t first = ::cudaSuccess;  // why instantiate() failed
 
     bool update_in_place(GraphExec& exec, const Graph& graph) const {
       try {
@@ -251,58 +246,25 @@ class CudaGraphBackend {
         return false;
       }
     }
-    ::std::optional<GraphExec> instantiate(const Graph& graph) {
-      if (const char* reason = invalid_flags_reason(backend.flags_)) {
-        throw usage_error(reason, where);
-      }
-      ::cudaGraphExec_t exec = nullptr;
-      first = ::cudaGraphInstantiate(&exec, graph.handle(where), to_underlying(backend.flags_));
-      if (first == ::cudaSuccess) {
-        return uploaded(GraphExec::from_native_handle(exec, backend.flags_));
-      }
-      detail::clear_error_slot(first);
-      return ::std::nullopt;
-    }
-    GraphExec instantiate_diagnosed(const Graph& graph) const {
-      ::cudaGraphInstantiateParams params{};
-      params.flags = to_underlying(backend.flags_);
-      ::cudaGraphExec_t exec = nullptr;
-      const ::cudaError_t retried = ::cudaGraphInstantiateWithParams(&exec, graph.handle(where), &params);
-      if (retried == ::cudaSuccess && exec != nullptr) {
-        return uploaded(GraphExec::from_native_handle(exec, backend.flags_));  // the first failure was transient
-      }
-      detail::clear_error_slot(retried);
-      if (exec != nullptr) {
-        (void)::cudaGraphExecDestroy(exec);
-      }
-      ::std::string context = detail::concat("instantiate result ", static_cast<int>(params.result_out));
-      if (params.errNode_out != nullptr) {
-        context += detail::concat(", at ", describe_node(params.errNode_out));
-      }
-      const cuda_error error(first, "cudaGraphInstantiate", where, context);
-      if (first == ::cudaErrorMemoryAllocation || retried == ::cudaErrorMemoryAllocation) {
-        throw capture_interrupted_error(error.what());
-      }
-      throw error;
-    }
-    GraphExec uploaded(GraphExec exec) const {
-      if (backend.upload_) {
-        try {
-          exec.upload(stream, where);
-        } catch (const cuda_error& e) {
-          if (e.status() == ::cudaErrorMemoryAllocation) {
-            throw capture_interrupted_error(e.what());
-          }
-          throw;
-        }
-      }
-      return exec;
-    }
+    GraphExec instantiate_new(const Graph& graph) const { return backend.instantiate(graph, stream, where); }
   };
 
+  // GraphExec's instantiation (at most two attempts), uploaded on `stream`
+  // when the backend uploads. Out of memory while instantiating or uploading
+  // is thrown as capture_interrupted_error.
   GraphExec instantiate(const Graph& graph, StreamRef stream, const ::std::source_location& where) const {
-    InstantiateSteps steps{*this, stream, where};
-    return detail::instantiate_diagnosed_once<GraphExec>(graph, steps);
+    try {
+      GraphExec exec(graph, flags_, stream, where);
+      if (upload_) {
+        exec.upload(stream, where);
+      }
+      return exec;
+    } catch (const cuda_error& e) {
+      if (e.status() == ::cudaErrorMemoryAllocation) {
+        throw capture_interrupted_error(e.what());
+      }
+      throw;
+    }
   }
 
   static ::std::size_t pool_reserved(int device, const ::std::source_location& where) {
