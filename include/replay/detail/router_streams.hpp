@@ -64,12 +64,14 @@ inline Route<Key> ShapeRouter<Key, Backend>::run(const Key& key, stream_type str
       [[likely]] {
     Entry& entry = *it->second;
     // The hit: the graph is locked (not referenced) under the router's
-    // lock, which is released before the launch; busy (another thread
-    // launches the same graph): the reference-holding path below. A hit
-    // moves nothing in the LRU lists (see touch_hit).
+    // lock, which is released before the launch. When entering the stream
+    // would wait (a lease, a switch) or the graph is busy (another thread
+    // launches it): the reference-holding path below, which never waits
+    // while it holds the graph's lock. A hit moves nothing in the LRU lists
+    // (see touch_hit).
     touch_hit(entry);
     ++hot_.hits;
-    if (GraphSlot& graph = *entry.graph; graph.mutex.try_lock()) [[likely]] {
+    if (GraphSlot& graph = *entry.graph; enters_without_waiting(stream) && graph.mutex.try_lock()) [[likely]] {
       const ::std::unique_lock<::std::mutex> exclusive(graph.mutex, ::std::adopt_lock);
       Submission submission = enter_stream(lock, stream, where);
       lock.unlock();
@@ -82,7 +84,6 @@ inline Route<Key> ShapeRouter<Key, Backend>::run(const Key& key, stream_type str
   }
   return run_miss(lock, planned.shape, stream, where);
 }
-
 
 template <RouterKey Key, GraphBackend Backend>
 inline auto ShapeRouter<Key, Backend>::lease(stream_type stream, ::std::source_location where) -> Lease {
@@ -221,22 +222,29 @@ inline void ShapeRouter<Key, Backend>::leave_stream(bool unmarked) noexcept {
   }
 }
 
-// Lock order: a graph's mutex is always taken before a submission is entered
-// (a thread entered on a stream never blocks on a graph), and graphs are
-// destroyed outside submissions with the router's lock released; so a
-// switch, which waits for every entered submission to be issued, never waits
-// on a thread that waits for it.
+// Lock order: a submission is entered before the graph's mutex is waited
+// for, and no thread waits for a submission, a lease or a switch while it
+// holds a graph's mutex (the hit path above takes it only when entering
+// cannot wait; re-captures and destructors hold it without waiting on the
+// router). A switch or a lease, which waits for every entered submission to
+// be issued, therefore never waits on a thread that waits for it.
 template <RouterKey Key, GraphBackend Backend>
 inline void ShapeRouter<Key, Backend>::launch(::std::unique_lock<::std::mutex>& lock, GraphRef graph,
                                               stream_type stream, const ::std::source_location& where) {
   release_retired(lock);
-  lock.unlock();
-  const ::std::lock_guard<::std::mutex> exclusive(graph->mutex);
-  lock.lock();
   Submission submission = enter_stream(lock, stream, where);
   lock.unlock();
+  const ::std::lock_guard<::std::mutex> exclusive(graph->mutex);  // kept alive by `graph` meanwhile
   backend_.launch(graph->exec, stream, where);
   submission.issued(stream, where);
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline bool ShapeRouter<Key, Backend>::enters_without_waiting(const stream_type& stream) const noexcept {
+  if (lease_owner_ != ::std::thread::id()) {
+    return lease_owner_ == ::std::this_thread::get_id() && lease_stream_ == stream;
+  }
+  return !switching_.load() && (!last_stream_.has_value() || *last_stream_ == stream);
 }
 
 template <RouterKey Key, GraphBackend Backend>

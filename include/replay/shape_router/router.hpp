@@ -291,6 +291,8 @@ class ShapeRouter {
   // Destroys the graphs dropped under the lock (drop_graph), and trims, with
   // it released for that time (held again on return). Never inside a submission.
   void release_retired(::std::unique_lock<::std::mutex>& lock) noexcept;
+  // True when enter_stream(stream) would not wait (under the lock).
+  bool enters_without_waiting(const stream_type& stream) const noexcept;
   void launch(::std::unique_lock<::std::mutex>& lock, GraphRef graph, stream_type stream,
               const ::std::source_location& where);
   void issue_eager(::std::unique_lock<::std::mutex>& lock, const Key& shape, stream_type stream,
