@@ -244,13 +244,7 @@ class GraphedCallable {
     if (!route.graph()) {
       // An eager run of a padded batch (a warm-up, a failed capture's bucket)
       // ran on the padded static inputs: its outputs are sliced back too.
-      auto eager = ::std::make_shared<::std::vector<::at::Tensor>>(s.context->take_outputs());
-      for (::at::Tensor& t : *eager) {
-        if (detail::GraphedCallCache::sliced(t, batch, route.shape)) {
-          t = t.narrow(0, 0, batch);
-        }
-      }
-      out.tensors_ = ::std::move(eager);
+      out.tensors_ = output_views(s, s.context->take_outputs(), route.shape, batch, false, where);
       return out;
     }
     const ::std::vector<::at::Tensor>* launched = s.context->launched_outputs();
