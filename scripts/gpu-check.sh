@@ -101,7 +101,7 @@ run_sanitizer() {
   unset REPLAY_UNDER_SANITIZER
   errs=$(grep -Eo '(ERROR SUMMARY|RACECHECK SUMMARY): [0-9]+' "$OUT/san-$lane.tmp" | grep -Eo '[0-9]+$' | awk '{s+=$1} END {print s+0}')
   { echo "=== $tool $name rc=$rc errors=$errs"
-    grep -E 'SUMMARY|test cases:|^========= [A-Z]|TEST CASE:|ERROR:|FATAL|THREW|values:' "$OUT/san-$lane.tmp" | head -80; } >>"$OUT/sanitizer.log"
+    grep -E 'SUMMARY|test cases:|^========= [A-Z]|TEST CASE:|ERROR:|FATAL|THREW|values:|\[replay_test\] FAILED' "$OUT/san-$lane.tmp" | head -80; } >>"$OUT/sanitizer.log"
   printf '%s\n' "$errs" >>"$OUT/lane-$lane.sanitizer"
   [ "$rc" -eq 0 ] || fail "  sanitizer $tool $name: rc=$rc, $errs errors"
   rm -f "$OUT/san-$lane.tmp"

@@ -588,9 +588,8 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
 
   TEST_CASE("evicting a graph trims the graph pool, so max_bytes bounds real memory") {
     // Old code: an evicted graph's pool memory stayed reserved.
-    if (under_sanitizer()) {
-      return;  // the sanitizer backs allocations differently
-    }
+    // Under a sanitizer allocations are backed differently: only the eviction itself is checked.
+    const bool measure = !under_sanitizer();
     replay::Stream stream;
     Model m;
     constexpr std::size_t kScratch = 256 * MiB;
@@ -609,13 +608,18 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(router.run(4, stream).kind == replay::RouteKind::captured);
     stream.synchronize();
     const std::size_t reserved_live = replay::graph_pool_memory(device()).reserved;
-    CHECK(reserved_live >= reserved_before + kScratch);
-    WARN(router.graphs()[0].memory.footprint_bytes >= kScratch);  // where the upload maps the pool
+    if (measure) {
+      CHECK(reserved_live >= reserved_before + kScratch);
+      WARN(router.graphs()[0].memory.footprint_bytes >= kScratch);  // where the upload maps the pool
+    }
     CHECK(router.evict(4));
+    CHECK(router.graph_count() == 0);
     const std::size_t reserved_after = replay::graph_pool_memory(device()).reserved;
     MESSAGE("graph pool reserved: " << reserved_before / MiB << " MiB before, " << reserved_live / MiB
                                     << " MiB with the graph, " << reserved_after / MiB << " MiB after eviction");
-    CHECK(reserved_after < reserved_before + kScratch);
+    if (measure) {
+      CHECK(reserved_after < reserved_before + kScratch);
+    }
   }
 
   TEST_CASE("StreamRef::ready and Event::ready leave a pending launch error in the slot") {
@@ -629,7 +633,13 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     replay::check_last_launch("scale_kernel");
     replay::Event done;
     done.record(stream);
-    scale_kernel<<<1, 4096, 0, stream.get()>>>(y.data(), 1, 1.0F, 0.0F);  // 4096 threads: an invalid launch
+    if (under_sanitizer()) {
+      // racecheck loses track of a launch that fails to launch; any API error fills the same slot.
+      cudaEvent_t bad = nullptr;
+      REQUIRE(cudaEventCreateWithFlags(&bad, 0xFFFFU) == cudaErrorInvalidValue);
+    } else {
+      scale_kernel<<<1, 4096, 0, stream.get()>>>(y.data(), 1, 1.0F, 0.0F);  // 4096 threads: an invalid launch
+    }
     // Which code the runtime gives an oversized block varies between releases.
     const cudaError_t pending = cudaPeekAtLastError();
     REQUIRE(pending != cudaSuccess);
