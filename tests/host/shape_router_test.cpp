@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "gpu_suite.hpp"
 #include "replay/shape_router.hpp"
 
 // The replaced operator delete frees what the replaced operator new mallocs;
@@ -1089,6 +1090,42 @@ TEST_SUITE("host") {
                          replay::usage_error);
     CHECK_THROWS_WITH_AS(Router<int>(work_ops, {.capture_attempts = 0}), doctest::Contains("capture_attempts"),
                          replay::usage_error);
+  }
+
+  TEST_CASE("a bucketed router finds each bucket shape's entry by its slot, also after entries are forgotten") {
+    // The hit path indexes bucket shapes (row-major over the lists) instead of
+    // hashing; a stale index would replay another shape's graph.
+    using Key2 = std::pair<int, int>;
+    const auto name = [](const Key2& k) { return std::to_string(k.first) + "x" + std::to_string(k.second); };
+    Router<Key2> router([&](const Key2& k, FakeStream* s) { s->issue(name(k)); },
+                        {.policy = replay::RoutingPolicy::bucketed,
+                         .buckets = {{1, 2, 4}, {8, 16}},
+                         .warmup_runs = 0,
+                         .max_graphs = 6,
+                         .max_entries = 2});
+    FakeStream s;
+    std::mt19937 rng{static_cast<std::mt19937::result_type>(replay_test::case_seed())};
+    std::uniform_int_distribution<int> batch(1, 4);
+    std::uniform_int_distribution<int> length(1, 16);
+    for (int i = 0; i < 400; ++i) {
+      const Key2 key{batch(rng), length(rng)};
+      const Key2 padded = router.padded_shape(key);
+      s.executed.clear();
+      const auto route = router.run(key, &s);
+      CHECK(route.shape == padded);
+      CHECK(router.entry_count() <= 2);
+      if (route.kind == replay::RouteKind::replayed) {
+        // The fake graph replays what was recorded for its own shape.
+        REQUIRE(s.executed.size() == 1);
+        CHECK(s.executed[0] == name(padded));
+      }
+    }
+    CHECK(router.stats().entry_evictions > 0);
+    CHECK(router.stats().hits > 0);
+    router.clear();
+    CHECK(router.entry_count() == 0);
+    CHECK(router.run(Key2{3, 9}, &s).kind == replay::RouteKind::captured);  // nothing left indexed after clear()
+    CHECK(router.run(Key2{4, 16}, &s).kind == replay::RouteKind::replayed);
   }
 
   TEST_CASE("hits reorder no list, yet the entry table forgets the least recently used key") {

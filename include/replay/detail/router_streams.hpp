@@ -60,9 +60,8 @@ inline Route<Key> ShapeRouter<Key, Backend>::run(const Key& key, stream_type str
     issue_eager(lock, planned.shape, stream, where);
     return Route<Key>{planned.shape, RouteKind::eager_oversize};
   }
-  if (const auto it = entries_.find(planned.shape); it != entries_.end() && it->second->state == State::captured)
-      [[likely]] {
-    Entry& entry = *it->second;
+  if (Entry* const found = entries_.find(planned); found != nullptr && found->state == State::captured) [[likely]] {
+    Entry& entry = *found;
     // The hit: the graph is locked (not referenced) under the router's
     // lock, which is released before the launch. When entering the stream
     // would wait (a lease, a switch) or the graph is busy (another thread

@@ -26,11 +26,15 @@ namespace replay::detail {
 
 template <class Key>
 struct ShapePlan {
+  static constexpr ::std::size_t no_dimension = ::std::numeric_limits<::std::size_t>::max();
+  static constexpr ::std::size_t no_slot = ::std::numeric_limits<::std::size_t>::max();
   struct Planned {
     Key shape;
     bool oversize = false;
+    // Bucketed: the bucket shape's index in the cartesian product of the
+    // lists (row-major, see slot_count); no_slot otherwise.
+    ::std::size_t slot = no_slot;
   };
-  static constexpr ::std::size_t no_dimension = ::std::numeric_limits<::std::size_t>::max();
 
   // Bucket list of dimension `dim` (bucketed); empty with the exact policy.
   static ::std::span<const ::std::int64_t> buckets(const ShapeRouterOptions<Key>& options, ::std::size_t dim) noexcept {
@@ -201,6 +205,43 @@ struct ShapePlan {
     return no_dimension;
   }
 
+  // Bucketed: how many bucket shapes there are (the product of the list
+  // sizes), or `limit` + 1 when above `limit`; 0 with the exact policy.
+  static ::std::size_t slot_count(const ShapeRouterOptions<Key>& options, ::std::size_t limit) noexcept {
+    if (options.policy != RoutingPolicy::bucketed) {
+      return 0;
+    }
+    ::std::size_t count = 1;
+    if constexpr (ShapeKey<Key>) {
+      for (::std::size_t d = 0; d < shape_traits<Key>::rank; ++d) {
+        count *= buckets(options, d).size();
+        if (count > limit) {
+          return limit + 1;
+        }
+      }
+    }
+    return count;
+  }
+  // Bucketed: the slot of a bucket shape (as plan() gives it), or no_slot
+  // for a shape that is not one.
+  static ::std::size_t slot_of(const ShapeRouterOptions<Key>& options, const Key& shape) noexcept {
+    if (options.policy != RoutingPolicy::bucketed) {
+      return no_slot;
+    }
+    ::std::size_t slot = 0;
+    if constexpr (ShapeKey<Key>) {
+      for (::std::size_t d = 0; d < shape_traits<Key>::rank; ++d) {
+        const auto list = buckets(options, d);
+        const auto it = ::std::lower_bound(list.begin(), list.end(), shape_traits<Key>::extent(shape, d));
+        if (it == list.end() || *it != shape_traits<Key>::extent(shape, d)) {
+          return no_slot;
+        }
+        slot = slot * list.size() + static_cast<::std::size_t>(it - list.begin());
+      }
+    }
+    return slot;
+  }
+
   // The shape `key` runs with (padded up to its buckets), or the key itself
   // marked oversize; usage_error for a bad extent or a refused oversize key.
   static Planned plan(const ShapeRouterOptions<Key>& options, const Key& key, const ::std::source_location& where) {
@@ -209,7 +250,7 @@ struct ShapePlan {
       return Planned{key, false};
     }
     if constexpr (ShapeKey<Key>) {
-      Planned out{key, false};
+      Planned out{key, false, 0};
       for (::std::size_t d = 0; d < shape_traits<Key>::rank; ++d) {
         const auto list = buckets(options, d);
         const ::std::int64_t extent = shape_traits<Key>::extent(key, d);
@@ -221,6 +262,7 @@ struct ShapePlan {
           return Planned{key, true};
         }
         shape_traits<Key>::set_extent(out.shape, d, *it);
+        out.slot = out.slot * list.size() + static_cast<::std::size_t>(it - list.begin());
       }
       return out;
     } else {

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "replay/detail/router_entry_table.hpp"
 #include "replay/detail/router_records.hpp"
 #include "replay/detail/shape_plan.hpp"
 #include "replay/detail/shape_router_keys.hpp"
@@ -34,10 +35,6 @@
 #include "replay/shape_router/stats.hpp"
 
 namespace replay {
-
-// ---------------------------------------------------------------------------
-// ShapeRouter
-// ---------------------------------------------------------------------------
 
 // Threading: every member function may be called from any thread. An
 // internal mutex guards the key table for lookups and bookkeeping only: it is
@@ -91,6 +88,7 @@ class ShapeRouter {
       throw usage_error("ShapeRouter: the work callable is empty", where);
     }
     Plan::validate(options_, where);
+    entries_.index_bucket_shapes();
   }
   // Any other callable: refused with a message that names the expected signature.
   template <class Work>
@@ -354,7 +352,7 @@ class ShapeRouter {
   // hit updates, the stream-ordering state. The rest of the statistics,
   // the LRU lists and the capture bookkeeping come after.
   mutable ::std::mutex mutex_;
-  detail::key_map<Key, EntryRef> entries_;
+  detail::RouterEntryTable<Key, Entry> entries_{options_};
   // The counters of RouterStats a hit updates (stats() merges them in).
   struct HotCounters {
     ::std::uint64_t runs = 0;
