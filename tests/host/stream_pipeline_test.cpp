@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "replay/detail/slot_refill.hpp"
 #include "replay/stream_pipeline.hpp"
 
 namespace {
@@ -1211,5 +1212,181 @@ TEST_SUITE("host") {
     CHECK(clean_errors.load() == 0);
     CHECK(thrower_errors.load() >= 1);  // ids 0, 7, 14, ... land in some of its batches
     CHECK_NOTHROW(pipeline.drain());
+  }
+
+  TEST_CASE("slot refill: a lone waiter holds out for a batch only while deliveries are fast; any doubt ends it") {
+    using replay::detail::SlotRefill;
+    using namespace std::chrono_literals;
+    SlotRefill refill;
+    CHECK(refill.batch(8) == 1);  // nothing delivered yet: not known to be fast
+    auto now = SlotRefill::clock::now();
+    for (int i = 0; i < 40; ++i) {  // deliveries 2 us apart
+      now += 2us;
+      refill.delivered(now);
+    }
+    CHECK(refill.interval() < SlotRefill::fast_delivery);
+    CHECK(refill.batch(3) == 1);  // too few slots to hold any back
+    CHECK(refill.batch(4) == 1);
+    CHECK(refill.batch(6) == 1);
+    CHECK(refill.batch(8) == 2);
+    CHECK(refill.batch(16) == 4);
+    CHECK(refill.batch(1024) == SlotRefill::max_batch);
+
+    // A lone waiter waits for two free slots; one does not wake it.
+    refill.begin_wait(8, true);
+    CHECK(refill.batching());
+    CHECK_FALSE(refill.should_wake(1));
+    CHECK_FALSE(refill.refilled(1));
+    CHECK(refill.should_wake(2));
+    // A slow delivery ends the batch: one free slot wakes it now.
+    now += 500us;
+    refill.delivered(now);
+    CHECK_FALSE(refill.batching());
+    CHECK(refill.should_wake(1));
+    refill.end_wait();
+    CHECK_FALSE(refill.should_wake(8));  // nobody waits
+
+    for (int i = 0; i < 40; ++i) {
+      now += 2us;
+      refill.delivered(now);
+    }
+    // A second waiter ends the batch; with a callback in flight there is none.
+    refill.begin_wait(8, true);
+    CHECK(refill.batching());
+    refill.begin_wait(8, true);
+    CHECK_FALSE(refill.batching());
+    CHECK(refill.should_wake(1));
+    refill.end_wait();
+    refill.end_wait();
+    CHECK(refill.waiters() == 0);
+    refill.begin_wait(8, false);
+    CHECK_FALSE(refill.batching());
+    refill.end_wait();
+    // Gaps count at most 1 ms, so the average is fast again within a dozen items.
+    now += 10s;
+    refill.delivered(now);
+    CHECK(refill.batch(8) == 1);
+    int recovered_after = 0;
+    while (refill.batch(8) == 1 && recovered_after < 100) {
+      now += 2us;
+      refill.delivered(now);
+      ++recovered_after;
+    }
+    CHECK(recovered_after <= 16);
+  }
+
+  TEST_CASE("many producers and a fast completion thread that sleeps in between: every item once, in order") {
+    // 8 slots and instant items: producers outrun the completion thread and
+    // wait for slots, a lone waiter in batches. Tickets, destinations and
+    // callbacks mixed (a callback in flight turns batching off), and idle
+    // gaps so that the completion thread goes to sleep and must be woken.
+    replay::BasicStreamPipeline<LeanRunner> pipeline(std::in_place, 8);
+    constexpr int producers = 4;
+    constexpr int per_producer = 3000;
+    std::vector<int> wrong(producers, 0);
+    std::vector<std::vector<std::uint64_t>> ids(producers);
+    std::vector<std::uint64_t> callback_ids;  // written on the completion thread only
+    std::atomic<int> callbacks{0};
+    std::vector<std::thread> threads;
+    for (int p = 0; p < producers; ++p) {
+      threads.emplace_back([&, p] {
+        std::mt19937 local{std::random_device{}()};
+        std::vector<long long> out(64);
+        for (int i = 0; i < per_producer; ++i) {
+          std::vector<int> in(local() % 33);
+          for (int& x : in) {
+            x = static_cast<int>(local() % 100000);
+          }
+          const auto expected = expected_output(in);
+          auto& mine = ids[static_cast<std::size_t>(p)];
+          if (p == 3 && i % 50 == 0) {
+            mine.push_back(pipeline.submit(std::span<const int>(in),
+                                           [&, expected](const replay::PipelineCompletion<long long>& done) {
+                                             callback_ids.push_back(done.id);
+                                             if (!done.ok() || !std::equal(done.output.begin(), done.output.end(),
+                                                                           expected.begin(), expected.end())) {
+                                               ++wrong[3];
+                                             }
+                                             ++callbacks;
+                                           }));
+          } else if (p % 2 == 0) {
+            auto ticket = pipeline.submit(std::span<const int>(in), std::span<long long>(out));
+            mine.push_back(ticket.id());
+            if (ticket.get() != expected.size() || !std::equal(expected.begin(), expected.end(), out.begin())) {
+              ++wrong[static_cast<std::size_t>(p)];
+            }
+          } else {
+            auto ticket = pipeline.submit(std::span<const int>(in));
+            mine.push_back(ticket.id());
+            if (ticket.get() != expected) {
+              ++wrong[static_cast<std::size_t>(p)];
+            }
+          }
+          if (i % 1000 == 999) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));  // longer than the completion thread's watch
+          }
+        }
+      });
+    }
+    for (auto& t : threads) {
+      t.join();
+    }
+    pipeline.drain();
+    std::set<std::uint64_t> all;
+    for (int p = 0; p < producers; ++p) {
+      CHECK(wrong[static_cast<std::size_t>(p)] == 0);
+      CHECK(std::is_sorted(ids[static_cast<std::size_t>(p)].begin(), ids[static_cast<std::size_t>(p)].end()));
+      all.insert(ids[static_cast<std::size_t>(p)].begin(), ids[static_cast<std::size_t>(p)].end());
+    }
+    CHECK(all.size() == static_cast<std::size_t>(producers * per_producer));
+    CHECK(*all.rbegin() == static_cast<std::uint64_t>(producers * per_producer - 1));
+    CHECK(callbacks.load() == per_producer / 50);
+    CHECK(std::is_sorted(callback_ids.begin(), callback_ids.end()));
+    CHECK(pipeline.stats().completed == static_cast<std::uint64_t>(producers * per_producer));
+    CHECK(pipeline.stats().slot_waits <= static_cast<std::uint64_t>(producers * per_producer));
+  }
+
+  TEST_CASE("a lone producer holding out for a batch of slots is woken by one slow delivery") {
+    // Fast deliveries first (the producer may then wait for two free slots
+    // of eight), then nothing completes until the test frees a single slot,
+    // long after the last delivery: that one slot must be enough.
+    FakeControl control;
+    FakePipeline pipeline(std::in_place, control, 8, 16);
+    const auto input = random_item(6);
+    std::vector<long long> out(12);
+    for (int i = 0; i < 2000; ++i) {
+      (void)pipeline.submit(std::span<const int>(input), std::span<long long>(out));
+    }
+    pipeline.drain();
+    {
+      std::lock_guard lock(control.mutex);
+      control.allowed = control.finished;  // hold every later item
+    }
+    std::vector<replay::PipelineTicket<std::vector<long long>>> held;
+    const std::uint64_t waits_before = pipeline.stats().slot_waits;
+    for (int i = 0; i < 8; ++i) {
+      held.push_back(pipeline.submit(std::span<const int>(input)));
+    }
+    std::atomic<bool> returned{false};
+    std::thread producer([&] {
+      auto late = pipeline.submit(std::span<const int>(input));
+      returned = true;
+      CHECK(late.get() == expected_output(input));
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    CHECK_FALSE(returned.load());
+    control.allow(1);  // one slot, after a slow gap
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!returned.load() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    CHECK(returned.load());  // not stuck waiting for a second free slot
+    CHECK(pipeline.stats().slot_waits > waits_before);
+    control.open();
+    producer.join();
+    for (auto& ticket : held) {
+      CHECK(ticket.get() == expected_output(input));
+    }
+    CHECK(control.busy_slot_starts == 0);
   }
 }

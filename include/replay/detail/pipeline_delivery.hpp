@@ -30,7 +30,11 @@ inline void PipelineState<Runner>::completion_loop() noexcept {
     await_next_issue();
     {
       ::std::unique_lock lock(mutex);
-      work_ready.wait(lock, [&] { return order.empty() ? stopping : records[order.front()]->issued; });
+      const auto ready = [&] { return order.empty() ? stopping : records[order.front()]->issued; };
+      if (!ready()) {
+        end_batch_before_sleeping();
+      }
+      work_ready.wait(lock, ready);
       if (order.empty()) {
         if (orphaned) {
           lock.unlock();
@@ -131,14 +135,21 @@ inline void PipelineState<Runner>::deliver(::std::size_t slot, InFlight& item) n
       }
     }
   }
+  const auto now = SlotRefill::clock::now();
+  bool wake_producer = false;
   {
     ::std::lock_guard lock(mutex);
     free_slots.push(slot);
+    refill.delivered(now);
+    wake_producer = refill.should_wake(free_slots.size());
+    callbacks_in_flight -= item.delivery.index() == 2 ? 1 : 0;
     --pending;
     ++delivered;
     ++(error == nullptr ? stats.completed : stats.failed);
   }
-  slot_freed.notify_one();
+  if (wake_producer) {
+    slot_freed.notify_one();
+  }
   progress.notify_all();
 }
 

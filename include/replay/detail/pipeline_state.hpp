@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "replay/detail/message.hpp"
+#include "replay/detail/slot_refill.hpp"
 #include "replay/detail/slot_ring.hpp"
 #include "replay/detail/ticket_state.hpp"
 #include "replay/error.hpp"
@@ -145,6 +146,7 @@ struct PipelineState {
     ::std::size_t slot = 0;
     ::std::uint64_t id = 0;
     bool my_turn = false;
+    bool wake_waiter = false;
     {
       ::std::unique_lock lock(mutex);
       if (free_slots.empty()) {
@@ -153,15 +155,24 @@ struct PipelineState {
           return ::std::nullopt;
         }
         ++stats.slot_waits;
-        slot_freed.wait(lock, [&] { return !free_slots.empty(); });
+        wait_for_slot(lock);
+      } else if (refill.waiters() != 0) {
+        // A waiter may be holding out for a batch of slots: this producer
+        // takes one of them, so the waiter takes the next free one instead.
+        refill.wake_at_first_free();
+        wake_waiter = free_slots.size() > 1;  // one is left after this pop
       }
       slot = free_slots.pop();
       id = next_id++;
       ++pending;
       ++stats.submitted;
+      callbacks_in_flight += delivery.index() == 2 ? 1 : 0;
       records[slot].emplace(InFlight{id, ::std::move(delivery), nullptr, false, ::std::this_thread::get_id()});
       order.push(slot);
       my_turn = next_issue == id;  // stays true: later ids wait for this one
+    }
+    if (wake_waiter) {
+      slot_freed.notify_one();
     }
     // From here on the item is accepted: whatever fails is its own error.
     ::std::exception_ptr error;
@@ -199,6 +210,24 @@ struct PipelineState {
       turn.notify_all();
     }
     return id;
+  }
+
+  // Sleeps until a slot is free; a lone producer may wait for a batch of them
+  // (detail/slot_refill.hpp says why and when).
+  void wait_for_slot(::std::unique_lock<::std::mutex>& lock) {
+    refill.begin_wait(runner.slot_count(), callbacks_in_flight == 0);
+    slot_freed.wait(lock, [&] { return refill.refilled(free_slots.size()); });
+    refill.end_wait();
+  }
+  // The completion thread will sleep (no issued item): a batched wait would
+  // then wait on producers, so it takes the first free slot instead. Under the lock.
+  void end_batch_before_sleeping() {
+    if (refill.batching()) {
+      refill.wake_at_first_free();
+      if (!free_slots.empty()) {
+        slot_freed.notify_one();
+      }
+    }
   }
 
   void check_item(::std::size_t n, const ::std::optional<::std::size_t>& destination_size,
@@ -301,6 +330,8 @@ struct PipelineState {
   ::std::condition_variable work_ready;
   ::std::condition_variable progress;
   SlotRing free_slots;
+  SlotRefill refill;  // when a free slot wakes a waiting producer
+  ::std::size_t callbacks_in_flight = 0;  // accepted callback items not yet delivered
   SlotRing order;                                    // slots in flight, in submission order
   ::std::vector<::std::optional<InFlight>> records;  // per slot
   ::std::uint64_t next_id = 0;

@@ -83,6 +83,8 @@ class BasicStreamPipeline {
   using destination_range = HostRange<output_type>;
 
   // ---- submit: blocks while every slot is busy -----------------------------
+  // (A producer waiting alone for small, fast items is woken once a few
+  // slots are free rather than one: docs/stream_pipeline.md, threading model.)
 
   // The output comes back as a vector (allocated per item; a destination
   // avoids that).
