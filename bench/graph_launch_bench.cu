@@ -6,7 +6,7 @@
 //  host/<mode>/<kernels>: host time to enqueue one chain (eager: N launches;
 //                         graph: one launch), measured around the enqueue only.
 //  gpu/<mode>/<kernels>:  device time of one chain, from CUDA events.
-//  host_launch_paired/<kernels>: raw cudaGraphLaunch and GraphExec::launch
+//  host_launch_paired/<kernels>: raw cudaGraphLaunch and GraphExec::launch (medians)
 //                         timed alternately in one loop (counters).
 //  capture_paired/<kernels>: raw cudaStreamBeginCapture/EndCapture and
 //                         replay::capture timed alternately (counters).
@@ -14,7 +14,9 @@
 //                         upload) vs one in-place replay::GraphExec::update.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <vector>
 
@@ -102,16 +104,18 @@ void host_enqueue(benchmark::State& state) {
   state.counters["kernels"] = kernels;
 }
 
-// Raw cudaGraphLaunch and GraphExec::launch timed in alternation inside one
-// loop, so that clock drift and background noise hit both alike; counters
-// raw_ns and replay_ns are host nanoseconds per launch, overhead_ratio their ratio.
+// Raw cudaGraphLaunch and GraphExec::launch of the same executable graph,
+// timed in alternation inside one loop, so that clock drift and background
+// noise hit both alike; counters raw_ns and replay_ns are the median host
+// nanoseconds per launch over the iterations (a burst preempted by the host
+// moves a mean by several percent, not a median), overhead_ratio their ratio.
 void host_launch_paired(benchmark::State& state) {
   if (skip_without_device(state)) return;
   const int kernels = static_cast<int>(state.range(0));
   Fixture f(kernels);
   constexpr int burst = 8;
-  double raw_s = 0.0;
-  double replay_s = 0.0;
+  std::vector<double> raw_s;
+  std::vector<double> replay_s;
   bool raw_first = true;
   for (auto _ : state) {
     for (int half = 0; half < 2; ++half) {
@@ -122,15 +126,23 @@ void host_launch_paired(benchmark::State& state) {
       }
       const auto stop = std::chrono::steady_clock::now();
       f.stream.synchronize();
-      (mode == raw_graph ? raw_s : replay_s) += std::chrono::duration<double>(stop - start).count();
+      (mode == raw_graph ? raw_s : replay_s).push_back(std::chrono::duration<double>(stop - start).count());
     }
     raw_first = !raw_first;
     state.SetIterationTime(0.0);
   }
-  const double launches = static_cast<double>(state.iterations()) * burst;
-  state.counters["raw_ns"] = raw_s / launches * 1e9;
-  state.counters["replay_ns"] = replay_s / launches * 1e9;
-  state.counters["overhead_ratio"] = replay_s / raw_s;
+  const auto median = [](std::vector<double>& v) {
+    if (v.empty()) {
+      return 0.0;
+    }
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  const double raw = median(raw_s) / burst;
+  const double replay = median(replay_s) / burst;
+  state.counters["raw_ns"] = raw * 1e9;
+  state.counters["replay_ns"] = replay * 1e9;
+  state.counters["overhead_ratio"] = raw > 0.0 ? replay / raw : 0.0;
   state.counters["kernels"] = kernels;
 }
 
