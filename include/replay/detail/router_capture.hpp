@@ -271,7 +271,11 @@ inline auto ShapeRouter<Key, Backend>::attempt_capture(const Key& shape, GraphSl
     }
     try {
       if (graph != nullptr) {
-        const ::std::lock_guard<::std::mutex> exclusive(graph->mutex);
+        {
+          ::std::unique_lock<::std::mutex> lock(mutex_);
+          graph->take(lock);  // a launch that began before the key went stale ends first
+        }
+        const detail::RouterGraphHold<exec_type> held(*graph);
         attempt.updated = backend_.recapture(graph->exec, stream, issue, where);
       } else {
         attempt.fresh.emplace(backend_.capture(stream, issue, where));

@@ -1,6 +1,7 @@
 #pragma once
 #include <replay/detail/require_cxx20.hpp>
 // ShapeRouter's internal records: the per-key entry, its graph slot, a capture attempt, the re-entry guard.
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <list>
@@ -8,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "replay/detail/reentry_guard.hpp"
@@ -32,19 +34,64 @@ enum class RouterEntryState : ::std::uint8_t {
 };
 
 // A live graph. Its own launches, its re-capture and its destruction are
-// serialized by `mutex`: a hit locks it under the router's lock and launches
+// serialized by `held`: a hit takes it under the router's lock and launches
 // after releasing that lock, holding no reference; the destructor waits for
 // such a launch to end, so an eviction never frees a graph under a launch.
+// `held` is taken only under the router's lock (which orders the takers) and
+// released with a plain store: a hit pays no read-modify-write for it, where
+// a mutex costs two. Whoever finds it held waits by polling (wait_released),
+// which only contention on one graph (its own launches from several threads,
+// a re-capture, a destruction) ever does.
 template <class Exec>
 struct RouterGraphSlot {
   explicit RouterGraphSlot(Exec&& e) : exec(::std::move(e)) {}
   RouterGraphSlot(const RouterGraphSlot&) = delete;
   RouterGraphSlot& operator=(const RouterGraphSlot&) = delete;
-  ~RouterGraphSlot() {
-    const ::std::lock_guard<::std::mutex> wait_for_launch(mutex);
+  ~RouterGraphSlot() { wait_released(); }
+
+  // Under the router's lock: takes the graph, or false when another thread holds it.
+  bool try_take_locked() noexcept {
+    if (held.load(::std::memory_order_acquire)) {
+      return false;
+    }
+    held.store(true, ::std::memory_order_relaxed);
+    return true;
   }
+  // Takes the graph, waiting with `router_lock` (held on entry and on return) released meanwhile.
+  void take(::std::unique_lock<::std::mutex>& router_lock) {
+    while (!try_take_locked()) {
+      router_lock.unlock();
+      wait_released();
+      router_lock.lock();
+    }
+  }
+  void release() noexcept { held.store(false, ::std::memory_order_release); }
+  // Polls (spinning briefly, then yielding, then sleeping) until no thread holds it.
+  void wait_released() const noexcept {
+    for (unsigned round = 0; held.load(::std::memory_order_acquire); ++round) {
+      if (round < 256) {
+        ::std::this_thread::yield();
+      } else {
+        ::std::this_thread::sleep_for(::std::chrono::microseconds(20));
+      }
+    }
+  }
+
   Exec exec;
-  ::std::mutex mutex;
+  ::std::atomic<bool> held{false};
+};
+
+// Releases a taken graph when it goes out of scope.
+template <class Exec>
+class RouterGraphHold {
+ public:
+  explicit RouterGraphHold(RouterGraphSlot<Exec>& graph) noexcept : graph_(graph) {}
+  RouterGraphHold(const RouterGraphHold&) = delete;
+  RouterGraphHold& operator=(const RouterGraphHold&) = delete;
+  ~RouterGraphHold() { graph_.release(); }
+
+ private:
+  RouterGraphSlot<Exec>& graph_;
 };
 
 // One key of the router's table.

@@ -70,8 +70,8 @@ inline Route<Key> ShapeRouter<Key, Backend>::run(const Key& key, stream_type str
     // (see touch_hit).
     touch_hit(entry);
     ++hot_.hits;
-    if (GraphSlot& graph = *entry.graph; enters_without_waiting(stream) && graph.mutex.try_lock()) [[likely]] {
-      const ::std::unique_lock<::std::mutex> exclusive(graph.mutex, ::std::adopt_lock);
+    if (GraphSlot& graph = *entry.graph; enters_without_waiting(stream) && graph.try_take_locked()) [[likely]] {
+      const detail::RouterGraphHold<exec_type> held(graph);
       Submission submission = enter_stream(lock, stream, where);
       lock.unlock();
       backend_.launch(graph.exec, stream, where);
@@ -221,19 +221,19 @@ inline void ShapeRouter<Key, Backend>::leave_stream(bool unmarked) noexcept {
   }
 }
 
-// Lock order: a submission is entered before the graph's mutex is waited
-// for, and no thread waits for a submission, a lease or a switch while it
-// holds a graph's mutex (the hit path above takes it only when entering
-// cannot wait; re-captures and destructors hold it without waiting on the
-// router). A switch or a lease, which waits for every entered submission to
+// Lock order: a submission is entered before a graph is waited for, and no
+// thread waits for a submission, a lease or a switch while it holds a graph
+// (the hit path above takes it only when entering cannot wait; re-captures
+// and destructors hold it without waiting on the router). A switch or a lease, which waits for every entered submission to
 // be issued, therefore never waits on a thread that waits for it.
 template <RouterKey Key, GraphBackend Backend>
 inline void ShapeRouter<Key, Backend>::launch(::std::unique_lock<::std::mutex>& lock, GraphRef graph,
                                               stream_type stream, const ::std::source_location& where) {
   release_retired(lock);
   Submission submission = enter_stream(lock, stream, where);
+  graph->take(lock);  // kept alive by `graph` meanwhile
   lock.unlock();
-  const ::std::lock_guard<::std::mutex> exclusive(graph->mutex);  // kept alive by `graph` meanwhile
+  const detail::RouterGraphHold<exec_type> held(*graph);
   backend_.launch(graph->exec, stream, where);
   submission.issued(stream, where);
 }
