@@ -8,7 +8,7 @@
 //  gpu/<mode>/<kernels>:  device time of one chain, from CUDA events.
 //  host_launch_paired/<kernels>: raw cudaGraphLaunch and GraphExec::launch (medians)
 //                         timed alternately in one loop (counters).
-//  capture_paired/<kernels>: raw cudaStreamBeginCapture/EndCapture and
+//  capture_paired/<kernels>: raw cudaStreamBeginCapture/EndCapture and (medians)
 //                         replay::capture timed alternately (counters).
 //  reinstantiate/<nodes>, update/<nodes>: re-instantiation (destroy, instantiate,
 //                         upload) vs one in-place replay::GraphExec::update.
@@ -104,6 +104,15 @@ void host_enqueue(benchmark::State& state) {
   state.counters["kernels"] = kernels;
 }
 
+// The median of the samples (reorders them).
+double median(std::vector<double>& v) {
+  if (v.empty()) {
+    return 0.0;
+  }
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
 // Raw cudaGraphLaunch and GraphExec::launch of the same executable graph,
 // timed in alternation inside one loop, so that clock drift and background
 // noise hit both alike; counters raw_ns and replay_ns are the median host
@@ -131,13 +140,6 @@ void host_launch_paired(benchmark::State& state) {
     raw_first = !raw_first;
     state.SetIterationTime(0.0);
   }
-  const auto median = [](std::vector<double>& v) {
-    if (v.empty()) {
-      return 0.0;
-    }
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-    return v[v.size() / 2];
-  };
   const double raw = median(raw_s) / burst;
   const double replay = median(replay_s) / burst;
   state.counters["raw_ns"] = raw * 1e9;
@@ -149,15 +151,16 @@ void host_launch_paired(benchmark::State& state) {
 // Raw cudaStreamBeginCapture / cudaStreamEndCapture (plus cudaGraphDestroy)
 // and replay::capture (which returns an owning Graph that destroys it) of a
 // chain of N kernels, timed alternately inside one loop; counters raw_ns and
-// replay_ns are host nanoseconds per capture, overhead_ratio their ratio.
+// replay_ns are the median host nanoseconds per capture over the iterations,
+// overhead_ratio their ratio.
 void capture_paired(benchmark::State& state) {
   if (skip_without_device(state)) return;
   const int kernels = static_cast<int>(state.range(0));
   replay::Stream stream;
   replay::DeviceBuffer<float> x(kElements);
   const int burst = kernels == 1 ? 8 : 1;
-  double raw_s = 0.0;
-  double replay_s = 0.0;
+  std::vector<double> raw_s;
+  std::vector<double> replay_s;
   bool raw_first = true;
   std::size_t nodes = 0;
   for (auto _ : state) {
@@ -178,7 +181,7 @@ void capture_paired(benchmark::State& state) {
         }
       }
       const auto stop = std::chrono::steady_clock::now();
-      (raw ? raw_s : replay_s) += std::chrono::duration<double>(stop - start).count();
+      (raw ? raw_s : replay_s).push_back(std::chrono::duration<double>(stop - start).count());
     }
     raw_first = !raw_first;
     state.SetIterationTime(0.0);
@@ -191,10 +194,11 @@ void capture_paired(benchmark::State& state) {
     state.SkipWithError("replay::capture recorded a different number of nodes");
     return;
   }
-  const double captures = static_cast<double>(state.iterations()) * burst;
-  state.counters["raw_ns"] = raw_s / captures * 1e9;
-  state.counters["replay_ns"] = replay_s / captures * 1e9;
-  state.counters["overhead_ratio"] = replay_s / raw_s;
+  const double raw = median(raw_s) / burst;
+  const double replay = median(replay_s) / burst;
+  state.counters["raw_ns"] = raw * 1e9;
+  state.counters["replay_ns"] = replay * 1e9;
+  state.counters["overhead_ratio"] = raw > 0.0 ? replay / raw : 0.0;
   state.counters["kernels"] = kernels;
 }
 
