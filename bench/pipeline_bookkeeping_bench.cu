@@ -20,6 +20,8 @@
 // every slot busy). 8 slots, as the GPU benchmark's tiny items use.
 #include <benchmark/benchmark.h>
 
+#include "bench_main.hpp"
+
 #include <sys/resource.h>
 #include <time.h>
 
@@ -171,13 +173,4 @@ void register_all() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
-    return 1;
-  }
-  register_all();
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return run_benchmarks(argc, argv, register_all); }

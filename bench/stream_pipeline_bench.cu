@@ -51,6 +51,8 @@
 // one item's host-to-device copy.
 #include <benchmark/benchmark.h>
 
+#include "bench_main.hpp"
+
 #include <time.h>
 
 #include <algorithm>
@@ -673,13 +675,4 @@ void register_all() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
-    return 1;
-  }
-  register_all();
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return run_benchmarks(argc, argv, register_all); }

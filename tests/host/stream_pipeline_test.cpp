@@ -219,6 +219,19 @@ static_assert(replay::PipelineStageRunner<FakeRunner>);
 
 using FakePipeline = replay::BasicStreamPipeline<FakeRunner>;
 
+
+// Each producer saw its own ids in increasing order, and together they are
+// exactly 0 .. total-1 (no id lost or given twice).
+void check_ids(const std::vector<std::vector<std::uint64_t>>& ids, std::size_t total) {
+  std::set<std::uint64_t> all;
+  for (const auto& own : ids) {
+    CHECK(std::is_sorted(own.begin(), own.end()));
+    all.insert(own.begin(), own.end());
+  }
+  CHECK(all.size() == total);
+  CHECK(*all.rbegin() == static_cast<std::uint64_t>(total - 1));
+}
+
 }  // namespace
 
 TEST_SUITE("host") {
@@ -646,14 +659,10 @@ TEST_SUITE("host") {
     for (auto& t : threads) {
       t.join();
     }
-    std::set<std::uint64_t> all;
     for (int p = 0; p < producers; ++p) {
       CHECK(mismatches[static_cast<std::size_t>(p)] == 0);
-      CHECK(std::is_sorted(ids[static_cast<std::size_t>(p)].begin(), ids[static_cast<std::size_t>(p)].end()));
-      all.insert(ids[static_cast<std::size_t>(p)].begin(), ids[static_cast<std::size_t>(p)].end());
     }
-    CHECK(all.size() == static_cast<std::size_t>(producers * per_producer));
-    CHECK(*all.rbegin() == static_cast<std::uint64_t>(producers * per_producer - 1));
+    check_ids(ids, static_cast<std::size_t>(producers * per_producer));
     CHECK(control.busy_slot_starts == 0);
   }
 
@@ -1332,14 +1341,10 @@ TEST_SUITE("host") {
       t.join();
     }
     pipeline.drain();
-    std::set<std::uint64_t> all;
     for (int p = 0; p < producers; ++p) {
       CHECK(wrong[static_cast<std::size_t>(p)] == 0);
-      CHECK(std::is_sorted(ids[static_cast<std::size_t>(p)].begin(), ids[static_cast<std::size_t>(p)].end()));
-      all.insert(ids[static_cast<std::size_t>(p)].begin(), ids[static_cast<std::size_t>(p)].end());
     }
-    CHECK(all.size() == static_cast<std::size_t>(producers * per_producer));
-    CHECK(*all.rbegin() == static_cast<std::uint64_t>(producers * per_producer - 1));
+    check_ids(ids, static_cast<std::size_t>(producers * per_producer));
     CHECK(callbacks.load() == per_producer / 50);
     CHECK(std::is_sorted(callback_ids.begin(), callback_ids.end()));
     CHECK(pipeline.stats().completed == static_cast<std::uint64_t>(producers * per_producer));

@@ -66,7 +66,7 @@ struct RouterGraphSlot {
     }
   }
   void release() noexcept { held.store(false, ::std::memory_order_release); }
-  // Polls (spinning briefly, then yielding, then sleeping) until no thread holds it.
+  // Polls (yielding at first, then sleeping 20 us at a time) until no thread holds it.
   void wait_released() const noexcept {
     for (unsigned round = 0; held.load(::std::memory_order_acquire); ++round) {
       if (round < 256) {
