@@ -7,8 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <condition_variable>
-#include <map>
 #include <mutex>
 #include <source_location>
 
@@ -33,74 +33,121 @@ inline int device_of(::cudaStream_t stream, const ::std::source_location& where)
   return device;
 }
 
-// How many replay captures are open on each device. Captures never wait (a
-// thread may nest captures); synchronize() waits for a moment with none open
-// on the device and holds new ones back while the device synchronizes.
+// How many replay captures are open on each device. A capture that begins
+// while the device is being synchronized waits for that to end, unless its
+// thread already holds a capture open on that device (a nested capture never
+// waits: the synchronization waits for the outer one); synchronize() waits for a moment
+// with no capture open on the device and holds new ones back meanwhile, so a
+// stream of new captures cannot starve it.
+//
+// Beginning and ending a capture cost one atomic read-modify-write and one
+// load each, with no lock: a capture raises its device's `open` count and
+// then checks `syncing`; a synchronization raises `syncing` and then waits
+// for `open` to be zero. With sequentially consistent operations on both,
+// at least one side sees the other: the capture steps back and waits, or the
+// synchronization waits for it to end. Counters are per device ordinal
+// modulo max_devices: two devices sharing one only make a synchronization
+// wait for the other's captures too, never miss one.
 class CaptureCoordinator {
  public:
+  static constexpr int max_devices = 64;
+
   static CaptureCoordinator& instance() noexcept {
     static CaptureCoordinator coordinator;
     return coordinator;
   }
 
-  void begin(int device) {
-    const ::std::lock_guard<::std::mutex> lock(mutex_);
-    ++open_[device];
-  }
-  void end(int device) noexcept {
-    const ::std::lock_guard<::std::mutex> lock(mutex_);
-    const auto it = open_.find(device);
-    if (it != open_.end() && --it->second == 0) {
-      idle_.notify_all();
+  // `may_wait`: this thread holds no other capture open on `device`.
+  void begin(int device, bool may_wait) {
+    Slot& s = slot(device);
+    for (;;) {
+      s.open.fetch_add(1);
+      if (!may_wait || s.syncing.load() == 0) [[likely]] {
+        return;
+      }
+      end(device);  // step back while the device synchronizes
+      ::std::unique_lock<::std::mutex> lock(mutex_);
+      changed_.wait(lock, [&] { return s.syncing.load() == 0; });
     }
   }
-  int open_on(int device) const {
-    const ::std::lock_guard<::std::mutex> lock(mutex_);
-    const auto it = open_.find(device);
-    return it == open_.end() ? 0 : it->second;
+  void end(int device) noexcept {
+    Slot& s = slot(device);
+    if (s.open.fetch_sub(1) == 1 && s.syncing.load() != 0) [[unlikely]] {
+      const ::std::lock_guard<::std::mutex> lock(mutex_);  // the waiter checks under it: no lost wake-up
+      changed_.notify_all();
+    }
   }
+  int open_on(int device) const noexcept { return slot(device).open.load(); }
 
+  // `sync()` (cudaDeviceSynchronize) once no replay capture is open on
+  // `device`; captures that would begin meanwhile wait for it to return.
+  template <class Sync>
+  void synchronize_with(int device, Sync&& sync) {
+    Slot& s = slot(device);
+    ::std::unique_lock<::std::mutex> lock(mutex_);
+    s.syncing.fetch_add(1);
+    struct Done {
+      CaptureCoordinator& self;
+      Slot& s;
+      ~Done() {
+        s.syncing.fetch_sub(1);
+        self.changed_.notify_all();  // under the lock (still held)
+      }
+    } done{*this, s};
+    changed_.wait(lock, [&] { return s.open.load() == 0; });
+    sync();
+  }
   // cudaDeviceSynchronize on the current device once no replay capture is
   // open there.
   void synchronize(const ::std::source_location& where) {
     int device = 0;
     check(::cudaGetDevice(&device), "cudaGetDevice", where);
-    ::std::unique_lock<::std::mutex> lock(mutex_);
-    idle_.wait(lock, [&] {
-      const auto it = open_.find(device);
-      return it == open_.end() || it->second == 0;
-    });
-    check(::cudaDeviceSynchronize(), "cudaDeviceSynchronize", where);
+    synchronize_with(device, [&] { check(::cudaDeviceSynchronize(), "cudaDeviceSynchronize", where); });
   }
 
  private:
+  struct Slot {
+    ::std::atomic<int> open{0};
+    ::std::atomic<int> syncing{0};
+  };
   CaptureCoordinator() = default;
-  mutable ::std::mutex mutex_;
-  ::std::condition_variable idle_;
-  ::std::map<int, int> open_;
+  Slot& slot(int device) noexcept { return slots_[static_cast<unsigned>(device) % max_devices]; }
+  const Slot& slot(int device) const noexcept { return slots_[static_cast<unsigned>(device) % max_devices]; }
+
+  ::std::mutex mutex_;  // for waiting only
+  ::std::condition_variable changed_;
+  Slot slots_[max_devices];
 };
 
-// One open capture on a device, for the coordinator.
+// One open capture on a device, for the coordinator. A capture begun while
+// this thread holds another on the same device never waits (see above).
 class CaptureToken {
  public:
   CaptureToken() noexcept = default;
-  explicit CaptureToken(int device) : device_(device) { CaptureCoordinator::instance().begin(device); }
+  explicit CaptureToken(int device) { acquire(device); }
   CaptureToken(const CaptureToken&) = delete;
   CaptureToken& operator=(const CaptureToken&) = delete;
   ~CaptureToken() { release(); }
   void acquire(int device) {
     release();
-    CaptureCoordinator::instance().begin(device);
+    int& held = held_by_this_thread(device);
+    CaptureCoordinator::instance().begin(device, held == 0);
+    ++held;
     device_ = device;
   }
   void release() noexcept {
     if (device_ >= 0) {
       CaptureCoordinator::instance().end(device_);
+      --held_by_this_thread(device_);
       device_ = -1;
     }
   }
 
  private:
+  static int& held_by_this_thread(int device) noexcept {
+    thread_local int held[CaptureCoordinator::max_devices] = {};
+    return held[static_cast<unsigned>(device) % CaptureCoordinator::max_devices];
+  }
   int device_ = -1;
 };
 
