@@ -126,4 +126,29 @@ TEST_SUITE("host") {
     REQUIRE(capture.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
     CHECK(coordinator().open_on(kDevice) == 0);
   }
+
+  TEST_CASE("synchronizing one device holds up neither another device's synchronization nor its captures") {
+    // The first synchronization waits (10 s at most) for the other device's to run.
+    std::atomic<bool> other_synced{false};
+    std::atomic<bool> other_captured{false};
+    std::atomic<bool> seen_during{false};
+    auto first = std::async(std::launch::async, [&] {
+      coordinator().synchronize_with(kDevice, [&] {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!(other_synced.load() && other_captured.load()) && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::yield();
+        }
+        seen_during = other_synced.load() && other_captured.load();
+      });
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    coordinator().synchronize_with(kOtherDevice, [&] { other_synced = true; });
+    {
+      const CaptureToken token(kOtherDevice);
+      other_captured = true;
+    }
+    first.get();
+    CHECK(seen_during.load());  // both happened while the first device synchronized
+    CHECK(coordinator().open_on(kDevice) == 0);
+  }
 }

@@ -84,17 +84,22 @@ class CaptureCoordinator {
   template <class Sync>
   void synchronize_with(int device, Sync&& sync) {
     Slot& s = slot(device);
-    ::std::unique_lock<::std::mutex> lock(mutex_);
     s.syncing.fetch_add(1);
     struct Done {
       CaptureCoordinator& self;
       Slot& s;
       ~Done() {
         s.syncing.fetch_sub(1);
-        self.changed_.notify_all();  // under the lock (still held)
+        const ::std::lock_guard<::std::mutex> lock(self.mutex_);  // a stepping-back capture checks under it
+        self.changed_.notify_all();
       }
     } done{*this, s};
-    changed_.wait(lock, [&] { return s.open.load() == 0; });
+    {
+      ::std::unique_lock<::std::mutex> lock(mutex_);
+      changed_.wait(lock, [&] { return s.open.load() == 0; });
+    }
+    // Without the lock: synchronizing one device holds up no other device's
+    // captures or synchronizations.
     sync();
   }
   // cudaDeviceSynchronize on the current device once no replay capture is
