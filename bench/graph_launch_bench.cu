@@ -14,6 +14,8 @@
 //                         upload) vs one in-place replay::GraphExec::update.
 #include <benchmark/benchmark.h>
 
+#include "bench_stats.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -102,15 +104,6 @@ void host_enqueue(benchmark::State& state) {
   }
   state.SetLabel(kModeNames[mode]);
   state.counters["kernels"] = kernels;
-}
-
-// The median of the samples (reorders them).
-double median(std::vector<double>& v) {
-  if (v.empty()) {
-    return 0.0;
-  }
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-  return v[v.size() / 2];
 }
 
 // Raw cudaGraphLaunch and GraphExec::launch of the same executable graph,

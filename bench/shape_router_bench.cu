@@ -9,8 +9,10 @@
 //                             disturbed between hits, as a launch does. Needs no GPU.
 //  route_launch/<mode>:       host time of one launch of a 1-kernel graph, raw
 //                             cudaGraphLaunch (mode 0) vs ShapeRouter::run on a hit
-//                             (mode 1); the two are measured interleaved in both entries,
-//                             and each reports overhead_ns = routed - raw (budget_ns = 100).
+//                             (mode 1); the two are measured in interleaved bursts in both
+//                             entries, and each reports the medians over the bursts: raw_ns,
+//                             routed_ns, overhead_ns = routed - raw of each pair (budget_ns =
+//                             100), and overhead_mean_ns.
 //  pool_memory/<buckets>/<shared>: device memory of 1, 8 or 32 bucket graphs whose
 //                             captured work allocates scratch with cudaMallocAsync (shared
 //                             graph pool, shared:1) or owns a scratch buffer each (separate,
@@ -37,6 +39,8 @@
 //  startup/<threads>:         capture_all of 32 buckets of a 100-kernel graph with
 //                             capture_threads = 1 or 4 (wall time per capture_all).
 #include <benchmark/benchmark.h>
+
+#include "bench_stats.hpp"
 
 #include <bit>
 
@@ -233,6 +237,9 @@ void route_launch(benchmark::State& state) {
   double raw_total = 0.0;
   double routed_total = 0.0;
   std::int64_t launches = 0;
+  std::vector<double> raw_s;
+  std::vector<double> routed_s;
+  std::vector<double> overhead_s;
   for (auto _ : state) {
     auto start = clock_type::now();
     for (int b = 0; b < kBurst; ++b) {
@@ -251,6 +258,9 @@ void route_launch(benchmark::State& state) {
     raw_total += raw;
     routed_total += routed;
     launches += kBurst;
+    raw_s.push_back(raw / kBurst);
+    routed_s.push_back(routed / kBurst);
+    overhead_s.push_back((routed - raw) / kBurst);
     state.SetIterationTime((report_routed ? routed : raw) / kBurst);
   }
   if (router.stats().misses != 0) {
@@ -258,9 +268,12 @@ void route_launch(benchmark::State& state) {
     return;
   }
   const double n = static_cast<double>(std::max<std::int64_t>(launches, 1));
-  state.counters["raw_ns"] = raw_total / n * 1e9;
-  state.counters["routed_ns"] = routed_total / n * 1e9;
-  state.counters["overhead_ns"] = (routed_total - raw_total) / n * 1e9;
+  // Medians of the paired bursts (the overhead: of each pair's difference),
+  // as in graph_launch_bench's paired entries; the means are reported too.
+  state.counters["raw_ns"] = median(raw_s) * 1e9;
+  state.counters["routed_ns"] = median(routed_s) * 1e9;
+  state.counters["overhead_ns"] = median(overhead_s) * 1e9;
+  state.counters["overhead_mean_ns"] = (routed_total - raw_total) / n * 1e9;
   state.counters["budget_ns"] = 100.0;
   state.SetLabel(report_routed ? "ShapeRouter::run (hit)" : "raw cudaGraphLaunch");
 }
