@@ -32,6 +32,10 @@
 //      cudaGraphLaunch; graph_retargets_per_item says whether it was (0) or
 //      whether the copy nodes were re-pointed (2 with new addresses per item).
 //      graph_slot_recycled_16slots: the same with 16 slots and a ring of 16.
+//      graph_group<K>_recycled: graph_slot with PipelineOptions::items_per_launch
+//      = K (16 slots in groups of 8, or 8 in groups of 4) and one run() of the
+//      whole batch: one cudaGraphLaunch per K items (grouped_per_item: the
+//      share of items issued that way; host_us_per_item: run()'s CPU time).
 //      slot_waits_per_item: submits that found every slot busy (a producer
 //      waiting alone is woken once a quarter of the slots are free).
 //      A ring of `slots` buffers is safe to reuse: submit() of item k returns
@@ -507,19 +511,21 @@ void pageable_batch(benchmark::State& state, PageableMode mode) {
 // Many small items through pinned memory passed as typed views. The host
 // cost per item is the submitting thread's CPU time (sleeping while every
 // slot is busy does not count).
-enum class TinyMode { serial, pipelined, slot_streams, graph_slot };
+enum class TinyMode { serial, pipelined, slot_streams, graph_slot, graph_group };
 const char* name_of(TinyMode m) {
   switch (m) {
     case TinyMode::serial: return "serial";
     case TinyMode::pipelined: return "pipelined";
     case TinyMode::slot_streams: return "slot_streams";
+    case TinyMode::graph_group: return "graph_group";
     default: return "graph_slot";
   }
 }
 replay::PipelineFlags flags_of(TinyMode m) {
   switch (m) {
     case TinyMode::slot_streams: return replay::PipelineFlags::slot_streams;
-    case TinyMode::graph_slot: return replay::PipelineFlags::graph_slot;
+    case TinyMode::graph_slot:
+    case TinyMode::graph_group: return replay::PipelineFlags::graph_slot;
     default: return replay::PipelineFlags::none;
   }
 }
@@ -527,7 +533,7 @@ replay::PipelineFlags flags_of(TinyMode m) {
 constexpr std::size_t kTinySlots = 8;
 
 void tiny_batch(benchmark::State& state, TinyMode mode, std::size_t bytes, bool recycled,
-                std::size_t slots = kTinySlots) {
+                std::size_t slots = kTinySlots, std::size_t items_per_launch = 1) {
   const bool pipelined = mode != TinyMode::serial;
   if (skip_without_device(state)) {
     return;
@@ -549,7 +555,10 @@ void tiny_batch(benchmark::State& state, TinyMode mode, std::size_t bytes, bool 
       d_in.emplace(n);
       d_out.emplace(n);
     } else {
-      pipeline.emplace(replay::PipelineOptions{.input_capacity = n, .slots = slots, .flags = flags_of(mode)},
+      pipeline.emplace(replay::PipelineOptions{.input_capacity = n,
+                                               .slots = slots,
+                                               .flags = flags_of(mode),
+                                               .items_per_launch = items_per_launch},
                        [iterations](replay::BufferView<float> i, replay::BufferView<float> o, replay::StreamRef s) {
                          launch_fma(i.data(), o.data(), i.size(), iterations, s);
                        });
@@ -574,6 +583,19 @@ void tiny_batch(benchmark::State& state, TinyMode mode, std::size_t bytes, bool 
         }
         cpu += thread_cpu_seconds() - cpu_start;
         stream->synchronize();
+      } else if (mode == TinyMode::graph_group) {
+        // One run() of the whole batch: a group of slots per launch. The
+        // views are made outside the timed CPU (a server has its requests').
+        std::vector<replay::BufferView<float, replay::MemorySpace::pinned_host>> ins;
+        std::vector<replay::BufferView<float, replay::MemorySpace::pinned_host>> outs;
+        for (std::size_t i = 0; i < count; ++i) {
+          const std::size_t b = buffer_of(i);
+          ins.push_back(in.subview(b * n, n));
+          outs.push_back(out.subview(b * n, n));
+        }
+        const double run_start = thread_cpu_seconds();
+        (void)pipeline->run(ins, outs);  // returns once every item is delivered
+        cpu += thread_cpu_seconds() - run_start;
       } else {
         for (std::size_t i = 0; i < count; ++i) {
           const std::size_t b = buffer_of(i);
@@ -587,6 +609,7 @@ void tiny_batch(benchmark::State& state, TinyMode mode, std::size_t bytes, bool 
     cpu = 0;
     const std::uint64_t retargets_before = pipeline ? pipeline->stats().graph_retargets : 0;
     const std::uint64_t waits_before = pipeline ? pipeline->stats().slot_waits : 0;
+    const std::uint64_t grouped_before = pipeline ? pipeline->stats().grouped_items : 0;
     double total = 0;
     for (auto _ : state) {
       const auto start = std::chrono::steady_clock::now();
@@ -611,6 +634,9 @@ void tiny_batch(benchmark::State& state, TinyMode mode, std::size_t bytes, bool 
       state.counters["slot_waits_per_item"] =
           static_cast<double>(pipeline->stats().slot_waits - waits_before) / submitted_items;
       state.counters["slots"] = static_cast<double>(slots);
+      state.counters["grouped_per_item"] =
+          static_cast<double>(pipeline->stats().grouped_items - grouped_before) / submitted_items;
+      state.counters["items_per_launch"] = static_cast<double>(items_per_launch);
     }
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
@@ -671,6 +697,18 @@ void register_all() {
                                })
       ->UseManualTime()
       ->Unit(benchmark::kMillisecond);
+  // The small-item path: graph_slot with launch groups, run() of the batch
+  // (16 slots in groups of 8: one launch per 8 items, two groups in flight;
+  // and 8 slots in groups of 4).
+  for (const auto& [slots, group] : {std::pair<std::size_t, std::size_t>{16, 8}, {8, 4}}) {
+    const std::string name = "pipeline/tiny/graph_group" + std::to_string(group) + "_recycled/64KiB";
+    benchmark::RegisterBenchmark(name.c_str(),
+                                 [slots, group](benchmark::State& s) {
+                                   tiny_batch(s, TinyMode::graph_group, 64 * kKiB, true, slots, group);
+                                 })
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
 }
 
 }  // namespace

@@ -1144,4 +1144,177 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(pipeline.stats().completed == items);
     CHECK(pipeline.stats().failed == 0);
   }
+
+  TEST_CASE("items_per_launch: run() issues a group of graph slots with one launch; a recycled ring, new addresses, "
+            "pageable inputs, vector outputs and partial groups; every output checked") {
+    constexpr std::size_t group = 4;
+    constexpr std::size_t slots = 8;
+    const std::size_t capacity = 1000;
+    replay::StreamPipeline<float> pipeline(
+        {.input_capacity = capacity, .slots = slots, .flags = replay::PipelineFlags::graph_slot,
+         .items_per_launch = group},
+        [](replay::BufferView<float> in, replay::BufferView<float> out, replay::StreamRef s) { affine(in, out, s); });
+    CHECK(pipeline.items_per_launch() == group);
+    using PinnedView = replay::BufferView<float, replay::MemorySpace::pinned_host>;
+    // Runs `inputs` into `outputs` (pinned views) and checks every output against the host.
+    const auto run_pinned = [&](const std::vector<PinnedView>& inputs, const std::vector<PinnedView>& outputs) {
+      std::vector<std::vector<float>> reference;
+      for (std::size_t k = 0; k < inputs.size(); ++k) {
+        reference.push_back(replay_test::random_floats(capacity));
+        std::memcpy(inputs[k].data(), reference.back().data(), capacity * sizeof(float));
+        std::fill_n(outputs[k].data(), capacity, -1.0F);
+      }
+      const std::vector<std::size_t> counts = pipeline.run(inputs, outputs);
+      REQUIRE(counts.size() == inputs.size());
+      for (std::size_t k = 0; k < inputs.size(); ++k) {
+        REQUIRE(counts[k] == capacity);
+        REQUIRE(first_mismatch(reference[k], std::span<const float>(outputs[k].data(), capacity)) == kNone);
+      }
+    };
+
+    // A ring of `slots` pinned buffers, item k of each batch in buffer k: the
+    // slot it takes, so after the first batch nothing is re-pointed.
+    replay::PinnedBuffer<float> ring_in(capacity * slots);
+    replay::PinnedBuffer<float> ring_out(capacity * slots);
+    std::vector<PinnedView> ring_inputs;
+    std::vector<PinnedView> ring_outputs;
+    for (std::size_t k = 0; k < slots; ++k) {
+      ring_inputs.push_back(ring_in.view().subview(k * capacity, capacity));
+      ring_outputs.push_back(ring_out.view().subview(k * capacity, capacity));
+    }
+    const std::size_t rounds = under_sanitizer() ? 2 : 25;
+    for (std::size_t r = 0; r < rounds; ++r) {
+      run_pinned(ring_inputs, ring_outputs);
+    }
+    auto stats = pipeline.stats();
+    CHECK(stats.grouped_items == rounds * slots);
+    // Per slot, once: its own graph's copy-in (prepare), the member's copy-in and copy-out.
+    CHECK(stats.graph_retargets == 3 * slots);
+    CHECK(stats.inputs_in_place == rounds * slots);
+    CHECK(stats.outputs_direct == rounds * slots);
+
+    // Pageable inputs, outputs as vectors: staged both ways, still one launch per group.
+    std::vector<std::vector<float>> pageable;
+    for (std::size_t k = 0; k < 3 * slots; ++k) {
+      pageable.push_back(replay_test::random_floats(capacity));
+    }
+    const std::vector<std::vector<float>> vectors = pipeline.run(pageable);
+    REQUIRE(vectors.size() == pageable.size());
+    for (std::size_t k = 0; k < pageable.size(); ++k) {
+      REQUIRE(first_mismatch(pageable[k], vectors[k]) == kNone);
+    }
+    CHECK(pipeline.stats().grouped_items == rounds * slots + 3 * slots);
+
+    // New pinned addresses for every item: the members' copies are re-pointed.
+    replay::PinnedBuffer<float> fresh_in(capacity * 2 * slots);
+    replay::PinnedBuffer<float> fresh_out(capacity * 2 * slots);
+    std::vector<PinnedView> fresh_inputs;
+    std::vector<PinnedView> fresh_outputs;
+    for (std::size_t k = 0; k < 2 * slots; ++k) {
+      fresh_inputs.push_back(fresh_in.view().subview(k * capacity, capacity));
+      fresh_outputs.push_back(fresh_out.view().subview(k * capacity, capacity));
+    }
+    const std::uint64_t retargets_before = pipeline.stats().graph_retargets;
+    run_pinned(fresh_inputs, fresh_outputs);
+    CHECK(pipeline.stats().graph_retargets > retargets_before);
+    CHECK(pipeline.stats().grouped_items == rounds * slots + 5 * slots);
+
+    // 5 items: one group and one alone; then 8 from slot 5: three alone, one
+    // group (slots 0-3), one alone (slot 4); then the ring lines up again.
+    const std::uint64_t grouped_before = pipeline.stats().grouped_items;
+    run_pinned(std::vector<PinnedView>(ring_inputs.begin(), ring_inputs.begin() + 5),
+               std::vector<PinnedView>(ring_outputs.begin(), ring_outputs.begin() + 5));
+    CHECK(pipeline.stats().grouped_items == grouped_before + group);
+    run_pinned(ring_inputs, ring_outputs);
+    CHECK(pipeline.stats().grouped_items == grouped_before + 2 * group);
+    std::vector<PinnedView> shifted_in(ring_inputs.begin() + 5, ring_inputs.end());  // slots 5-7
+    std::vector<PinnedView> shifted_out(ring_outputs.begin() + 5, ring_outputs.end());
+    run_pinned(shifted_in, shifted_out);
+    run_pinned(ring_inputs, ring_outputs);
+    CHECK(pipeline.stats().grouped_items == grouped_before + 4 * group);
+    stats = pipeline.stats();
+    CHECK(stats.failed == 0);
+    CHECK(stats.completed == stats.submitted);
+  }
+
+  TEST_CASE("items_per_launch: grouped runs on three threads beside single submits: every output checked") {
+    constexpr std::size_t group = 4;
+    const std::size_t capacity = 2048;
+    replay::StreamPipeline<float> pipeline(
+        {.input_capacity = capacity, .slots = 2 * group, .flags = replay::PipelineFlags::graph_slot,
+         .items_per_launch = group},
+        [](replay::BufferView<float> in, replay::BufferView<float> out, replay::StreamRef s) { affine(in, out, s); });
+    const int rounds = under_sanitizer() ? 3 : 30;
+    std::atomic<std::size_t> checked{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t) {
+      threads.emplace_back([&, t] {
+        // Each thread's own pinned ring, reused every round (pinned or pageable by turns).
+        replay::PinnedBuffer<float> in(capacity * 12);
+        replay::PinnedBuffer<float> out(capacity * 12);
+        for (int round = 0; round < rounds; ++round) {
+          const std::size_t count = 1 + static_cast<std::size_t>((round * 5 + t) % 12);
+          std::vector<std::vector<float>> reference;
+          std::vector<replay::BufferView<float, replay::MemorySpace::pinned_host>> inputs;
+          std::vector<replay::BufferView<float, replay::MemorySpace::pinned_host>> outputs;
+          for (std::size_t k = 0; k < count; ++k) {
+            reference.push_back(replay_test::random_floats(capacity));
+            inputs.push_back(in.view().subview(k * capacity, capacity));
+            outputs.push_back(out.view().subview(k * capacity, capacity));
+            std::memcpy(inputs.back().data(), reference.back().data(), capacity * sizeof(float));
+            std::fill_n(outputs.back().data(), capacity, -1.0F);
+          }
+          if (round % 2 == 0) {
+            const auto counts = pipeline.run(inputs, outputs);
+            for (std::size_t k = 0; k < count; ++k) {
+              REQUIRE(counts[k] == capacity);
+              REQUIRE(first_mismatch(reference[k], std::span<const float>(outputs[k].data(), capacity)) == kNone);
+            }
+          } else {
+            const auto vectors = pipeline.run(reference);  // pageable in, vectors out
+            for (std::size_t k = 0; k < count; ++k) {
+              REQUIRE(first_mismatch(reference[k], vectors[k]) == kNone);
+            }
+          }
+          checked += count;
+        }
+      });
+    }
+    threads.emplace_back([&] {
+      for (int i = 0; i < 6 * rounds; ++i) {
+        const auto input = replay_test::random_floats(capacity);
+        const std::vector<float> output = pipeline.submit(std::span<const float>(input)).get();
+        REQUIRE(first_mismatch(input, output) == kNone);
+        ++checked;
+      }
+    });
+    for (auto& thread : threads) {
+      thread.join();
+    }
+    pipeline.drain();
+    const auto stats = pipeline.stats();
+    CHECK(stats.completed == checked.load());
+    CHECK(stats.failed == 0);
+    CHECK(stats.grouped_items > 0);
+  }
+
+  TEST_CASE("items_per_launch: bad values are refused with usage_error naming the option") {
+    const auto make = [](replay::PipelineOptions options) {
+      replay::StreamPipeline<float> pipeline(std::move(options), affine);
+    };
+    CHECK_THROWS_WITH_AS(make({.input_capacity = 64, .slots = 8, .items_per_launch = 4}),
+                         doctest::Contains("needs PipelineFlags::graph_slot"), replay::usage_error);
+    CHECK_THROWS_WITH_AS(
+        make({.input_capacity = 64, .slots = 6, .flags = replay::PipelineFlags::graph_slot, .items_per_launch = 4}),
+        doctest::Contains("slots (6) must be a multiple of items_per_launch (4)"), replay::usage_error);
+    CHECK_THROWS_WITH_AS(
+        make({.input_capacity = 64, .slots = 8, .flags = replay::PipelineFlags::graph_slot, .items_per_launch = 0}),
+        doctest::Contains("items_per_launch must be between 1 and 64 (got 0)"), replay::usage_error);
+    CHECK_THROWS_WITH_AS(
+        make({.input_capacity = 64, .slots = 130, .flags = replay::PipelineFlags::graph_slot, .items_per_launch = 65}),
+        doctest::Contains("items_per_launch must be between 1 and 64 (got 65)"), replay::usage_error);
+    replay::StreamPipeline<float> single({.input_capacity = 64, .slots = 4, .flags = replay::PipelineFlags::graph_slot},
+                                         affine);
+    CHECK(single.items_per_launch() == 1);
+  }
 }

@@ -27,7 +27,7 @@
 namespace {
 
 std::mt19937& engine() {
-  static std::mt19937 e{std::random_device{}()};
+  thread_local std::mt19937 e{std::random_device{}()};  // per thread: producers draw items at once
   return e;
 }
 int random_int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(engine()); }
@@ -73,6 +73,9 @@ struct FakeControl {
   std::set<std::thread::id> finish_threads;
   std::function<void()> on_start;  // runs inside start(), outside the lock
   int runners_destroyed = 0;
+  int group_starts = 0;                // start_group() calls (GroupedFakeRunner)
+  int single_starts = 0;               // start() calls outside a group
+  std::set<std::uint64_t> fail_group;  // first ids of groups whose start_group() throws
 
   void allow(std::size_t more) {
     {
@@ -218,6 +221,81 @@ struct FakeRunner {
 static_assert(replay::PipelineStageRunner<FakeRunner>);
 
 using FakePipeline = replay::BasicStreamPipeline<FakeRunner>;
+
+// FakeRunner with launch groups of `group` consecutive slots (as the CUDA
+// runner's items_per_launch): start_group() starts each item of a group.
+struct GroupedFakeRunner : FakeRunner {
+  GroupedFakeRunner(FakeControl& control, std::size_t slots, std::size_t capacity, std::size_t group)
+      : FakeRunner(control, slots, capacity), control_(&control), group_(group) {}
+
+  std::size_t items_per_launch() const noexcept { return group_; }
+  bool launches_together(std::span<const std::size_t> slots) const noexcept {
+    if (slots.size() != group_ || slots[0] % group_ != 0) {
+      return false;
+    }
+    for (std::size_t m = 1; m < slots.size(); ++m) {
+      if (slots[m] != slots[0] + m) {
+        return false;
+      }
+    }
+    return true;
+  }
+  std::size_t launch_room(std::size_t slot) const noexcept { return group_ - slot % group_; }
+
+  void start(std::size_t slot, std::uint64_t id, replay::HostRange<const int> input,
+             std::optional<replay::HostRange<long long>> destination, const plan_type& plan,
+             const std::source_location& where) {
+    {
+      std::lock_guard lock(control_->mutex);
+      ++control_->single_starts;
+    }
+    FakeRunner::start(slot, id, input, destination, plan, where);
+  }
+  void start_group(std::span<const replay::PipelineGroupItem<GroupedFakeRunner>> items,
+                   const std::source_location& where) {
+    bool fail = false;
+    {
+      std::lock_guard lock(control_->mutex);
+      ++control_->group_starts;
+      REQUIRE(launches_together(slots_of(items)));
+      for (std::size_t m = 1; m < items.size(); ++m) {
+        REQUIRE(items[m].id == items[0].id + m);  // consecutive ids, in order
+      }
+      fail = control_->fail_group.count(items[0].id) != 0;
+    }
+    for (const auto& item : items) {
+      FakeRunner::start(item.slot, item.id, item.input, item.destination, item.plan, where);
+    }
+    if (fail) {
+      throw std::runtime_error("group launch failed at item " + std::to_string(items[0].id));
+    }
+  }
+
+ private:
+  static std::vector<std::size_t> slots_of(std::span<const replay::PipelineGroupItem<GroupedFakeRunner>> items) {
+    std::vector<std::size_t> slots;
+    for (const auto& item : items) {
+      slots.push_back(item.slot);
+    }
+    return slots;
+  }
+  FakeControl* control_;
+  std::size_t group_;
+};
+
+static_assert(replay::GroupedPipelineStageRunner<GroupedFakeRunner>);
+using GroupedPipeline = replay::BasicStreamPipeline<GroupedFakeRunner>;
+
+std::vector<std::vector<int>> random_items(std::size_t count, std::size_t max_size) {
+  std::vector<std::vector<int>> items;
+  for (std::size_t i = 0; i < count; ++i) {
+    items.push_back(random_item(static_cast<std::size_t>(random_int(0, static_cast<int>(max_size)))));
+  }
+  return items;
+}
+std::vector<std::span<const int>> spans_of(const std::vector<std::vector<int>>& items) {
+  return {items.begin(), items.end()};
+}
 
 
 // Each producer saw its own ids in increasing order, and together they are
@@ -1393,5 +1471,162 @@ TEST_SUITE("host") {
       CHECK(ticket.get() == expected_output(input));
     }
     CHECK(control.busy_slot_starts == 0);
+  }
+
+  TEST_CASE("grouped runs: run() starts whole groups at once, in id order, and lines up again after a partial one") {
+    FakeControl control;
+    GroupedPipeline pipeline(std::in_place, control, 8, 32, 4);
+    // 20 items from slot 0: five whole groups, nothing started alone.
+    const auto first = random_items(20, 32);
+    const auto first_out = pipeline.run(spans_of(first));
+    REQUIRE(first_out.size() == first.size());
+    for (std::size_t i = 0; i < first.size(); ++i) {
+      REQUIRE(first_out[i] == expected_output(first[i]));
+    }
+    CHECK(control.group_starts == 5);
+    CHECK(control.single_starts == 0);
+    // 3 items (slots 4-6): too few for a group, started one by one.
+    const auto second = random_items(3, 32);
+    std::vector<std::vector<long long>> second_out(second.size(), std::vector<long long>(64, -7));
+    std::vector<std::span<long long>> second_dest(second_out.begin(), second_out.end());
+    const auto counts = pipeline.run(spans_of(second), second_dest);
+    for (std::size_t i = 0; i < second.size(); ++i) {
+      const auto expected = expected_output(second[i]);
+      REQUIRE(counts[i] == expected.size());
+      REQUIRE(std::equal(expected.begin(), expected.end(), second_out[i].begin()));
+    }
+    CHECK(control.group_starts == 5);
+    CHECK(control.single_starts == 3);
+    // 9 items: slot 7 alone (the rest of its group), then two whole groups.
+    const auto third = random_items(9, 32);
+    const auto third_out = pipeline.run(spans_of(third));
+    for (std::size_t i = 0; i < third.size(); ++i) {
+      REQUIRE(third_out[i] == expected_output(third[i]));
+    }
+    CHECK(control.group_starts == 7);
+    CHECK(control.single_starts == 4);
+    CHECK(std::is_sorted(control.started_ids.begin(), control.started_ids.end()));
+    CHECK(control.started_ids.size() == 32);
+    CHECK(control.busy_slot_starts == 0);
+    CHECK(pipeline.stats().completed == 32);
+  }
+
+  TEST_CASE("grouped runs: a failed group launch fails its items alone; a failed prepare starts the rest one by one") {
+    FakeControl control;
+    control.fail_group.insert(4);    // the second group's launch
+    control.fail_prepare.insert(9);  // one item of the third group
+    GroupedPipeline pipeline(std::in_place, control, 8, 32, 4);
+    const auto items = random_items(16, 32);
+    std::vector<std::vector<long long>> outputs(items.size(), std::vector<long long>(64, -7));
+    std::vector<std::span<long long>> destinations(outputs.begin(), outputs.end());
+    try {
+      (void)pipeline.run(spans_of(items), destinations);
+      FAIL("run() did not rethrow the group's failure");
+    } catch (const std::runtime_error& e) {
+      CHECK(std::string(e.what()) == "group launch failed at item 4");  // the first failure, in input order
+    }
+    const auto stats = pipeline.stats();
+    CHECK(stats.completed == 11);  // 0-3, 8, 10, 11, 12-15
+    CHECK(stats.failed == 5);      // 4-7 and 9
+    for (std::size_t i : {0U, 1U, 2U, 3U, 8U, 10U, 11U, 12U, 15U}) {
+      const auto expected = expected_output(items[i]);
+      REQUIRE(std::equal(expected.begin(), expected.end(), outputs[i].begin()));
+    }
+    CHECK(control.group_starts == 3);   // 0-3, 4-7 (failed) and 12-15
+    CHECK(control.single_starts == 3);  // 8, 10, 11
+    CHECK(control.busy_slot_starts == 0);
+    // The pipeline goes on.
+    const auto after = random_items(8, 32);
+    const auto after_out = pipeline.run(spans_of(after));
+    for (std::size_t i = 0; i < after.size(); ++i) {
+      REQUIRE(after_out[i] == expected_output(after[i]));
+    }
+  }
+
+  TEST_CASE("grouped runs: a callback in flight that waits for the run never leaves the run waiting for its slot") {
+    FakeControl control;
+    GroupedPipeline pipeline(std::in_place, control, 4, 32, 4);
+    const auto input = random_item(16);
+    auto ticket0 = pipeline.submit(std::span<const int>(input));  // slot 0
+    std::atomic<bool> saw_run_start{false};
+    (void)pipeline.submit(std::span<const int>(input), [&](const replay::PipelineCompletion<long long>&) {
+      // Waits (10 s at most) until the run below has started an item: a run
+      // that waited for every slot of a group, this one's included, would not.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (std::chrono::steady_clock::now() < deadline) {
+        {
+          std::lock_guard lock(control.mutex);
+          if (std::find(control.started_ids.begin(), control.started_ids.end(), 4U) != control.started_ids.end()) {
+            saw_run_start = true;
+            return;
+          }
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+    auto ticket2 = pipeline.submit(std::span<const int>(input));
+    auto ticket3 = pipeline.submit(std::span<const int>(input));
+    CHECK(ticket0.get() == expected_output(input));  // slot 0 is free again; slot 1 is held by the callback
+    const auto items = random_items(4, 32);
+    const auto outputs = pipeline.run(spans_of(items));
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      REQUIRE(outputs[i] == expected_output(items[i]));
+    }
+    CHECK(saw_run_start.load());
+    CHECK(ticket2.get() == expected_output(input));
+    CHECK(ticket3.get() == expected_output(input));
+    CHECK(control.group_starts == 0);  // never four free slots in a row here
+  }
+
+  TEST_CASE("grouped runs and single submits from several threads at once: every output checked, every id once") {
+    FakeControl control;
+    GroupedPipeline pipeline(std::in_place, control, 8, 16, 4);
+    constexpr int kRunners = 3;
+    constexpr int kSubmitters = 2;
+    std::vector<std::vector<std::uint64_t>> ids(kRunners + kSubmitters);
+    std::atomic<std::size_t> total{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kRunners; ++t) {
+      threads.emplace_back([&, t] {
+        for (int round = 0; round < 40; ++round) {
+          const auto items = random_items(static_cast<std::size_t>(1 + round % 12), 16);
+          std::vector<std::vector<long long>> outputs(items.size(), std::vector<long long>(32, -7));
+          std::vector<std::span<long long>> destinations(outputs.begin(), outputs.end());
+          const auto counts = pipeline.run(spans_of(items), destinations);
+          for (std::size_t i = 0; i < items.size(); ++i) {
+            const auto expected = expected_output(items[i]);
+            REQUIRE(counts[i] == expected.size());
+            REQUIRE(std::equal(expected.begin(), expected.end(), outputs[i].begin()));
+          }
+          total += items.size();
+        }
+      });
+    }
+    for (int t = 0; t < kSubmitters; ++t) {
+      threads.emplace_back([&, t] {
+        auto& own = ids[static_cast<std::size_t>(kRunners + t)];
+        for (int i = 0; i < 150; ++i) {
+          const auto input = random_item(static_cast<std::size_t>(random_int(0, 16)));
+          auto ticket = pipeline.submit(std::span<const int>(input));
+          own.push_back(ticket.id());
+          REQUIRE(ticket.get() == expected_output(input));
+          ++total;
+        }
+      });
+    }
+    for (auto& thread : threads) {
+      thread.join();
+    }
+    pipeline.drain();
+    const auto stats = pipeline.stats();
+    CHECK(stats.completed == total.load());
+    CHECK(stats.failed == 0);
+    CHECK(control.busy_slot_starts == 0);
+    CHECK(control.started_ids.size() == total.load());
+    std::set<std::uint64_t> unique(control.started_ids.begin(), control.started_ids.end());
+    CHECK(unique.size() == total.load());  // every id started once
+    CHECK(*unique.rbegin() == total.load() - 1);
+    CHECK(std::is_sorted(control.finished_ids.begin(), control.finished_ids.end()));
+    CHECK(control.group_starts > 0);
   }
 }

@@ -62,6 +62,7 @@ class CudaStageRunner {
         output_count_(::std::move(options.output_count)),
         compute_(::std::move(compute)),
         chunk_bytes_(options.staging_chunk_bytes),
+        items_per_launch_(options.items_per_launch),
         copiers_(options.host_copy_threads, [this]() noexcept { (void)::cudaSetDevice(device_); }) {
     validate(options, where);
     device_ = current_device(where);
@@ -98,6 +99,11 @@ class CudaStageRunner {
 
   ~CudaStageRunner() {
     // The pipeline settled every item; this also covers graph uploads.
+    for (SlotGroup& group : groups_) {
+      if (group.stream) {
+        (void)::cudaStreamSynchronize(group.stream->get());
+      }
+    }
     for (Slot& slot : slots_) {
       if (slot.stream) {
         (void)::cudaStreamSynchronize(slot.stream->get());
@@ -207,15 +213,7 @@ class CudaStageRunner {
              const ::std::optional<HostRange<Out>>& destination, const plan_type& plan,
              const ::std::source_location& where) {
     Slot& slot = slots_[index];
-    slot.id = id;
-    slot.submitted_at = where;
-    slot.output = nullptr;
-    slot.count = 0;
-    slot.destination = destination ? destination->data() : nullptr;
-    slot.destination_size = destination ? destination->size() : 0;
-    slot.copy_to_destination = false;
-    slot.out_chunks = ChunkPlan{};
-    slot.out_chunk_events = false;
+    begin_item(slot, id, destination, where);
     DeviceScope device(device_, where);
     try {
       if (has_flag(flags_, PipelineFlags::graph_slot)) {
@@ -228,6 +226,26 @@ class CudaStageRunner {
       throw;
     }
   }
+
+  // ---- groups (GroupedPipelineStageRunner) ----------------------------------
+
+  ::std::size_t items_per_launch() const noexcept { return groups_.empty() ? 1 : items_per_launch_; }
+  bool launches_together(::std::span<const ::std::size_t> slots) const noexcept {
+    if (groups_.empty() || slots.size() != items_per_launch_ || slots[0] % items_per_launch_ != 0) {
+      return false;
+    }
+    for (::std::size_t m = 1; m < slots.size(); ++m) {
+      if (slots[m] != slots[0] + m) {
+        return false;
+      }
+    }
+    return true;
+  }
+  ::std::size_t launch_room(::std::size_t slot) const noexcept {
+    return groups_.empty() ? 1 : items_per_launch_ - slot % items_per_launch_;
+  }
+  // start() for a whole group with one launch of the group's graph.
+  void start_group(::std::span<const PipelineGroupItem<CudaStageRunner>> items, const ::std::source_location& where);
 
   // Waits for the item. A staged output bound for the caller's memory (a
   // pageable destination, or the sink) is copied out chunk by chunk as each
@@ -258,6 +276,7 @@ class CudaStageRunner {
     stats.outputs_direct = outputs_direct_.load(::std::memory_order_relaxed);
     stats.outputs_staged = outputs_staged_.load(::std::memory_order_relaxed);
     stats.graph_retargets = graph_retargets_.load(::std::memory_order_relaxed);
+    stats.grouped_items = grouped_items_.load(::std::memory_order_relaxed);
   }
 
   // ---- for StreamPipeline's accessors ----------------------------------------
@@ -310,6 +329,22 @@ class CudaStageRunner {
                                        "); 1 MiB or 2 MiB is typical"),
                         where);
     }
+    if (options.items_per_launch == 0 || options.items_per_launch > 64) {
+      throw usage_error(detail::concat("PipelineOptions::items_per_launch must be between 1 and 64 (got ",
+                                       options.items_per_launch, ")"),
+                        where);
+    }
+    if (options.items_per_launch > 1 && !has_flag(flags_, PipelineFlags::graph_slot)) {
+      throw usage_error("PipelineOptions::items_per_launch above 1 needs PipelineFlags::graph_slot: a group is "
+                        "launched as one graph of its slots' graphs",
+                        where);
+    }
+    if (options.slots % options.items_per_launch != 0) {
+      throw usage_error(detail::concat("PipelineOptions::slots (", options.slots,
+                                       ") must be a multiple of items_per_launch (", options.items_per_launch,
+                                       "): slots are grouped into runs of that many; twice it is typical"),
+                        where);
+    }
     if (options.host_copy_threads > 64) {
       throw usage_error(detail::concat("PipelineOptions::host_copy_threads must be at most 64 (got ",
                                        options.host_copy_threads, "); a few are enough to outrun the link"),
@@ -352,6 +387,31 @@ class CudaStageRunner {
 
   bool point_h2d(Slot& slot, const void* source, ::std::size_t bytes) noexcept;
   bool point_d2h(Slot& slot, void* target, ::std::size_t bytes) noexcept;
+  // The same for one member of a group's graph.
+  bool point_member(SlotGroup& group, ::std::size_t member, const Slot& slot, const void* source, void* target,
+                    ::std::size_t out_bytes) noexcept;
+
+  // Adds one slot's chain to `graph`: H2D (from staging) -> the compute
+  // stage (a child graph) -> D2H (to staging, when there is output) ->
+  // record copied_out; the copy nodes come back for re-pointing.
+  void add_slot_chain(Graph& graph, Slot& slot, const Graph& compute_graph, ::cudaGraphNode_t& h2d_node,
+                      ::cudaGraphNode_t& d2h_node, const ::std::source_location& where);
+  // The group graphs, from each slot's captured compute stage.
+  void build_groups(const ::std::vector<Graph>& compute_graphs, const ::std::source_location& where);
+
+  // What start() resets before issuing a slot's item.
+  static void begin_item(Slot& slot, ::std::uint64_t id, const ::std::optional<HostRange<Out>>& destination,
+                         const ::std::source_location& where) noexcept {
+    slot.id = id;
+    slot.submitted_at = where;
+    slot.output = nullptr;
+    slot.count = 0;
+    slot.destination = destination ? destination->data() : nullptr;
+    slot.destination_size = destination ? destination->size() : 0;
+    slot.copy_to_destination = false;
+    slot.out_chunks = ChunkPlan{};
+    slot.out_chunk_events = false;
+  }
 
   // After start() failed part-way: order whatever the item issued before
   // copied_out, so that finish/settle wait for it and the slot is reused only
@@ -378,6 +438,7 @@ class CudaStageRunner {
   ::std::function<::std::size_t(::std::size_t)> output_count_;
   ComputeStage<In, Out> compute_;
   ::std::size_t chunk_bytes_;
+  ::std::size_t items_per_launch_;  // PipelineOptions::items_per_launch
   HostCopyPool copiers_;  // helpers for large staged copies (started on first use)
   ::std::size_t fixed_output_count_ = 0;  // graph modes
   int device_ = 0;
@@ -386,11 +447,13 @@ class CudaStageRunner {
   ::std::optional<Stream> compute_stream_;
   ::std::optional<Stream> d2h_;
   ::std::vector<Slot> slots_;
+  ::std::vector<SlotGroup> groups_;  // after the slots: destroyed before the events their graphs record
   ::std::atomic<::std::uint64_t> inputs_in_place_{0};
   ::std::atomic<::std::uint64_t> inputs_staged_{0};
   ::std::atomic<::std::uint64_t> outputs_direct_{0};
   ::std::atomic<::std::uint64_t> outputs_staged_{0};
   ::std::atomic<::std::uint64_t> graph_retargets_{0};
+  ::std::atomic<::std::uint64_t> grouped_items_{0};
 };
 
 }  // namespace replay::detail

@@ -137,18 +137,23 @@ inline void PipelineState<Runner>::deliver(::std::size_t slot, InFlight& item) n
   }
   const auto now = SlotRefill::clock::now();
   bool wake_producer = false;
+  bool wake_group = false;
   {
     ::std::lock_guard lock(mutex);
     free_slots.push(slot);
     refill.delivered(now);
     wake_producer = refill.should_wake(free_slots.size());
     callbacks_in_flight -= item.delivery.index() == 2 ? 1 : 0;
+    wake_group = should_wake_group();
     --pending;
     ++delivered;
     ++(error == nullptr ? stats.completed : stats.failed);
   }
   if (wake_producer) {
     slot_freed.notify_one();
+  }
+  if (wake_group) {
+    group_freed.notify_all();  // needs may differ: each rechecks its own
   }
   progress.notify_all();
 }

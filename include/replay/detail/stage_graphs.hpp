@@ -5,8 +5,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <span>
 #include <source_location>
 #include <utility>
+#include <vector>
 
 #include "replay/capture_scope.hpp"
 #include "replay/detail/cuda_stage_runner.hpp"
@@ -42,10 +44,35 @@ template <BufferElement In, BufferElement Out>
 }
 
 template <BufferElement In, BufferElement Out>
+void CudaStageRunner<In, Out>::add_slot_chain(Graph& graph, Slot& slot, const Graph& compute_graph,
+                                              ::cudaGraphNode_t& h2d_node, ::cudaGraphNode_t& d2h_node,
+                                              const ::std::source_location& where) {
+  ::cudaGraphNode_t compute_node = nullptr;
+  check(::cudaGraphAddMemcpyNode1D(&h2d_node, graph.handle(where), nullptr, 0, slot.device_in.data(),
+                                   slot.staging_in.data(), input_capacity_ * sizeof(In), ::cudaMemcpyHostToDevice),
+        "cudaGraphAddMemcpyNode1D", where);
+  check(::cudaGraphAddChildGraphNode(&compute_node, graph.handle(where), &h2d_node, 1, compute_graph.handle(where)),
+        "cudaGraphAddChildGraphNode", where);
+  ::cudaGraphNode_t last = compute_node;
+  if (fixed_output_count_ != 0) {  // zero-length copies are not allowed in graphs
+    check(::cudaGraphAddMemcpyNode1D(&d2h_node, graph.handle(where), &compute_node, 1, slot.staging_out.data(),
+                                     slot.device_out.data(), fixed_output_count_ * sizeof(Out),
+                                     ::cudaMemcpyDeviceToHost),
+          "cudaGraphAddMemcpyNode1D", where);
+    last = d2h_node;
+  }
+  ::cudaGraphNode_t record_node = nullptr;
+  check(::cudaGraphAddEventRecordNode(&record_node, graph.handle(where), &last, 1, slot.copied_out.get()),
+        "cudaGraphAddEventRecordNode", where);
+}
+
+template <BufferElement In, BufferElement Out>
 void CudaStageRunner<In, Out>::capture_graphs(const ::std::source_location& where) {
   // One graph per slot, each captured on that slot's fixed buffers: a replay
   // never needs an address to change.
   const StreamRef capture_stream = compute_stream_->get();
+  const bool grouped = has_flag(flags_, PipelineFlags::graph_slot) && items_per_launch_ > 1;
+  ::std::vector<Graph> compute_graphs;  // for the group graphs
   for (::std::size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
     ::std::size_t produced = 0;
@@ -65,34 +92,116 @@ void CudaStageRunner<In, Out>::capture_graphs(const ::std::source_location& wher
       slot.compute_graph.emplace(compute_graph, InstantiateFlags::upload, capture_stream, where);
       continue;
     }
-    // graph_slot: H2D -> compute (child graph) -> D2H.
-    slot.stream.emplace(StreamFlags::non_blocking, 0, where);
-    Graph whole = Graph::create(where);
-    ::cudaGraphNode_t compute_node = nullptr;
-    check(::cudaGraphAddMemcpyNode1D(&slot.h2d_node, whole.handle(where), nullptr, 0, slot.device_in.data(),
-                                     slot.staging_in.data(), input_capacity_ * sizeof(In),
-                                     ::cudaMemcpyHostToDevice),
-          "cudaGraphAddMemcpyNode1D", where);
-    check(::cudaGraphAddChildGraphNode(&compute_node, whole.handle(where), &slot.h2d_node, 1,
-                                       compute_graph.handle(where)),
-          "cudaGraphAddChildGraphNode", where);
-    if (fixed_output_count_ != 0) {  // zero-length copies are not allowed in graphs
-      check(::cudaGraphAddMemcpyNode1D(&slot.d2h_node, whole.handle(where), &compute_node, 1,
-                                       slot.staging_out.data(), slot.device_out.data(),
-                                       fixed_output_count_ * sizeof(Out), ::cudaMemcpyDeviceToHost),
-            "cudaGraphAddMemcpyNode1D", where);
-    }
+    // graph_slot: H2D -> compute (child graph) -> D2H -> record copied_out.
     // The graph records copied_out itself: one cudaGraphLaunch is the whole
     // per-item issue when the host addresses stay the same.
-    ::cudaGraphNode_t last = slot.d2h_node != nullptr ? slot.d2h_node : compute_node;
-    ::cudaGraphNode_t record_node = nullptr;
-    check(::cudaGraphAddEventRecordNode(&record_node, whole.handle(where), &last, 1, slot.copied_out.get()),
-          "cudaGraphAddEventRecordNode", where);
+    slot.stream.emplace(StreamFlags::non_blocking, 0, where);
+    Graph whole = Graph::create(where);
+    add_slot_chain(whole, slot, compute_graph, slot.h2d_node, slot.d2h_node, where);
     slot.slot_graph.emplace(whole, InstantiateFlags::upload, slot.stream->get(), where);
     slot.slot_graph_source.emplace(::std::move(whole));
     slot.graph_source = slot.staging_in.data();
     slot.graph_target = slot.staging_out.data();
+    if (grouped) {
+      compute_graphs.push_back(::std::move(compute_graph));
+    }
   }
+  if (grouped) {
+    build_groups(compute_graphs, where);
+  }
+}
+
+template <BufferElement In, BufferElement Out>
+void CudaStageRunner<In, Out>::build_groups(const ::std::vector<Graph>& compute_graphs,
+                                            const ::std::source_location& where) {
+  // Each member is its slot's chain (H2D -> compute -> D2H -> record
+  // copied_out) with no edge to the others, so the device runs the items'
+  // copies and kernels side by side; the same events as the slot graphs are
+  // recorded, so finish() and settle() wait the same way.
+  const ::std::size_t k = items_per_launch_;
+  groups_.resize(slots_.size() / k);
+  for (::std::size_t g = 0; g < groups_.size(); ++g) {
+    SlotGroup& group = groups_[g];
+    group.first_slot = g * k;
+    group.members.resize(k);
+    group.stream.emplace(StreamFlags::non_blocking, 0, where);
+    Graph whole = Graph::create(where);
+    for (::std::size_t m = 0; m < k; ++m) {
+      Slot& slot = slots_[group.first_slot + m];
+      SlotGroup::Member& member = group.members[m];
+      add_slot_chain(whole, slot, compute_graphs[group.first_slot + m], member.h2d_node, member.d2h_node, where);
+      member.source = slot.staging_in.data();
+      member.target = slot.staging_out.data();
+    }
+    group.exec.emplace(whole, InstantiateFlags::upload, group.stream->get(), where);
+    group.source_graph.emplace(::std::move(whole));
+  }
+}
+
+template <BufferElement In, BufferElement Out>
+void CudaStageRunner<In, Out>::start_group(::std::span<const PipelineGroupItem<CudaStageRunner>> items,
+                                           const ::std::source_location& where) {
+  SlotGroup& group = groups_[items[0].slot / items_per_launch_];
+  const ::std::size_t produced = fixed_output_count_;
+  DeviceScope device(device_, where);
+  try {
+    for (::std::size_t m = 0; m < items.size(); ++m) {
+      const PipelineGroupItem<CudaStageRunner>& item = items[m];
+      Slot& slot = slots_[item.slot];
+      begin_item(slot, item.id, item.destination, where);
+      // prepare() left the input where this slot's own graph reads it (the
+      // caller's pinned memory, or the staging): the member reads the same.
+      Out* target = output_target(slot, produced, item.destination.has_value(), item.plan, where);
+      if (!point_member(group, m, slot, slot.graph_source, target, produced * sizeof(Out))) {
+        // The graph refused the caller's buffer: go through staging instead.
+        target = slot.staging_out.data();
+        slot.output = target;
+        slot.copy_to_destination = item.destination.has_value();
+        if (!point_member(group, m, slot, slot.graph_source, target, produced * sizeof(Out))) {
+          throw cuda_error(::cudaErrorInvalidValue, "cudaGraphExecMemcpyNodeSetParams1D", where,
+                           "StreamPipeline: could not point a group graph's copies at the slot's buffers");
+        }
+      }
+      if (target == slot.staging_out.data()) {
+        slot.out_chunks = plan_chunks(produced * sizeof(Out), chunk_bytes_);
+      }
+    }
+    group.exec->launch(group.stream->get(), where);  // records each member's copied_out
+  } catch (...) {
+    for (const auto& item : items) {
+      fence(slots_[item.slot]);
+    }
+    throw;
+  }
+  for (const auto& item : items) {
+    count_output_path(slots_[item.slot]);
+  }
+  grouped_items_.fetch_add(items.size(), ::std::memory_order_relaxed);
+}
+
+template <BufferElement In, BufferElement Out>
+bool CudaStageRunner<In, Out>::point_member(SlotGroup& group, ::std::size_t m, const Slot& slot,
+                                            const void* source, void* target, ::std::size_t out_bytes) noexcept {
+  SlotGroup::Member& member = group.members[m];
+  if (member.source != source) {
+    if (!succeeded(::cudaGraphExecMemcpyNodeSetParams1D(group.exec->get(), member.h2d_node, slot.device_in.data(),
+                                                        source, input_capacity_ * sizeof(In),
+                                                        ::cudaMemcpyHostToDevice))) {
+      return false;
+    }
+    member.source = source;
+    graph_retargets_.fetch_add(1, ::std::memory_order_relaxed);
+  }
+  if (out_bytes != 0 && member.target != target) {
+    if (!succeeded(::cudaGraphExecMemcpyNodeSetParams1D(group.exec->get(), member.d2h_node, target,
+                                                        slot.device_out.data(), out_bytes,
+                                                        ::cudaMemcpyDeviceToHost))) {
+      return false;
+    }
+    member.target = target;
+    graph_retargets_.fetch_add(1, ::std::memory_order_relaxed);
+  }
+  return true;
 }
 
 template <BufferElement In, BufferElement Out>

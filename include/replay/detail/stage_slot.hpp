@@ -75,4 +75,21 @@ struct StageSlot {
   bool needs_stream_sync = false;    // fence failed: settle() synchronizes the streams
 };
 
+// graph_slot with PipelineOptions::items_per_launch > 1: a run of
+// consecutive slots captured once more as one graph, their chains side by
+// side, so that one cudaGraphLaunch issues an item in each.
+struct SlotGroup {
+  struct Member {
+    ::cudaGraphNode_t h2d_node = nullptr;
+    ::cudaGraphNode_t d2h_node = nullptr;
+    const void* source = nullptr;  // where this member's H2D node reads now
+    void* target = nullptr;        // where its D2H node writes now
+  };
+  ::std::size_t first_slot = 0;
+  ::std::vector<Member> members;
+  ::std::optional<Stream> stream;
+  ::std::optional<Graph> source_graph;  // owns the member nodes' handles
+  ::std::optional<GraphExec> exec;
+};
+
 }  // namespace replay::detail

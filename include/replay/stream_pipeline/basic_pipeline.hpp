@@ -11,6 +11,7 @@
 // StreamPipeline is BasicStreamPipeline over the CUDA stage runner.
 #include <replay/detail/require_cxx20.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <concepts>
@@ -148,8 +149,21 @@ class BasicStreamPipeline {
     check_batch(inputs, where);
     ::std::vector<PipelineTicket<::std::vector<output_type>>> tickets;
     try {
-      for (auto&& input : inputs) {
-        tickets.push_back(submit(input_range(input), where));
+      if (State& s = state(where); launch_group(s) > 1) {
+        ::std::vector<input_range> ins;
+        for (auto&& input : inputs) {
+          ins.push_back(input_range(input));
+        }
+        submit_in_groups(
+            s, ins, {}, [&] { return s.make_vector_delivery(); },
+            [&](Delivery& accepted, ::std::uint64_t id) {
+              tickets.push_back(PipelineTicket<::std::vector<Out>>(id, s.vectors, ::std::get<0>(accepted)));
+            },
+            where);
+      } else {
+        for (auto&& input : inputs) {
+          tickets.push_back(submit(input_range(input), where));
+        }
       }
     } catch (...) {
       settle_after_failed_submit(tickets.empty() ? ::std::nullopt : ::std::optional(tickets.back().id()));
@@ -184,10 +198,27 @@ class BasicStreamPipeline {
     }
     ::std::vector<PipelineTicket<::std::size_t>> tickets;
     try {
-      auto output = ::std::ranges::begin(outputs);
-      for (auto&& input : inputs) {
-        tickets.push_back(submit(input_range(input), destination_range(*output), where));
-        ++output;
+      if (State& s = state(where); launch_group(s) > 1) {
+        ::std::vector<input_range> ins;
+        ::std::vector<destination_range> outs;
+        auto output = ::std::ranges::begin(outputs);
+        for (auto&& input : inputs) {
+          ins.push_back(input_range(input));
+          outs.push_back(destination_range(*output));
+          ++output;
+        }
+        submit_in_groups(
+            s, ins, outs, [&] { return s.make_count_delivery(); },
+            [&](Delivery& accepted, ::std::uint64_t id) {
+              tickets.push_back(PipelineTicket<::std::size_t>(id, s.counts, ::std::get<1>(accepted)));
+            },
+            where);
+      } else {
+        auto output = ::std::ranges::begin(outputs);
+        for (auto&& input : inputs) {
+          tickets.push_back(submit(input_range(input), destination_range(*output), where));
+          ++output;
+        }
       }
     } catch (...) {
       settle_after_failed_submit(tickets.empty() ? ::std::nullopt : ::std::optional(tickets.back().id()));
@@ -374,6 +405,60 @@ class BasicStreamPipeline {
     Delivery delivery(::std::in_place_index<2>, ::std::move(on_complete));
     return s.enqueue(input, destination, delivery, block, where);
   }
+  // How many items run() hands the runner per launch: its items_per_launch()
+  // for a GroupedPipelineStageRunner, else 1.
+  static ::std::size_t launch_group(const State& s) noexcept {
+    if constexpr (GroupedPipelineStageRunner<Runner>) {
+      return ::std::min({static_cast<::std::size_t>(s.runner.items_per_launch()), s.runner.slot_count(),
+                         State::max_group});
+    } else {
+      return 1;
+    }
+  }
+
+  // run()'s batch, launch_group(s) items at a time (enqueue_group). `make()`
+  // makes an item's delivery (a ticket record); `keep(delivery, id)` turns an
+  // accepted one into the caller's ticket (a ticket delivery still holds its
+  // record pointer once moved from). Items not accepted in one round (fewer
+  // slots taken: see enqueue_group) go in the next.
+  template <class Make, class Keep>
+  void submit_in_groups(State& s, ::std::span<const input_range> ins, ::std::span<const destination_range> outs,
+                        Make make, Keep keep, const ::std::source_location& where) {
+    if constexpr (GroupedPipelineStageRunner<Runner>) {
+      const ::std::size_t group = launch_group(s);
+      ::std::vector<typename State::GroupInput> items;
+      items.reserve(group);
+      ::std::vector<Delivery> deliveries;
+      deliveries.reserve(group);
+      ::std::size_t next = 0;
+      try {
+        while (next < ins.size()) {
+          const ::std::size_t count = ::std::min(group, ins.size() - next);
+          items.clear();
+          for (::std::size_t k = 0; k < count; ++k) {
+            items.push_back({ins[next + k], outs.empty() ? ::std::nullopt : ::std::optional(outs[next + k])});
+          }
+          while (deliveries.size() < count) {
+            deliveries.push_back(make());
+          }
+          const auto accepted = s.enqueue_group(items, ::std::span(deliveries.data(), count), where);
+          for (::std::size_t k = 0; k < accepted.count; ++k) {
+            keep(deliveries[k], accepted.first_id + k);
+          }
+          deliveries.erase(deliveries.begin(), deliveries.begin() + static_cast<::std::ptrdiff_t>(accepted.count));
+          next += accepted.count;
+        }
+      } catch (...) {
+        for (Delivery& unaccepted : deliveries) {
+          s.discard(unaccepted);
+        }
+        throw;
+      }
+    } else {
+      (void)s, (void)ins, (void)outs, (void)make, (void)keep, (void)where;
+    }
+  }
+
   // A refused item (empty, or a usage_error) hands its ticket record back.
   static ::std::optional<::std::uint64_t> enqueue_or_discard(State& s, input_range input,
                                                             ::std::optional<destination_range> destination,

@@ -64,6 +64,14 @@ struct PipelineOptions {
   // idle. 0: those two threads copy alone (still chunk by chunk). The default
   // gives each direction about five cores' memcpy speed when both are busy.
   ::std::size_t host_copy_threads = 8;
+  // PipelineFlags::graph_slot only: how many items one graph launch may
+  // carry. Above 1, consecutive slots form groups of this many (`slots` must
+  // be a multiple of it), each group captured once more as one graph of its
+  // slots side by side, and run() issues its batch a group at a time: one
+  // cudaGraphLaunch for that many items, which is what brings a small item's
+  // host cost down to a fraction of a launch. submit() still launches one
+  // slot's graph. At most 64; 4 to 8 with 2 groups of slots suits small items.
+  ::std::size_t items_per_launch = 1;
 };
 
 // A compute stage: issues work on the stream that reads the slot's device

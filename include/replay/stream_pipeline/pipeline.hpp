@@ -18,6 +18,8 @@
 
 namespace replay {
 
+static_assert(GroupedPipelineStageRunner<detail::CudaStageRunner<float, float>>);
+
 template <BufferElement In, BufferElement Out = In>
 class StreamPipeline : public BasicStreamPipeline<detail::CudaStageRunner<In, Out>> {
   using base = BasicStreamPipeline<detail::CudaStageRunner<In, Out>>;
@@ -39,6 +41,8 @@ class StreamPipeline : public BasicStreamPipeline<detail::CudaStageRunner<In, Ou
   }
 
   PipelineFlags flags() const { return this->runner().flags(); }
+  // Items one graph launch carries in run() (PipelineOptions::items_per_launch; 1 without groups).
+  ::std::size_t items_per_launch() const { return this->runner().items_per_launch(); }
   int device() const { return this->runner().device(); }
   // The slot's device buffers: fixed addresses for the pipeline's lifetime.
   BufferView<In> device_input(::std::size_t slot,

@@ -77,4 +77,41 @@ concept PipelineStageRunner =
       { const_runner.add_stats(stats) } noexcept;
     };
 
+// One item of a group (GroupedPipelineStageRunner::start_group): its slot and
+// id, what prepare() had, and the plan.
+template <class R>
+struct PipelineGroupItem {
+  ::std::size_t slot = 0;
+  ::std::uint64_t id = 0;
+  HostRange<const typename R::input_type> input;
+  ::std::optional<HostRange<typename R::output_type>> destination;
+  typename R::plan_type plan;
+};
+
+// A runner that can issue several items with one launch. The pipeline then
+// takes a group's slots together (BasicStreamPipeline::run), prepares each
+// item, and when launches_together(slots) says the slots, in that order, are
+// one of the runner's groups, calls start_group() once instead of start()
+// per item; otherwise (and for any item whose prepare() threw) start() per
+// item, as always.
+//   items_per_launch(): the most items one launch carries (1: never grouped).
+//   launches_together(slots): the slots, in this order, form one group.
+//   launch_room(slot): how many items a group that begins at `slot` may hold
+//       (the pipeline takes slots in a fixed cyclic order, so a batch whose
+//       next slot is mid-group takes only the rest of that group, and the
+//       one after it lines up again).
+//   start_group(items, where): start() for every item at once, in id order.
+//       If it throws, every item of the group fails with that error, and
+//       everything issued is ordered before what finish()/settle() await.
+template <class R>
+concept GroupedPipelineStageRunner =
+    PipelineStageRunner<R> &&
+    requires(R& runner, const R& const_runner, ::std::span<const ::std::size_t> slots,
+             ::std::span<const PipelineGroupItem<R>> items, const ::std::source_location& where) {
+      { const_runner.items_per_launch() } noexcept -> ::std::convertible_to<::std::size_t>;
+      { const_runner.launches_together(slots) } noexcept -> ::std::same_as<bool>;
+      { const_runner.launch_room(slots[0]) } noexcept -> ::std::convertible_to<::std::size_t>;
+      runner.start_group(items, where);
+    };
+
 }  // namespace replay

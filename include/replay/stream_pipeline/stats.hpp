@@ -22,6 +22,9 @@ struct PipelineStats {
   // every slot sees the input and destination addresses of its previous
   // item: each item is then one cudaGraphLaunch.
   ::std::uint64_t graph_retargets = 0;
+  // PipelineOptions::items_per_launch: items issued by a group's launch (one
+  // cudaGraphLaunch for items_per_launch of them).
+  ::std::uint64_t grouped_items = 0;
 };
 
 }  // namespace replay
