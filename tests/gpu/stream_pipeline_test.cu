@@ -1218,6 +1218,29 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     run_pinned(fresh_inputs, fresh_outputs);
     CHECK(pipeline.stats().graph_retargets > retargets_before);
     CHECK(pipeline.stats().grouped_items == rounds * slots + 5 * slots);
+    const std::uint64_t staged_before = pipeline.stats().inputs_staged;
+
+    // Pageable memory passed as pinned (HostRange::pinned): the device cannot
+    // address it, so the group goes through the staging both ways instead.
+    {
+      std::vector<std::vector<float>> sources;
+      std::vector<std::vector<float>> sinks(slots, std::vector<float>(capacity, -1.0F));
+      std::vector<replay::HostRange<const float>> claimed_in;
+      std::vector<replay::HostRange<float>> claimed_out;
+      for (std::size_t k = 0; k < slots; ++k) {
+        sources.push_back(replay_test::random_floats(capacity));
+        claimed_in.push_back(replay::HostRange<const float>::pinned(std::span<const float>(sources[k])));
+        claimed_out.push_back(replay::HostRange<float>::pinned(std::span<float>(sinks[k])));
+      }
+      const std::uint64_t grouped = pipeline.stats().grouped_items;
+      const auto counts = pipeline.run(claimed_in, claimed_out);
+      for (std::size_t k = 0; k < slots; ++k) {
+        REQUIRE(counts[k] == capacity);
+        REQUIRE(first_mismatch(sources[k], sinks[k]) == kNone);
+      }
+      CHECK(pipeline.stats().grouped_items == grouped + slots);
+      CHECK(pipeline.stats().inputs_staged == staged_before + slots);
+    }
 
     // 5 items: one group and one alone; then 8 from slot 5: three alone, one
     // group (slots 0-3), one alone (slot 4); then the ring lines up again.

@@ -22,6 +22,7 @@
 
 #include "replay/capture_scope.hpp"
 #include "replay/detail/compute_stage.hpp"
+#include "replay/detail/copy_kernel.hpp"
 #include "replay/detail/device_scope.hpp"
 #include "replay/detail/host_copy_pool.hpp"
 #include "replay/detail/host_memory.hpp"
@@ -66,9 +67,10 @@ class CudaStageRunner {
         copiers_(options.host_copy_threads, [this]() noexcept { (void)::cudaSetDevice(device_); }) {
     validate(options, where);
     device_ = current_device(where);
-    const EventFlags event_flags =
-        has_flag(flags_, PipelineFlags::blocking_wait) ? EventFlags::disable_timing | EventFlags::blocking_sync
-                                                       : EventFlags::disable_timing;
+    event_flags_ = has_flag(flags_, PipelineFlags::blocking_wait)
+                       ? EventFlags::disable_timing | EventFlags::blocking_sync
+                       : EventFlags::disable_timing;
+    const EventFlags event_flags = event_flags_;
     h2d_.emplace(StreamFlags::non_blocking, 0, where);
     compute_stream_.emplace(StreamFlags::non_blocking, 0, where);
     d2h_.emplace(StreamFlags::non_blocking, 0, where);
@@ -263,8 +265,11 @@ class CudaStageRunner {
       for (auto* stream : {&h2d_, &compute_stream_, &d2h_}) {
         clear_error_slot(::cudaStreamSynchronize((*stream)->get()));
       }
+      for (SlotGroup& group : groups_) {
+        clear_error_slot(::cudaStreamSynchronize(group.stream->get()));
+      }
     } else {
-      clear_error_slot(::cudaEventSynchronize(slot.copied_out.get()));
+      clear_error_slot(::cudaEventSynchronize(slot.done));
     }
   }
 
@@ -387,9 +392,12 @@ class CudaStageRunner {
 
   bool point_h2d(Slot& slot, const void* source, ::std::size_t bytes) noexcept;
   bool point_d2h(Slot& slot, void* target, ::std::size_t bytes) noexcept;
-  // The same for one member of a group's graph.
-  bool point_member(SlotGroup& group, ::std::size_t member, const Slot& slot, const void* source, void* target,
-                    ::std::size_t out_bytes) noexcept;
+  // Points a group member's copy-in at host `source` (false: the device
+  // cannot address it, or CUDA refused) and its copy-out at host `target`.
+  bool point_member_in(SlotGroup& group, ::std::size_t member, const Slot& slot, const void* source,
+                       const ::std::source_location& where);
+  bool point_member_out(SlotGroup& group, ::std::size_t member, const Slot& slot, void* target,
+                        const ::std::source_location& where);
 
   // Adds one slot's chain to `graph`: H2D (from staging) -> the compute
   // stage (a child graph) -> D2H (to staging, when there is output) ->
@@ -411,12 +419,14 @@ class CudaStageRunner {
     slot.copy_to_destination = false;
     slot.out_chunks = ChunkPlan{};
     slot.out_chunk_events = false;
+    slot.done = slot.copied_out.get();
   }
 
   // After start() failed part-way: order whatever the item issued before
   // copied_out, so that finish/settle wait for it and the slot is reused only
   // when its buffers are idle. Never throws.
   void fence(Slot& slot) noexcept {
+    slot.done = slot.copied_out.get();
     bool ok = true;
     if (slot.stream) {
       ok = succeeded(::cudaEventRecord(slot.copied_out.get(), slot.stream->get()));
@@ -439,6 +449,7 @@ class CudaStageRunner {
   ComputeStage<In, Out> compute_;
   ::std::size_t chunk_bytes_;
   ::std::size_t items_per_launch_;  // PipelineOptions::items_per_launch
+  EventFlags event_flags_ = EventFlags::disable_timing;
   HostCopyPool copiers_;  // helpers for large staged copies (started on first use)
   ::std::size_t fixed_output_count_ = 0;  // graph modes
   int device_ = 0;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "replay/capture_scope.hpp"
+#include "replay/detail/copy_kernel.hpp"
 #include "replay/detail/cuda_stage_runner.hpp"
 #include "replay/detail/host_copy_pool.hpp"
 #include "replay/detail/message.hpp"
@@ -114,10 +115,8 @@ void CudaStageRunner<In, Out>::capture_graphs(const ::std::source_location& wher
 template <BufferElement In, BufferElement Out>
 void CudaStageRunner<In, Out>::build_groups(const ::std::vector<Graph>& compute_graphs,
                                             const ::std::source_location& where) {
-  // Each member is its slot's chain (H2D -> compute -> D2H -> record
-  // copied_out) with no edge to the others, so the device runs the items'
-  // copies and kernels side by side; the same events as the slot graphs are
-  // recorded, so finish() and settle() wait the same way.
+  // Members alternate between the lanes (SlotGroup says why two); each
+  // starts on its staging buffers, as the slot graphs do.
   const ::std::size_t k = items_per_launch_;
   groups_.resize(slots_.size() / k);
   for (::std::size_t g = 0; g < groups_.size(); ++g) {
@@ -125,14 +124,40 @@ void CudaStageRunner<In, Out>::build_groups(const ::std::vector<Graph>& compute_
     group.first_slot = g * k;
     group.members.resize(k);
     group.stream.emplace(StreamFlags::non_blocking, 0, where);
+    group.done.emplace(event_flags_, where);
     Graph whole = Graph::create(where);
+    ::std::vector<::cudaGraphNode_t> lane_tail(SlotGroup::lanes, nullptr);
     for (::std::size_t m = 0; m < k; ++m) {
       Slot& slot = slots_[group.first_slot + m];
       SlotGroup::Member& member = group.members[m];
-      add_slot_chain(whole, slot, compute_graphs[group.first_slot + m], member.h2d_node, member.d2h_node, where);
+      ::cudaGraphNode_t& tail = lane_tail[m % SlotGroup::lanes];
+      void* const staging_in = device_address_of_host(slot.staging_in.data());
+      void* const staging_out = device_address_of_host(slot.staging_out.data());
+      if (staging_in == nullptr || staging_out == nullptr) {
+        throw cuda_error(::cudaErrorInvalidValue, "cudaPointerGetAttributes", where,
+                         "StreamPipeline: the device cannot address the slots' pinned staging, which launch groups "
+                         "copy in place (PipelineOptions::items_per_launch needs unified addressing)");
+      }
+      member.copy_in = add_copy_node(whole.handle(where), tail, staging_in, slot.device_in.data(),
+                                     input_capacity_ * sizeof(In), where);
+      ::cudaGraphNode_t compute_node = nullptr;
+      check(::cudaGraphAddChildGraphNode(&compute_node, whole.handle(where), &member.copy_in, 1,
+                                         compute_graphs[group.first_slot + m].handle(where)),
+            "cudaGraphAddChildGraphNode", where);
+      tail = compute_node;
+      if (fixed_output_count_ != 0) {
+        member.copy_out = add_copy_node(whole.handle(where), compute_node, slot.device_out.data(), staging_out,
+                                        fixed_output_count_ * sizeof(Out), where);
+        tail = member.copy_out;
+      }
       member.source = slot.staging_in.data();
       member.target = slot.staging_out.data();
     }
+    ::std::erase(lane_tail, nullptr);
+    ::cudaGraphNode_t record_node = nullptr;
+    check(::cudaGraphAddEventRecordNode(&record_node, whole.handle(where), lane_tail.data(), lane_tail.size(),
+                                        group.done->get()),
+          "cudaGraphAddEventRecordNode", where);
     group.exec.emplace(whole, InstantiateFlags::upload, group.stream->get(), where);
     group.source_graph.emplace(::std::move(whole));
   }
@@ -150,23 +175,38 @@ void CudaStageRunner<In, Out>::start_group(::std::span<const PipelineGroupItem<C
       Slot& slot = slots_[item.slot];
       begin_item(slot, item.id, item.destination, where);
       // prepare() left the input where this slot's own graph reads it (the
-      // caller's pinned memory, or the staging): the member reads the same.
+      // caller's pinned memory, or the staging): the member reads the same,
+      // unless the device cannot address that memory; then it goes through
+      // the staging after all.
+      if (!point_member_in(group, m, slot, slot.graph_source, where)) {
+        if (slot.graph_source == slot.staging_in.data()) {
+          throw cuda_error(::cudaErrorInvalidValue, "cudaGraphExecKernelNodeSetParams", where,
+                           "StreamPipeline: could not point a group's copy-in at the slot's staging");
+        }
+        stage_input(slot, item.input, nullptr, where);
+        inputs_in_place_.fetch_sub(1, ::std::memory_order_relaxed);  // counted in place by prepare()
+        inputs_staged_.fetch_add(1, ::std::memory_order_relaxed);
+        if (!point_member_in(group, m, slot, slot.staging_in.data(), where)) {
+          throw cuda_error(::cudaErrorInvalidValue, "cudaGraphExecKernelNodeSetParams", where,
+                           "StreamPipeline: could not point a group's copy-in at the slot's staging");
+        }
+      }
       Out* target = output_target(slot, produced, item.destination.has_value(), item.plan, where);
-      if (!point_member(group, m, slot, slot.graph_source, target, produced * sizeof(Out))) {
-        // The graph refused the caller's buffer: go through staging instead.
+      if (produced != 0 && !point_member_out(group, m, slot, target, where)) {
+        // The device cannot address the caller's buffer: go through staging instead.
         target = slot.staging_out.data();
         slot.output = target;
         slot.copy_to_destination = item.destination.has_value();
-        if (!point_member(group, m, slot, slot.graph_source, target, produced * sizeof(Out))) {
-          throw cuda_error(::cudaErrorInvalidValue, "cudaGraphExecMemcpyNodeSetParams1D", where,
-                           "StreamPipeline: could not point a group graph's copies at the slot's buffers");
+        if (!point_member_out(group, m, slot, target, where)) {
+          throw cuda_error(::cudaErrorInvalidValue, "cudaGraphExecKernelNodeSetParams", where,
+                           "StreamPipeline: could not point a group's copy-out at the slot's staging");
         }
       }
       if (target == slot.staging_out.data()) {
         slot.out_chunks = plan_chunks(produced * sizeof(Out), chunk_bytes_);
       }
     }
-    group.exec->launch(group.stream->get(), where);  // records each member's copied_out
+    group.exec->launch(group.stream->get(), where);  // records group.done at its end
   } catch (...) {
     for (const auto& item : items) {
       fence(slots_[item.slot]);
@@ -174,33 +214,44 @@ void CudaStageRunner<In, Out>::start_group(::std::span<const PipelineGroupItem<C
     throw;
   }
   for (const auto& item : items) {
-    count_output_path(slots_[item.slot]);
+    Slot& slot = slots_[item.slot];
+    slot.done = group.done->get();
+    count_output_path(slot);
   }
   grouped_items_.fetch_add(items.size(), ::std::memory_order_relaxed);
 }
 
 template <BufferElement In, BufferElement Out>
-bool CudaStageRunner<In, Out>::point_member(SlotGroup& group, ::std::size_t m, const Slot& slot,
-                                            const void* source, void* target, ::std::size_t out_bytes) noexcept {
+bool CudaStageRunner<In, Out>::point_member_in(SlotGroup& group, ::std::size_t m, const Slot& slot,
+                                               const void* source, const ::std::source_location& where) {
   SlotGroup::Member& member = group.members[m];
-  if (member.source != source) {
-    if (!succeeded(::cudaGraphExecMemcpyNodeSetParams1D(group.exec->get(), member.h2d_node, slot.device_in.data(),
-                                                        source, input_capacity_ * sizeof(In),
-                                                        ::cudaMemcpyHostToDevice))) {
-      return false;
-    }
-    member.source = source;
-    graph_retargets_.fetch_add(1, ::std::memory_order_relaxed);
+  if (member.source == source) {
+    return true;
   }
-  if (out_bytes != 0 && member.target != target) {
-    if (!succeeded(::cudaGraphExecMemcpyNodeSetParams1D(group.exec->get(), member.d2h_node, target,
-                                                        slot.device_out.data(), out_bytes,
-                                                        ::cudaMemcpyDeviceToHost))) {
-      return false;
-    }
-    member.target = target;
-    graph_retargets_.fetch_add(1, ::std::memory_order_relaxed);
+  const void* device_source = device_address_of_host(source);
+  if (device_source == nullptr || !set_copy_node(group.exec->get(), member.copy_in, device_source,
+                                                 slot.device_in.data(), input_capacity_ * sizeof(In), where)) {
+    return false;
   }
+  member.source = source;
+  graph_retargets_.fetch_add(1, ::std::memory_order_relaxed);
+  return true;
+}
+
+template <BufferElement In, BufferElement Out>
+bool CudaStageRunner<In, Out>::point_member_out(SlotGroup& group, ::std::size_t m, const Slot& slot, void* target,
+                                                const ::std::source_location& where) {
+  SlotGroup::Member& member = group.members[m];
+  if (member.target == target) {
+    return true;
+  }
+  void* const device_target = device_address_of_host(target);
+  if (device_target == nullptr || !set_copy_node(group.exec->get(), member.copy_out, slot.device_out.data(),
+                                                 device_target, fixed_output_count_ * sizeof(Out), where)) {
+    return false;
+  }
+  member.target = target;
+  graph_retargets_.fetch_add(1, ::std::memory_order_relaxed);
   return true;
 }
 

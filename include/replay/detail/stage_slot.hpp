@@ -31,7 +31,8 @@ struct StageSlot {
         device_out(out_capacity, where),
         copied_in(event_flags, where),
         computed(event_flags, where),
-        copied_out(event_flags, where) {
+        copied_out(event_flags, where),
+        done(copied_out.get()) {
     if (out_chunk_count >= 2) {
       chunk_events.reserve(out_chunk_count);
       for (::std::size_t k = 0; k < out_chunk_count; ++k) {
@@ -73,21 +74,30 @@ struct StageSlot {
   ChunkPlan out_chunks;              // how a staged output is copied out
   bool out_chunk_events = false;     // chunk_events were recorded for it
   bool needs_stream_sync = false;    // fence failed: settle() synchronizes the streams
+  // What marks the item done: copied_out, or its launch group's event.
+  ::cudaEvent_t done = nullptr;
 };
 
 // graph_slot with PipelineOptions::items_per_launch > 1: a run of
-// consecutive slots captured once more as one graph, their chains side by
-// side, so that one cudaGraphLaunch issues an item in each.
+// consecutive slots captured once more as one graph, so that one
+// cudaGraphLaunch issues an item in each. Its copies are copy-kernel nodes
+// (detail/copy_kernel.hpp) reading and writing the host memory in place, and
+// its members run in two lanes: each lane is a chain of members, copy-in ->
+// compute -> copy-out, one after another, and the lanes run side by side (a
+// lane costs the launch about as much as a node; more lanes overlap more).
+// One event marks the whole group done.
 struct SlotGroup {
+  static constexpr ::std::size_t lanes = 2;
   struct Member {
-    ::cudaGraphNode_t h2d_node = nullptr;
-    ::cudaGraphNode_t d2h_node = nullptr;
-    const void* source = nullptr;  // where this member's H2D node reads now
-    void* target = nullptr;        // where its D2H node writes now
+    ::cudaGraphNode_t copy_in = nullptr;
+    ::cudaGraphNode_t copy_out = nullptr;  // none when the stage has no output
+    const void* source = nullptr;  // the host address the copy-in reads now
+    void* target = nullptr;        // the host address the copy-out writes now
   };
   ::std::size_t first_slot = 0;
   ::std::vector<Member> members;
   ::std::optional<Stream> stream;
+  ::std::optional<Event> done;  // recorded at the end of each launch
   ::std::optional<Graph> source_graph;  // owns the member nodes' handles
   ::std::optional<GraphExec> exec;
 };

@@ -30,7 +30,7 @@ template <BufferElement In, BufferElement Out>
     target = sink.allocate(sink.context, slot.count);
   }
   if (target == nullptr) {
-    await(slot, slot.copied_out.get(), "cudaEventSynchronize");
+    await(slot, slot.done, "cudaEventSynchronize");
     return {slot.output, slot.count};
   }
   const ChunkPlan& chunks = slot.out_chunks;
@@ -47,10 +47,10 @@ template <BufferElement In, BufferElement Out>
   // item may still be in its copy-in or compute, and a helper waiting on a
   // chunk event would be lost for all that time to the producers' input
   // copies; the later chunks land at link speed, far faster than a memcpy.
-  await(slot, per_chunk ? slot.chunk_events[0].get() : slot.copied_out.get(), "cudaEventSynchronize");
+  await(slot, per_chunk ? slot.chunk_events[0].get() : slot.done, "cudaEventSynchronize");
   copiers_.run(chunks.count, copy_chunk);
   if (per_chunk) {
-    await(slot, slot.copied_out.get(), "cudaEventSynchronize");
+    await(slot, slot.done, "cudaEventSynchronize");
   }
   if (slot.copy_to_destination) {
     outputs_staged_.fetch_add(1, ::std::memory_order_relaxed);
