@@ -10,8 +10,9 @@
 // does: one cudaMemcpyAsync of the caller's tensor into the static input and
 // one cudaGraphLaunch of an at::cuda::CUDAGraph captured from the same
 // callable. Both are timed on the host in bursts of 32 calls, interleaved,
-// the stream synchronized between bursts. Counters: raw_ns and graphed_ns per
-// call, overhead_ns = graphed_ns - raw_ns, budget_ns (4000 fast, 8000 safe);
+// the stream synchronized between bursts. Counters, medians over the bursts:
+// raw_ns and graphed_ns per call, overhead_ns (each pair's graphed - raw;
+// overhead_mean_ns: the mean), budget_ns (4000 fast, 8000 safe);
 // bench/torch/call_overhead.ratios states the targets.
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "bench_stats.hpp"
 #include "replay/torch.hpp"
 
 namespace {
@@ -94,6 +96,9 @@ void call_overhead(benchmark::State& state) {
   double raw_total = 0.0;
   double graphed_total = 0.0;
   std::int64_t calls = 0;
+  std::vector<double> raw_s;
+  std::vector<double> graphed_per_call;
+  std::vector<double> overhead_s;
   for (auto _ : state) {
     auto start = clock_type::now();
     for (int b = 0; b < kBurst; ++b) {
@@ -112,17 +117,22 @@ void call_overhead(benchmark::State& state) {
     raw_total += raw;
     graphed_total += graphed_s;
     calls += kBurst;
+    raw_s.push_back(raw / kBurst);
+    graphed_per_call.push_back(graphed_s / kBurst);
+    overhead_s.push_back((graphed_s - raw) / kBurst);
     state.SetIterationTime(graphed_s / kBurst);
   }
   if (graphed.stats().misses != 0) {
     state.SkipWithError("a call missed its graph");
     return;
   }
-  const double raw_ns = raw_total / static_cast<double>(calls) * 1e9;
-  const double graphed_ns = graphed_total / static_cast<double>(calls) * 1e9;
-  state.counters["raw_ns"] = raw_ns;
-  state.counters["graphed_ns"] = graphed_ns;
-  state.counters["overhead_ns"] = graphed_ns - raw_ns;
+  // Medians of the paired bursts (the overhead: of each pair's difference), as
+  // in the launch and router benchmarks: an allocator or scheduler stall in
+  // one burst moves a mean, not a median. The means are reported too.
+  state.counters["raw_ns"] = median(raw_s) * 1e9;
+  state.counters["graphed_ns"] = median(graphed_per_call) * 1e9;
+  state.counters["overhead_ns"] = median(overhead_s) * 1e9;
+  state.counters["overhead_mean_ns"] = (graphed_total - raw_total) / static_cast<double>(calls) * 1e9;
   state.counters["budget_ns"] = safe ? 8000.0 : 4000.0;
   state.SetLabel(safe ? "safe mode" : "fast mode");
 }

@@ -553,7 +553,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     m.x.first(input.size()).copy_from(std::span<const float>(input), stream);
     const auto route = router.run(batch, stream);
     const cudaError_t other_status = other.get();
-    MESSAGE("the other thread's cudaDeviceSynchronize returned " << cudaGetErrorName(other_status)
+    MESSAGE("the other thread's cudaDeviceSynchronize returned " << std::string(cudaGetErrorName(other_status))
                                                                  << "; interrupted captures: "
                                                                  << router.stats().interrupted_captures);
     CHECK(route.graph());
