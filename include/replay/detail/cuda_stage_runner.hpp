@@ -26,6 +26,7 @@
 #include "replay/detail/device_scope.hpp"
 #include "replay/detail/host_copy_pool.hpp"
 #include "replay/detail/host_memory.hpp"
+#include "replay/detail/pipeline_options_check.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/device.hpp"
 #include "replay/error.hpp"
@@ -65,7 +66,7 @@ class CudaStageRunner {
         chunk_bytes_(options.staging_chunk_bytes),
         items_per_launch_(options.items_per_launch),
         copiers_(options.host_copy_threads, [this]() noexcept { (void)::cudaSetDevice(device_); }) {
-    validate(options, where);
+    validate_pipeline_options(options, static_cast<bool>(compute_), where);
     device_ = current_device(where);
     event_flags_ = has_flag(flags_, PipelineFlags::blocking_wait)
                        ? EventFlags::disable_timing | EventFlags::blocking_sync
@@ -215,7 +216,8 @@ class CudaStageRunner {
              const ::std::optional<HostRange<Out>>& destination, const plan_type& plan,
              const ::std::source_location& where) {
     Slot& slot = slots_[index];
-    begin_item(slot, id, destination, where);
+    slot.begin(id, destination ? destination->data() : nullptr, destination ? destination->size() : 0,
+               where);
     DeviceScope device(device_, where);
     try {
       if (has_flag(flags_, PipelineFlags::graph_slot)) {
@@ -301,62 +303,6 @@ class CudaStageRunner {
     return has_flag(flags_, PipelineFlags::graph_compute) || has_flag(flags_, PipelineFlags::graph_slot);
   }
 
-  void validate(const PipelineOptions& options, const ::std::source_location& where) const {
-    if (options.input_capacity == 0) {
-      throw usage_error("PipelineOptions::input_capacity must be positive: the most elements one item holds", where);
-    }
-    if (options.slots == 0 || options.slots > 1024) {
-      throw usage_error(detail::concat("PipelineOptions::slots must be between 1 and 1024 (got ", options.slots,
-                                       "); 3 or 4 is typical"),
-                        where);
-    }
-    if (has_flag(flags_, PipelineFlags::graph_compute) && has_flag(flags_, PipelineFlags::graph_slot)) {
-      throw usage_error("PipelineFlags::graph_compute and graph_slot exclude each other: graph_slot already "
-                        "captures the compute stage",
-                        where);
-    }
-    if (has_flag(flags_, PipelineFlags::slot_streams) && has_flag(flags_, PipelineFlags::graph_slot)) {
-      throw usage_error("PipelineFlags::slot_streams and graph_slot exclude each other: graph_slot already runs "
-                        "each slot on a stream of its own",
-                        where);
-    }
-    constexpr auto known = PipelineFlags::stage_inputs | PipelineFlags::graph_compute | PipelineFlags::graph_slot |
-                           PipelineFlags::blocking_wait | PipelineFlags::slot_streams;
-    if ((flags_ & ~known) != PipelineFlags::none) {
-      throw usage_error("PipelineFlags holds unknown bits", where);
-    }
-    if (!compute_) {
-      throw usage_error("StreamPipeline needs a compute stage", where);
-    }
-    if (options.staging_chunk_bytes == 0 || options.staging_chunk_bytes % staging_page_bytes != 0) {
-      throw usage_error(detail::concat("PipelineOptions::staging_chunk_bytes must be a positive multiple of ",
-                                       staging_page_bytes, " (got ", options.staging_chunk_bytes,
-                                       "); 1 MiB or 2 MiB is typical"),
-                        where);
-    }
-    if (options.items_per_launch == 0 || options.items_per_launch > 64) {
-      throw usage_error(detail::concat("PipelineOptions::items_per_launch must be between 1 and 64 (got ",
-                                       options.items_per_launch, ")"),
-                        where);
-    }
-    if (options.items_per_launch > 1 && !has_flag(flags_, PipelineFlags::graph_slot)) {
-      throw usage_error("PipelineOptions::items_per_launch above 1 needs PipelineFlags::graph_slot: a group is "
-                        "launched as one graph of its slots' graphs",
-                        where);
-    }
-    if (options.slots % options.items_per_launch != 0) {
-      throw usage_error(detail::concat("PipelineOptions::slots (", options.slots,
-                                       ") must be a multiple of items_per_launch (", options.items_per_launch,
-                                       "): slots are grouped into runs of that many; twice it is typical"),
-                        where);
-    }
-    if (options.host_copy_threads > 64) {
-      throw usage_error(detail::concat("PipelineOptions::host_copy_threads must be at most 64 (got ",
-                                       options.host_copy_threads, "); a few are enough to outrun the link"),
-                        where);
-    }
-  }
-
   // Runs the compute stage for `slot`'s item of n elements; returns the output count.
   ::std::size_t run_compute(Slot& slot, ::std::size_t n, StreamRef stream, const ::std::source_location& where);
 
@@ -407,20 +353,6 @@ class CudaStageRunner {
   // The group graphs, from each slot's captured compute stage.
   void build_groups(const ::std::vector<Graph>& compute_graphs, const ::std::source_location& where);
 
-  // What start() resets before issuing a slot's item.
-  static void begin_item(Slot& slot, ::std::uint64_t id, const ::std::optional<HostRange<Out>>& destination,
-                         const ::std::source_location& where) noexcept {
-    slot.id = id;
-    slot.submitted_at = where;
-    slot.output = nullptr;
-    slot.count = 0;
-    slot.destination = destination ? destination->data() : nullptr;
-    slot.destination_size = destination ? destination->size() : 0;
-    slot.copy_to_destination = false;
-    slot.out_chunks = ChunkPlan{};
-    slot.out_chunk_events = false;
-    slot.done = slot.copied_out.get();
-  }
 
   // After start() failed part-way: order whatever the item issued before
   // copied_out, so that finish/settle wait for it and the slot is reused only

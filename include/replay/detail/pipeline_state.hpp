@@ -237,132 +237,7 @@ struct PipelineState {
   // accepts none. At most max_group items and at most the slot count.
   GroupAccepted enqueue_group(::std::span<const GroupInput> items, ::std::span<Delivery> deliveries,
                               const ::std::source_location& where)
-    requires GroupedPipelineStageRunner<Runner>
-  {
-    require_not_completion_thread("run", where);
-    if (issuing.load(::std::memory_order_relaxed) == ::std::this_thread::get_id()) {
-      throw usage_error(
-          "StreamPipeline::run called from inside the compute stage; the stage only issues work for the item it "
-          "was given",
-          where);
-    }
-    const ::std::size_t wanted = items.size();
-    if (wanted == 0 || wanted > max_group || wanted > runner.slot_count() || deliveries.size() != wanted) {
-      throw usage_error(detail::concat("StreamPipeline: a group of ", wanted, " items for ", runner.slot_count(),
-                                       " slots (at most ", max_group, ")"),
-                        where);
-    }
-    ::std::array<typename Runner::plan_type, max_group> plans;
-    for (::std::size_t k = 0; k < wanted; ++k) {
-      check_item(items[k].input.size(),
-                 items[k].destination ? ::std::optional(items[k].destination->size()) : ::std::nullopt, where);
-      plans[k] = runner.plan(items[k].input, items[k].destination, where);
-    }
-
-    ::std::array<::std::size_t, max_group> slots;
-    GroupAccepted accepted;
-    bool my_turn = false;
-    bool wake_waiter = false;
-    {
-      ::std::unique_lock lock(mutex);
-      // Slots come back in the order they were taken, so the free ones are
-      // the next in turn: a group beginning at the first of them may hold
-      // launch_room() items (fewer than `wanted` re-aligns a batch with the
-      // runner's groups after a partial one).
-      const auto need = [&] {
-        return free_slots.empty() ? wanted : ::std::min(wanted, ::std::max<::std::size_t>(
-                                                                    1, runner.launch_room(free_slots.front())));
-      };
-      const auto enough = [&] {
-        return !free_slots.empty() && (free_slots.size() >= need() || callbacks_in_flight != 0);
-      };
-      if (!enough()) {
-        ++stats.slot_waits;
-        // (Another producer taking slots meanwhile may lower this waiter's
-        // need below group_need: it is then woken a little late, never lost.)
-        group_need = group_waiters++ == 0 ? need() : ::std::min(group_need, need());
-        group_freed.wait(lock, enough);
-        if (--group_waiters == 0) {
-          group_need = 0;
-        }
-      } else if (refill.waiters() != 0) {
-        refill.wake_at_first_free();  // as in enqueue(): a batched waiter takes the next free slot instead
-        wake_waiter = free_slots.size() > need();
-      }
-      accepted.count = ::std::min(need(), free_slots.size());
-      accepted.first_id = next_id;
-      for (::std::size_t k = 0; k < accepted.count; ++k) {
-        const ::std::size_t slot = free_slots.pop();
-        slots[k] = slot;
-        const ::std::uint64_t id = next_id++;
-        ++pending;
-        ++stats.submitted;
-        callbacks_in_flight += deliveries[k].index() == 2 ? 1 : 0;
-        records[slot].emplace(InFlight{id, ::std::move(deliveries[k]), nullptr, false, ::std::this_thread::get_id()});
-        order.push(slot);
-      }
-      my_turn = next_issue == accepted.first_id;
-    }
-    if (wake_waiter) {
-      slot_freed.notify_one();
-    }
-    ::std::array<::std::exception_ptr, max_group> errors;
-    for (::std::size_t k = 0; k < accepted.count; ++k) {
-      try {
-        runner.prepare(slots[k], accepted.first_id + k, items[k].input, plans[k], where);
-      } catch (...) {
-        errors[k] = ::std::current_exception();
-      }
-    }
-    if (!my_turn) {
-      ::std::unique_lock lock(mutex);
-      ++turn_waiters;
-      turn.wait(lock, [&] { return next_issue == accepted.first_id; });
-      --turn_waiters;
-    }
-    issuing.store(::std::this_thread::get_id(), ::std::memory_order_relaxed);
-    const bool prepared = ::std::all_of(errors.begin(), errors.begin() + static_cast<::std::ptrdiff_t>(accepted.count),
-                                        [](const ::std::exception_ptr& e) { return e == nullptr; });
-    if (accepted.count >= 2 && prepared && runner.launches_together(::std::span(slots.data(), accepted.count))) {
-      ::std::array<PipelineGroupItem<Runner>, max_group> group;
-      for (::std::size_t k = 0; k < accepted.count; ++k) {
-        group[k] = PipelineGroupItem<Runner>{slots[k], accepted.first_id + k, items[k].input, items[k].destination,
-                                             plans[k]};
-      }
-      try {
-        runner.start_group(::std::span<const PipelineGroupItem<Runner>>(group.data(), accepted.count), where);
-      } catch (...) {
-        ::std::fill_n(errors.begin(), accepted.count, ::std::current_exception());  // the launch was the group's
-      }
-    } else {
-      for (::std::size_t k = 0; k < accepted.count; ++k) {
-        if (errors[k] == nullptr) {
-          try {
-            runner.start(slots[k], accepted.first_id + k, items[k].input, items[k].destination, plans[k], where);
-          } catch (...) {
-            errors[k] = ::std::current_exception();
-          }
-        }
-      }
-    }
-    issuing.store(::std::thread::id(), ::std::memory_order_relaxed);
-    bool wake_producers = false;
-    {
-      ::std::lock_guard lock(mutex);
-      for (::std::size_t k = 0; k < accepted.count; ++k) {
-        records[slots[k]]->error = errors[k];
-        records[slots[k]]->issued = true;
-      }
-      next_issue += accepted.count;
-      issued_count.store(next_issue, ::std::memory_order_release);
-      wake_producers = turn_waiters != 0;
-    }
-    work_ready.notify_one();
-    if (wake_producers) {
-      turn.notify_all();
-    }
-    return accepted;
-  }
+    requires GroupedPipelineStageRunner<Runner>;
   // The completion thread freed a slot: whether a group waiter must be woken. Under the lock.
   bool should_wake_group() const noexcept {
     return group_waiters != 0 && (free_slots.size() >= group_need || callbacks_in_flight != 0);
@@ -508,5 +383,6 @@ struct PipelineState {
 
 }  // namespace replay::detail
 
-// The out-of-line part: the completion thread.
+// The out-of-line parts: the completion thread, and run()'s batches.
 #include "replay/detail/pipeline_delivery.hpp"
+#include "replay/detail/pipeline_batches.hpp"

@@ -173,7 +173,8 @@ void CudaStageRunner<In, Out>::start_group(::std::span<const PipelineGroupItem<C
     for (::std::size_t m = 0; m < items.size(); ++m) {
       const PipelineGroupItem<CudaStageRunner>& item = items[m];
       Slot& slot = slots_[item.slot];
-      begin_item(slot, item.id, item.destination, where);
+      slot.begin(item.id, item.destination ? item.destination->data() : nullptr,
+                 item.destination ? item.destination->size() : 0, where);
       // prepare() left the input where this slot's own graph reads it (the
       // caller's pinned memory, or the staging): the member reads the same,
       // unless the device cannot address that memory; then it goes through

@@ -63,6 +63,21 @@ struct StageSlot {
   const void* graph_source = nullptr;  // where the H2D node reads now
   void* graph_target = nullptr;        // where the D2H node writes now
 
+  // What start() resets before issuing an item (`destination`: its pinned
+  // or pageable destination, nullptr for none).
+  void begin(::std::uint64_t item, Out* to, ::std::size_t to_size, const ::std::source_location& where) noexcept {
+    id = item;
+    submitted_at = where;
+    output = nullptr;
+    count = 0;
+    destination = to;
+    destination_size = to_size;
+    copy_to_destination = false;
+    out_chunks = ChunkPlan{};
+    out_chunk_events = false;
+    done = copied_out.get();
+  }
+
   // The item in flight (written by start, read by finish: ordered by the core's lock).
   ::std::uint64_t id = 0;
   ::std::source_location submitted_at;

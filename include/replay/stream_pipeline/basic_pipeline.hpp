@@ -149,28 +149,23 @@ class BasicStreamPipeline {
     check_batch(inputs, where);
     ::std::vector<PipelineTicket<::std::vector<output_type>>> tickets;
     try {
-      if (State& s = state(where); launch_group(s) > 1) {
-        ::std::vector<input_range> ins;
-        for (auto&& input : inputs) {
-          ins.push_back(input_range(input));
-        }
-        submit_in_groups(
-            s, ins, {}, [&] { return s.make_vector_delivery(); },
-            [&](Delivery& accepted, ::std::uint64_t id) {
-              tickets.push_back(PipelineTicket<::std::vector<Out>>(id, s.vectors, ::std::get<0>(accepted)));
-            },
-            where);
-      } else {
-        for (auto&& input : inputs) {
-          tickets.push_back(submit(input_range(input), where));
-        }
+      State& s = state(where);
+      ::std::vector<input_range> ins;
+      for (auto&& input : inputs) {
+        ins.push_back(input_range(input));
       }
+      detail::submit_batch(
+          s, ins, {}, [&] { return s.make_vector_delivery(); },
+          [&](Delivery& accepted, ::std::uint64_t id) {
+            tickets.push_back(PipelineTicket<::std::vector<Out>>(id, s.vectors, ::std::get<0>(accepted)));
+          },
+          where);
     } catch (...) {
       settle_after_failed_submit(tickets.empty() ? ::std::nullopt : ::std::optional(tickets.back().id()));
       throw;
     }
     wait_batch(tickets, where);
-    return collect_batch(tickets, where);
+    return detail::collect_batch(tickets, where);
   }
 
   // Streams inputs[i] into outputs[i]; returns how many elements each output
@@ -198,34 +193,27 @@ class BasicStreamPipeline {
     }
     ::std::vector<PipelineTicket<::std::size_t>> tickets;
     try {
-      if (State& s = state(where); launch_group(s) > 1) {
-        ::std::vector<input_range> ins;
-        ::std::vector<destination_range> outs;
-        auto output = ::std::ranges::begin(outputs);
-        for (auto&& input : inputs) {
-          ins.push_back(input_range(input));
-          outs.push_back(destination_range(*output));
-          ++output;
-        }
-        submit_in_groups(
-            s, ins, outs, [&] { return s.make_count_delivery(); },
-            [&](Delivery& accepted, ::std::uint64_t id) {
-              tickets.push_back(PipelineTicket<::std::size_t>(id, s.counts, ::std::get<1>(accepted)));
-            },
-            where);
-      } else {
-        auto output = ::std::ranges::begin(outputs);
-        for (auto&& input : inputs) {
-          tickets.push_back(submit(input_range(input), destination_range(*output), where));
-          ++output;
-        }
+      State& s = state(where);
+      ::std::vector<input_range> ins;
+      ::std::vector<destination_range> outs;
+      auto output = ::std::ranges::begin(outputs);
+      for (auto&& input : inputs) {
+        ins.push_back(input_range(input));
+        outs.push_back(destination_range(*output));
+        ++output;
       }
+      detail::submit_batch(
+          s, ins, outs, [&] { return s.make_count_delivery(); },
+          [&](Delivery& accepted, ::std::uint64_t id) {
+            tickets.push_back(PipelineTicket<::std::size_t>(id, s.counts, ::std::get<1>(accepted)));
+          },
+          where);
     } catch (...) {
       settle_after_failed_submit(tickets.empty() ? ::std::nullopt : ::std::optional(tickets.back().id()));
       throw;
     }
     wait_batch(tickets, where);
-    return collect_batch(tickets, where);
+    return detail::collect_batch(tickets, where);
   }
 
   // Streams every input; `on_complete` receives each item's output or error,
@@ -319,28 +307,6 @@ class BasicStreamPipeline {
     return *state_;
   }
 
-  // The results of a delivered batch, in order; a failed item leaves a
-  // value-initialized result, and the first failure is rethrown at the end.
-  template <class T>
-  static ::std::vector<T> collect_batch(::std::vector<PipelineTicket<T>>& tickets, const ::std::source_location& where) {
-    ::std::vector<T> results;
-    results.reserve(tickets.size());
-    ::std::exception_ptr first_error;
-    for (auto& ticket : tickets) {
-      try {
-        results.push_back(ticket.get(where));
-      } catch (...) {
-        if (first_error == nullptr) {
-          first_error = ::std::current_exception();
-        }
-        results.emplace_back();
-      }
-    }
-    if (first_error != nullptr) {
-      ::std::rethrow_exception(first_error);
-    }
-    return results;
-  }
 
   // After a submission in a batch threw: waits until the items submitted
   // before it are delivered, so that none still writes into the caller's
@@ -405,60 +371,6 @@ class BasicStreamPipeline {
     Delivery delivery(::std::in_place_index<2>, ::std::move(on_complete));
     return s.enqueue(input, destination, delivery, block, where);
   }
-  // How many items run() hands the runner per launch: its items_per_launch()
-  // for a GroupedPipelineStageRunner, else 1.
-  static ::std::size_t launch_group(const State& s) noexcept {
-    if constexpr (GroupedPipelineStageRunner<Runner>) {
-      return ::std::min({static_cast<::std::size_t>(s.runner.items_per_launch()), s.runner.slot_count(),
-                         State::max_group});
-    } else {
-      return 1;
-    }
-  }
-
-  // run()'s batch, launch_group(s) items at a time (enqueue_group). `make()`
-  // makes an item's delivery (a ticket record); `keep(delivery, id)` turns an
-  // accepted one into the caller's ticket (a ticket delivery still holds its
-  // record pointer once moved from). Items not accepted in one round (fewer
-  // slots taken: see enqueue_group) go in the next.
-  template <class Make, class Keep>
-  void submit_in_groups(State& s, ::std::span<const input_range> ins, ::std::span<const destination_range> outs,
-                        Make make, Keep keep, const ::std::source_location& where) {
-    if constexpr (GroupedPipelineStageRunner<Runner>) {
-      const ::std::size_t group = launch_group(s);
-      ::std::vector<typename State::GroupInput> items;
-      items.reserve(group);
-      ::std::vector<Delivery> deliveries;
-      deliveries.reserve(group);
-      ::std::size_t next = 0;
-      try {
-        while (next < ins.size()) {
-          const ::std::size_t count = ::std::min(group, ins.size() - next);
-          items.clear();
-          for (::std::size_t k = 0; k < count; ++k) {
-            items.push_back({ins[next + k], outs.empty() ? ::std::nullopt : ::std::optional(outs[next + k])});
-          }
-          while (deliveries.size() < count) {
-            deliveries.push_back(make());
-          }
-          const auto accepted = s.enqueue_group(items, ::std::span(deliveries.data(), count), where);
-          for (::std::size_t k = 0; k < accepted.count; ++k) {
-            keep(deliveries[k], accepted.first_id + k);
-          }
-          deliveries.erase(deliveries.begin(), deliveries.begin() + static_cast<::std::ptrdiff_t>(accepted.count));
-          next += accepted.count;
-        }
-      } catch (...) {
-        for (Delivery& unaccepted : deliveries) {
-          s.discard(unaccepted);
-        }
-        throw;
-      }
-    } else {
-      (void)s, (void)ins, (void)outs, (void)make, (void)keep, (void)where;
-    }
-  }
-
   // A refused item (empty, or a usage_error) hands its ticket record back.
   static ::std::optional<::std::uint64_t> enqueue_or_discard(State& s, input_range input,
                                                             ::std::optional<destination_range> destination,
