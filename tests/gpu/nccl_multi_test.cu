@@ -173,7 +173,7 @@ TEST_SUITE("gpu_multi" * replay_test::needs_devices(2)) {
       replay::MultiRankRouter<int> multi(router, agreement, &watchdog);
       x.zero(stream);
       multi.capture_all(stream);
-      std::mt19937 engine(static_cast<unsigned>(std::random_device{}()) + static_cast<unsigned>(i));
+      std::mt19937 engine(replay_test::case_seed_for(static_cast<std::uint64_t>(i)));
       std::uniform_int_distribution<int> batch(1, 64);
       for (int s = 0; s < steps; ++s) {
         agreed[i].push_back(multi.run(batch(engine), stream).agreed);

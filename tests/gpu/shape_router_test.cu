@@ -407,7 +407,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     x.zero(stream);
     CHECK(router.capture_all(stream) == 7);
     std::uniform_int_distribution<int> dist(1, kMaxBatch);
-    std::mt19937 rng{std::random_device{}()};
+    std::mt19937 rng{replay_test::case_seed_for(0)};
     std::vector<std::uint64_t> runs_per_size(kMaxBatch + 1, 0);  // by padded size
     for (int i = 0; i < 2000; ++i) {  // steady state first
       ++runs_per_size[static_cast<std::size_t>(router.run(dist(rng), stream).shape)];
@@ -460,7 +460,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
           replay::ShapeRouter<int> router(
               [&](int batch, replay::StreamRef s) { model(m.x.data(), m.y.data(), batch, m.depth, s); },
               {.policy = replay::RoutingPolicy::bucketed, .buckets = {{4, 16, 64}}, .warmup_runs = 1});
-          std::mt19937 rng{std::random_device{}()};
+          std::mt19937 rng{replay_test::case_seed_for(static_cast<std::uint64_t>(t) + 1)};
           std::uniform_int_distribution<int> dist(1, kMaxBatch);
           // Under racecheck every launch from every thread is serialized and
           // instrumented: a few iterations still exercise concurrent capture.
@@ -715,7 +715,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
         try {
           replay::Stream stream;
           Model ref;
-          std::mt19937 rng{std::random_device{}()};
+          std::mt19937 rng{replay_test::case_seed_for(static_cast<std::uint64_t>(t) + 1)};
           std::uniform_int_distribution<int> pick(0, 1);
           std::uniform_int_distribution<int> size(1, kMaxBatch);
           for (int it = 0; it < iterations; ++it) {

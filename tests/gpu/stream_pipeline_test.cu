@@ -11,7 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <set>
+#include <source_location>
 #include <span>
 #include <stdexcept>
 #include <thread>
@@ -1270,8 +1272,19 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     const int rounds = under_sanitizer() ? 3 : 30;
     std::atomic<std::size_t> checked{0};
     std::vector<std::thread> threads;
+    // Each thread draws its data from its own engine (the case's engine is not
+    // thread-safe), seeded from the case's seed: replayable like the rest.
+    const auto floats = [capacity](std::mt19937& engine) {
+      std::uniform_real_distribution<float> dist(-1.0F, 1.0F);
+      std::vector<float> v(capacity);
+      for (float& x : v) {
+        x = dist(engine);
+      }
+      return v;
+    };
     for (int t = 0; t < 3; ++t) {
       threads.emplace_back([&, t] {
+        std::mt19937 engine{static_cast<std::mt19937::result_type>(replay_test::case_seed() + 1 + t)};
         // Each thread's own pinned ring, reused every round (pinned or pageable by turns).
         replay::PinnedBuffer<float> in(capacity * 12);
         replay::PinnedBuffer<float> out(capacity * 12);
@@ -1281,7 +1294,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
           std::vector<replay::BufferView<float, replay::MemorySpace::pinned_host>> inputs;
           std::vector<replay::BufferView<float, replay::MemorySpace::pinned_host>> outputs;
           for (std::size_t k = 0; k < count; ++k) {
-            reference.push_back(replay_test::random_floats(capacity));
+            reference.push_back(floats(engine));
             inputs.push_back(in.view().subview(k * capacity, capacity));
             outputs.push_back(out.view().subview(k * capacity, capacity));
             std::memcpy(inputs.back().data(), reference.back().data(), capacity * sizeof(float));
@@ -1304,8 +1317,9 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       });
     }
     threads.emplace_back([&] {
+      std::mt19937 engine{static_cast<std::mt19937::result_type>(replay_test::case_seed())};
       for (int i = 0; i < 6 * rounds; ++i) {
-        const auto input = replay_test::random_floats(capacity);
+        const auto input = floats(engine);
         const std::vector<float> output = pipeline.submit(std::span<const float>(input)).get();
         REQUIRE(first_mismatch(input, output) == kNone);
         ++checked;
@@ -1339,5 +1353,48 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     replay::StreamPipeline<float> single({.input_capacity = 64, .slots = 4, .flags = replay::PipelineFlags::graph_slot},
                                          affine);
     CHECK(single.items_per_launch() == 1);
+  }
+
+  TEST_CASE("the launch groups' copy kernel copies every byte at any size and alignment, both ways, in place") {
+    namespace d = replay::detail;
+    constexpr std::size_t kRoom = 70000;
+    replay::PinnedBuffer<unsigned char> host_in(kRoom);
+    replay::PinnedBuffer<unsigned char> host_out(kRoom);
+    replay::DeviceBuffer<unsigned char> device(kRoom);
+    std::vector<unsigned char> pageable(64);
+    CHECK(d::device_address_of_host(host_in.data()) != nullptr);
+    CHECK(d::device_address_of_host(pageable.data()) == nullptr);  // not addressable by the device
+    replay::Stream stream;
+    std::uniform_int_distribution<int> byte(0, 255);
+    int cases = 0;
+    for (const std::size_t offset : {0U, 1U, 4U, 8U, 16U}) {
+      for (const std::size_t bytes : {1U, 3U, 15U, 16U, 17U, 64U, 1000U, 65536U, 65537U}) {
+        for (std::size_t i = 0; i < kRoom; ++i) {
+          host_in.data()[i] = static_cast<unsigned char>(byte(replay_test::rng()));
+          host_out.data()[i] = 0xA5;
+        }
+        // Host -> device -> host through two copy nodes, on the device addresses of the pinned buffers.
+        replay::Graph graph = replay::Graph::create();
+        auto* const in = static_cast<unsigned char*>(d::device_address_of_host(host_in.data()));
+        auto* const out = static_cast<unsigned char*>(d::device_address_of_host(host_out.data()));
+        REQUIRE(in != nullptr);
+        REQUIRE(out != nullptr);
+        const cudaGraphNode_t first = d::add_copy_node(graph.get(), nullptr, in + offset, device.data() + offset, bytes,
+                                                       std::source_location::current());
+        (void)d::add_copy_node(graph.get(), first, device.data() + offset, out + offset, bytes,
+                               std::source_location::current());
+        replay::GraphExec exec(graph);
+        exec.launch(stream);
+        stream.synchronize();
+        REQUIRE(std::memcmp(host_in.data() + offset, host_out.data() + offset, bytes) == 0);
+        for (std::size_t i = 0; i < kRoom; ++i) {  // nothing written outside the range
+          if (i < offset || i >= offset + bytes) {
+            REQUIRE(host_out.data()[i] == 0xA5);
+          }
+        }
+        ++cases;
+      }
+    }
+    CHECK(cases == 45);
   }
 }

@@ -1146,7 +1146,7 @@ TEST_CASE("stress: 8 threads on their own streams share two GraphedCallables und
         const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
         c10::cuda::CUDAStreamGuard guard(stream);
         c10::InferenceMode inference;
-        std::mt19937 rng{std::random_device{}()};
+        std::mt19937 rng{replay_test::case_seed_for(static_cast<std::uint64_t>(t) + 1)};
         std::uniform_int_distribution<int64_t> size(1, 32);
         for (int it = 0; it < iterations; ++it) {
           const bool use_a = (rng() & 1U) != 0U;

@@ -21,13 +21,25 @@
 #include <thread>
 #include <vector>
 
+#include "gpu_suite.hpp"
 #include "replay/detail/slot_refill.hpp"
 #include "replay/stream_pipeline.hpp"
 
 namespace {
 
+// One engine per thread (producers draw items at once), reseeded from the
+// case's seed when a case begins (replay_test::case_seed: the run's seed,
+// logged by the test main, re-runs it); the thread that runs the cases draws
+// replayable data, other threads the next seeds in the order they first draw.
 std::mt19937& engine() {
-  thread_local std::mt19937 e{std::random_device{}()};  // per thread: producers draw items at once
+  static std::atomic<std::uint64_t> next_thread{0};
+  thread_local const std::uint64_t thread_index = next_thread++;
+  thread_local std::uint64_t seeded_for = 0;
+  thread_local std::mt19937 e;
+  if (seeded_for != replay_test::case_seed()) {
+    seeded_for = replay_test::case_seed();
+    e.seed(replay_test::case_seed_for(thread_index));
+  }
   return e;
 }
 int random_int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(engine()); }
@@ -720,7 +732,7 @@ TEST_SUITE("host") {
     std::vector<std::vector<std::uint64_t>> ids(producers);
     for (int p = 0; p < producers; ++p) {
       threads.emplace_back([&, p] {
-        std::mt19937 local{std::random_device{}()};
+        std::mt19937 local{replay_test::case_seed_for(static_cast<std::uint64_t>(p) + 100)};
         for (int i = 0; i < per_producer; ++i) {
           std::vector<int> in(local() % 17);
           for (int& x : in) {
@@ -987,8 +999,8 @@ TEST_SUITE("host") {
     std::set<std::thread::id> workers;
     std::mutex workers_mutex;
     for (int t = 0; t < 3; ++t) {
-      owners.emplace_back([&] {
-        std::mt19937 local{std::random_device{}()};
+      owners.emplace_back([&, t] {
+        std::mt19937 local{replay_test::case_seed_for(static_cast<std::uint64_t>(t) + 100)};
         for (int j = 0; j < jobs_per_thread; ++j) {
           const std::size_t count = 2 + local() % 40;
           std::vector<std::atomic<int>> hits(count);
@@ -1377,7 +1389,7 @@ TEST_SUITE("host") {
     std::vector<std::thread> threads;
     for (int p = 0; p < producers; ++p) {
       threads.emplace_back([&, p] {
-        std::mt19937 local{std::random_device{}()};
+        std::mt19937 local{replay_test::case_seed_for(static_cast<std::uint64_t>(p) + 100)};
         std::vector<long long> out(64);
         for (int i = 0; i < per_producer; ++i) {
           std::vector<int> in(local() % 33);

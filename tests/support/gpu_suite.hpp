@@ -111,6 +111,13 @@ inline void reseed_for_case(std::string_view name) {
   rng().seed(seq);
 }
 
+// A seed for the k-th engine of the case now running (one per thread, say):
+// replayable with the run's seed, like the case's own engine.
+inline std::mt19937::result_type case_seed_for(std::uint64_t k) {
+  const std::uint64_t h = (case_seed() ^ (k * 0x9E3779B97F4A7C15ULL)) * 0xBF58476D1CE4E5B9ULL;
+  return static_cast<std::mt19937::result_type>(h >> 32);
+}
+
 // Random floats in [-1, 1) from the case's engine: fresh data every run,
 // replayable with the run's seed.
 inline std::vector<float> random_floats(std::size_t n) {

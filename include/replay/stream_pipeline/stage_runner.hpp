@@ -105,7 +105,7 @@ struct PipelineGroupItem {
 //       everything issued is ordered before what finish()/settle() await.
 template <class R>
 concept GroupedPipelineStageRunner =
-    PipelineStageRunner<R> &&
+    PipelineStageRunner<R> && ::std::default_initializable<typename R::plan_type> &&
     requires(R& runner, const R& const_runner, ::std::span<const ::std::size_t> slots,
              ::std::span<const PipelineGroupItem<R>> items, const ::std::source_location& where) {
       { const_runner.items_per_launch() } noexcept -> ::std::convertible_to<::std::size_t>;
