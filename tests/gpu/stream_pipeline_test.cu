@@ -1284,7 +1284,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     };
     for (int t = 0; t < 3; ++t) {
       threads.emplace_back([&, t] {
-        std::mt19937 engine{static_cast<std::mt19937::result_type>(replay_test::case_seed() + 1 + t)};
+        std::mt19937 engine{replay_test::case_seed_for(static_cast<std::uint64_t>(t) + 1)};
         // Each thread's own pinned ring, reused every round (pinned or pageable by turns).
         replay::PinnedBuffer<float> in(capacity * 12);
         replay::PinnedBuffer<float> out(capacity * 12);
@@ -1317,7 +1317,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       });
     }
     threads.emplace_back([&] {
-      std::mt19937 engine{static_cast<std::mt19937::result_type>(replay_test::case_seed())};
+      std::mt19937 engine{replay_test::case_seed_for(0)};
       for (int i = 0; i < 6 * rounds; ++i) {
         const auto input = floats(engine);
         const std::vector<float> output = pipeline.submit(std::span<const float>(input)).get();

@@ -309,6 +309,19 @@ std::vector<std::span<const int>> spans_of(const std::vector<std::vector<int>>& 
   return {items.begin(), items.end()};
 }
 
+// run(items, destinations) on `pipeline`; every output checked against the host.
+void run_into_and_check(GroupedPipeline& pipeline, const std::vector<std::vector<int>>& items, std::size_t room) {
+  std::vector<std::vector<long long>> outputs(items.size(), std::vector<long long>(room, -7));
+  std::vector<std::span<long long>> destinations(outputs.begin(), outputs.end());
+  const auto counts = pipeline.run(spans_of(items), destinations);
+  REQUIRE(counts.size() == items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const auto expected = expected_output(items[i]);
+    REQUIRE(counts[i] == expected.size());
+    REQUIRE(std::equal(expected.begin(), expected.end(), outputs[i].begin()));
+  }
+}
+
 
 // Each producer saw its own ids in increasing order, and together they are
 // exactly 0 .. total-1 (no id lost or given twice).
@@ -1498,15 +1511,7 @@ TEST_SUITE("host") {
     CHECK(control.group_starts == 5);
     CHECK(control.single_starts == 0);
     // 3 items (slots 4-6): too few for a group, started one by one.
-    const auto second = random_items(3, 32);
-    std::vector<std::vector<long long>> second_out(second.size(), std::vector<long long>(64, -7));
-    std::vector<std::span<long long>> second_dest(second_out.begin(), second_out.end());
-    const auto counts = pipeline.run(spans_of(second), second_dest);
-    for (std::size_t i = 0; i < second.size(); ++i) {
-      const auto expected = expected_output(second[i]);
-      REQUIRE(counts[i] == expected.size());
-      REQUIRE(std::equal(expected.begin(), expected.end(), second_out[i].begin()));
-    }
+    run_into_and_check(pipeline, random_items(3, 32), 64);
     CHECK(control.group_starts == 5);
     CHECK(control.single_starts == 3);
     // 9 items: slot 7 alone (the rest of its group), then two whole groups.
@@ -1602,14 +1607,7 @@ TEST_SUITE("host") {
       threads.emplace_back([&, t] {
         for (int round = 0; round < 40; ++round) {
           const auto items = random_items(static_cast<std::size_t>(1 + round % 12), 16);
-          std::vector<std::vector<long long>> outputs(items.size(), std::vector<long long>(32, -7));
-          std::vector<std::span<long long>> destinations(outputs.begin(), outputs.end());
-          const auto counts = pipeline.run(spans_of(items), destinations);
-          for (std::size_t i = 0; i < items.size(); ++i) {
-            const auto expected = expected_output(items[i]);
-            REQUIRE(counts[i] == expected.size());
-            REQUIRE(std::equal(expected.begin(), expected.end(), outputs[i].begin()));
-          }
+          run_into_and_check(pipeline, items, 32);
           total += items.size();
         }
       });

@@ -30,13 +30,7 @@ auto PipelineState<Runner>::enqueue_group(::std::span<const GroupInput> items, :
                                           const ::std::source_location& where) -> GroupAccepted
   requires GroupedPipelineStageRunner<Runner>
 {
-  require_not_completion_thread("run", where);
-  if (issuing.load(::std::memory_order_relaxed) == ::std::this_thread::get_id()) {
-    throw usage_error(
-        "StreamPipeline::run called from inside the compute stage; the stage only issues work for the item it "
-        "was given",
-        where);
-  }
+  refuse_reentry("run", where);
   const ::std::size_t wanted = items.size();
   if (wanted == 0 || wanted > max_group || wanted > runner.slot_count() || deliveries.size() != wanted) {
     throw usage_error(detail::concat("StreamPipeline: a group of ", wanted, " items for ", runner.slot_count(),
@@ -106,10 +100,7 @@ auto PipelineState<Runner>::enqueue_group(::std::span<const GroupInput> items, :
     }
   }
   if (!my_turn) {
-    ::std::unique_lock lock(mutex);
-    ++turn_waiters;
-    turn.wait(lock, [&] { return next_issue == accepted.first_id; });
-    --turn_waiters;
+    wait_for_turn(accepted.first_id);
   }
   issuing.store(::std::this_thread::get_id(), ::std::memory_order_relaxed);
   const bool prepared = ::std::all_of(errors.begin(), errors.begin() + static_cast<::std::ptrdiff_t>(accepted.count),
@@ -137,21 +128,8 @@ auto PipelineState<Runner>::enqueue_group(::std::span<const GroupInput> items, :
     }
   }
   issuing.store(::std::thread::id(), ::std::memory_order_relaxed);
-  bool wake_producers = false;
-  {
-    ::std::lock_guard lock(mutex);
-    for (::std::size_t k = 0; k < accepted.count; ++k) {
-      records[slots[k]]->error = errors[k];
-      records[slots[k]]->issued = true;
-    }
-    next_issue += accepted.count;
-    issued_count.store(next_issue, ::std::memory_order_release);
-    wake_producers = turn_waiters != 0;
-  }
-  work_ready.notify_one();
-  if (wake_producers) {
-    turn.notify_all();
-  }
+  mark_issued(::std::span<const ::std::size_t>(slots.data(), accepted.count),
+              ::std::span<const ::std::exception_ptr>(errors.data(), accepted.count));
   return accepted;
 }
 
@@ -186,14 +164,8 @@ void submit_batch(PipelineState<Runner>& s, ::std::span<const HostRange<const ty
   if (group <= 1) {
     for (::std::size_t k = 0; k < ins.size(); ++k) {
       typename State::Delivery delivery = make();
-      ::std::optional<::std::uint64_t> id;
-      try {
-        id = s.enqueue(ins[k], destination(k), delivery, true, where);  // blocking: always accepted
-      } catch (...) {
-        s.discard(delivery);
-        throw;
-      }
-      keep(delivery, *id);
+      const auto id = s.enqueue_or_discard(ins[k], destination(k), delivery, true, where);
+      keep(delivery, *id);  // blocking: always accepted
     }
     return;
   }

@@ -135,13 +135,7 @@ struct PipelineState {
   // (and when it throws) `delivery` is left to the caller.
   ::std::optional<::std::uint64_t> enqueue(HostRange<const In> input, ::std::optional<HostRange<Out>> destination,
                                            Delivery& delivery, bool block, const ::std::source_location& where) {
-    require_not_completion_thread(block ? "submit" : "try_submit", where);
-    if (issuing.load(::std::memory_order_relaxed) == ::std::this_thread::get_id()) {
-      throw usage_error(
-          "StreamPipeline::submit called from inside the compute stage; the stage only "
-          "issues work for the item it was given",
-          where);
-    }
+    refuse_reentry(block ? "submit" : "try_submit", where);
     check_item(input.size(), destination ? ::std::optional(destination->size()) : ::std::nullopt, where);
     const auto plan = runner.plan(input, destination, where);
 
@@ -184,10 +178,7 @@ struct PipelineState {
       error = ::std::current_exception();
     }
     if (!my_turn) {
-      ::std::unique_lock lock(mutex);
-      ++turn_waiters;
-      turn.wait(lock, [&] { return next_issue == id; });
-      --turn_waiters;
+      wait_for_turn(id);
     }
     if (error == nullptr) {
       issuing.store(::std::this_thread::get_id(), ::std::memory_order_relaxed);
@@ -198,12 +189,59 @@ struct PipelineState {
       }
       issuing.store(::std::thread::id(), ::std::memory_order_relaxed);
     }
+    mark_issued(::std::span(&slot, 1), ::std::span(&error, 1));
+    return id;
+  }
+
+  // enqueue() that hands `delivery` back (discard) when the item is refused:
+  // empty (not blocking, every slot busy) or a usage_error.
+  ::std::optional<::std::uint64_t> enqueue_or_discard(HostRange<const In> input,
+                                                      ::std::optional<HostRange<Out>> destination,
+                                                      Delivery& delivery, bool block,
+                                                      const ::std::source_location& where) {
+    ::std::optional<::std::uint64_t> id;
+    try {
+      id = enqueue(input, destination, delivery, block, where);
+    } catch (...) {
+      discard(delivery);
+      throw;
+    }
+    if (!id) {
+      discard(delivery);
+    }
+    return id;
+  }
+
+  // Refuses a submission (`what`: the call) from the completion thread, or
+  // from inside the compute stage of an item being started.
+  void refuse_reentry(const char* what, const ::std::source_location& where) const {
+    require_not_completion_thread(what, where);
+    if (issuing.load(::std::memory_order_relaxed) == ::std::this_thread::get_id()) {
+      throw usage_error(detail::concat("StreamPipeline::", what,
+                                       " called from inside the compute stage; the stage only issues work for "
+                                       "the item it was given"),
+                        where);
+    }
+  }
+  // Waits until the items before `id` are started (ids start in order).
+  void wait_for_turn(::std::uint64_t id) {
+    ::std::unique_lock lock(mutex);
+    ++turn_waiters;
+    turn.wait(lock, [&] { return next_issue == id; });
+    --turn_waiters;
+  }
+  // The items in `slots`, the next in id order, were started (with their
+  // errors, if any): the completion thread may deliver them, and the next
+  // ids may start.
+  void mark_issued(::std::span<const ::std::size_t> slots, ::std::span<const ::std::exception_ptr> errors) {
     bool wake_producers = false;
     {
       ::std::lock_guard lock(mutex);
-      records[slot]->error = error;
-      records[slot]->issued = true;
-      ++next_issue;
+      for (::std::size_t k = 0; k < slots.size(); ++k) {
+        records[slots[k]]->error = errors[k];
+        records[slots[k]]->issued = true;
+      }
+      next_issue += slots.size();
       issued_count.store(next_issue, ::std::memory_order_release);
       wake_producers = turn_waiters != 0;
     }
@@ -211,7 +249,6 @@ struct PipelineState {
     if (wake_producers) {
       turn.notify_all();
     }
-    return id;
   }
 
   // ---- groups: several items with one launch (GroupedPipelineStageRunner) --

@@ -121,14 +121,14 @@ void CudaStageRunner<In, Out>::build_groups(const ::std::vector<Graph>& compute_
   groups_.resize(slots_.size() / k);
   for (::std::size_t g = 0; g < groups_.size(); ++g) {
     SlotGroup& group = groups_[g];
-    group.first_slot = g * k;
+    const ::std::size_t first_slot = g * k;
     group.members.resize(k);
     group.stream.emplace(StreamFlags::non_blocking, 0, where);
     group.done.emplace(event_flags_, where);
     Graph whole = Graph::create(where);
     ::std::vector<::cudaGraphNode_t> lane_tail(SlotGroup::lanes, nullptr);
     for (::std::size_t m = 0; m < k; ++m) {
-      Slot& slot = slots_[group.first_slot + m];
+      Slot& slot = slots_[first_slot + m];
       SlotGroup::Member& member = group.members[m];
       ::cudaGraphNode_t& tail = lane_tail[m % SlotGroup::lanes];
       void* const staging_in = device_address_of_host(slot.staging_in.data());
@@ -142,7 +142,7 @@ void CudaStageRunner<In, Out>::build_groups(const ::std::vector<Graph>& compute_
                                      input_capacity_ * sizeof(In), where);
       ::cudaGraphNode_t compute_node = nullptr;
       check(::cudaGraphAddChildGraphNode(&compute_node, whole.handle(where), &member.copy_in, 1,
-                                         compute_graphs[group.first_slot + m].handle(where)),
+                                         compute_graphs[first_slot + m].handle(where)),
             "cudaGraphAddChildGraphNode", where);
       tail = compute_node;
       if (fixed_output_count_ != 0) {
@@ -180,13 +180,11 @@ void CudaStageRunner<In, Out>::start_group(::std::span<const PipelineGroupItem<C
       // unless the device cannot address that memory; then it goes through
       // the staging after all.
       if (!point_member_in(group, m, slot, slot.graph_source, where)) {
-        if (slot.graph_source == slot.staging_in.data()) {
-          throw cuda_error(::cudaErrorInvalidValue, "cudaGraphExecKernelNodeSetParams", where,
-                           "StreamPipeline: could not point a group's copy-in at the slot's staging");
+        if (slot.graph_source != slot.staging_in.data()) {
+          stage_input(slot, item.input, nullptr, where);
+          inputs_in_place_.fetch_sub(1, ::std::memory_order_relaxed);  // counted in place by prepare()
+          inputs_staged_.fetch_add(1, ::std::memory_order_relaxed);
         }
-        stage_input(slot, item.input, nullptr, where);
-        inputs_in_place_.fetch_sub(1, ::std::memory_order_relaxed);  // counted in place by prepare()
-        inputs_staged_.fetch_add(1, ::std::memory_order_relaxed);
         if (!point_member_in(group, m, slot, slot.staging_in.data(), where)) {
           throw cuda_error(::cudaErrorInvalidValue, "cudaGraphExecKernelNodeSetParams", where,
                            "StreamPipeline: could not point a group's copy-in at the slot's staging");

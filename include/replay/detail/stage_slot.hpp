@@ -109,8 +109,7 @@ struct SlotGroup {
     const void* source = nullptr;  // the host address the copy-in reads now
     void* target = nullptr;        // the host address the copy-out writes now
   };
-  ::std::size_t first_slot = 0;
-  ::std::vector<Member> members;
+  ::std::vector<Member> members;  // slot g * members.size() + m is member m of group g
   ::std::optional<Stream> stream;
   ::std::optional<Event> done;  // recorded at the end of each launch
   ::std::optional<Graph> source_graph;  // owns the member nodes' handles

@@ -343,7 +343,7 @@ class BasicStreamPipeline {
     State& s = state(where);
     Delivery delivery = s.make_vector_delivery();
     auto* record = ::std::get<0>(delivery);
-    const auto id = enqueue_or_discard(s, input, ::std::nullopt, delivery, block, where);
+    const auto id = s.enqueue_or_discard(input, ::std::nullopt, delivery, block, where);
     if (!id) {
       return ::std::nullopt;
     }
@@ -354,7 +354,7 @@ class BasicStreamPipeline {
     State& s = state(where);
     Delivery delivery = s.make_count_delivery();
     auto* record = ::std::get<1>(delivery);
-    const auto id = enqueue_or_discard(s, input, destination, delivery, block, where);
+    const auto id = s.enqueue_or_discard(input, destination, delivery, block, where);
     if (!id) {
       return ::std::nullopt;
     }
@@ -370,23 +370,6 @@ class BasicStreamPipeline {
     State& s = state(where);
     Delivery delivery(::std::in_place_index<2>, ::std::move(on_complete));
     return s.enqueue(input, destination, delivery, block, where);
-  }
-  // A refused item (empty, or a usage_error) hands its ticket record back.
-  static ::std::optional<::std::uint64_t> enqueue_or_discard(State& s, input_range input,
-                                                            ::std::optional<destination_range> destination,
-                                                            Delivery& delivery, bool block,
-                                                            const ::std::source_location& where) {
-    ::std::optional<::std::uint64_t> id;
-    try {
-      id = s.enqueue(input, destination, delivery, block, where);
-    } catch (...) {
-      s.discard(delivery);
-      throw;
-    }
-    if (!id) {
-      s.discard(delivery);
-    }
-    return id;
   }
 
   ::std::unique_ptr<State> state_;
