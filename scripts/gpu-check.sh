@@ -88,15 +88,34 @@ run_test_program() {
   rm -f "$OUT/$name.log"
 }
 
+# Cases one tool leaves out, as "tool program case-pattern": each with its
+# reason here, and printed in the log and the summary.
+#   racecheck checks shared-memory hazards only. The router's 8-thread stress
+#   case (8 threads capturing and replaying at once beside device-wide
+#   synchronizations and stream-ordered allocations) uses no shared memory,
+#   and racecheck (CUDA 13.0) intermittently stops there with its own
+#   "Internal Sanitizer Error: Detected a failure to track a kernel launch",
+#   with replay's capture bookkeeping old or new alike. memcheck and synccheck
+#   run the case in full, and the test run itself checks every result.
+sanitizer_exclusions=(
+  "racecheck test_shape_router stress: 8 threads*"
+)
 # run_sanitizer TOOL EXE: the gpu suite under compute-sanitizer.
 run_sanitizer() {
-  local tool=$1 exe=$2 name
+  local tool=$1 exe=$2 name entry exclude=()
   name=$(basename "$exe")
+  for entry in "${sanitizer_exclusions[@]}"; do
+    read -r etool eprog epattern <<<"$entry"
+    if [ "$etool" = "$tool" ] && [ "$eprog" = "$name" ]; then
+      exclude=(--test-case-exclude="$epattern")
+      note "  sanitizer $tool $name: leaves out the cases \"$epattern\" (see sanitizer_exclusions)"
+    fi
+  done
   log "compute-sanitizer --tool $tool $name"
   # API errors are not memory errors: the tests provoke many on purpose.
   export REPLAY_UNDER_SANITIZER=1
   run_bounded 240 compute-sanitizer --tool "$tool" --error-exitcode 99 \
-    --report-api-errors no "$exe" --test-suite=gpu --no-version >"$OUT/san-$lane.tmp" 2>&1
+    --report-api-errors no "$exe" --test-suite=gpu --no-version "${exclude[@]}" >"$OUT/san-$lane.tmp" 2>&1
   local rc=$? errs
   unset REPLAY_UNDER_SANITIZER
   errs=$(grep -Eo '(ERROR SUMMARY|RACECHECK SUMMARY): [0-9]+' "$OUT/san-$lane.tmp" | grep -Eo '[0-9]+$' | awk '{s+=$1} END {print s+0}')

@@ -26,6 +26,7 @@
 
 #include "gpu_suite.hpp"
 #include "replay/replay.hpp"
+#include "replay/detail/copy_graph.hpp"
 #include "replay/stream_pipeline.hpp"
 
 namespace {
@@ -1396,5 +1397,50 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       }
     }
     CHECK(cases == 45);
+  }
+
+  TEST_CASE("CopyGraph: several copies in one launch, re-pointed between launches, fewer or more copies later") {
+    namespace d = replay::detail;
+    constexpr std::size_t kRoom = 1 << 16;
+    replay::DeviceBuffer<unsigned char> source(kRoom);
+    replay::DeviceBuffer<unsigned char> target(kRoom);
+    replay::Stream stream;
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::vector<unsigned char> host(kRoom);
+    for (auto& b : host) {
+      b = static_cast<unsigned char>(byte(replay_test::rng()));
+    }
+    source.copy_from(std::span<const unsigned char>(host), stream);
+    d::CopyGraph graph;
+    // Rounds of disjoint copies at varied offsets and sizes; each round's
+    // target starts filled with a marker, so a copy that went elsewhere, or
+    // a node left pointing at the last round's ranges, shows.
+    const std::vector<std::vector<d::ByteCopy>> rounds = {
+        {{source.data(), target.data(), 1000}, {source.data() + 3000, target.data() + 2001, 17}},
+        {{source.data() + 5, target.data() + 9, 4096}, {source.data() + 9000, target.data() + 8000, 65}},
+        {{source.data() + 12345, target.data() + 40000, 1}},  // fewer: the second node copies nothing
+        {{source.data(), target.data() + 100, 16}, {source.data() + 20000, target.data() + 20000, 30000},
+         {source.data() + 7, target.data() + 60000, 5000}},  // more: built again
+    };
+    const std::vector<std::size_t> builds_after = {1, 1, 1, 2};
+    for (std::size_t r = 0; r < rounds.size(); ++r) {
+      CAPTURE(r);
+      replay::check(cudaMemsetAsync(target.data(), 0xA5, kRoom, stream.get()), "cudaMemsetAsync");
+      graph.launch(rounds[r], stream, std::source_location::current());
+      std::vector<unsigned char> got(kRoom);
+      target.copy_to(std::span<unsigned char>(got), stream);
+      stream.synchronize();
+      std::vector<unsigned char> want(kRoom, 0xA5);
+      for (const d::ByteCopy& c : rounds[r]) {
+        const auto from = static_cast<std::size_t>(static_cast<const unsigned char*>(c.source) - source.data());
+        const auto to = static_cast<std::size_t>(static_cast<unsigned char*>(c.target) - target.data());
+        std::memcpy(want.data() + to, host.data() + from, c.bytes);
+      }
+      CHECK(got == want);
+      CHECK(graph.builds() == builds_after[r]);
+    }
+    CHECK(graph.nodes() == 3);
+    graph.launch({}, stream, std::source_location::current());  // no copies: nothing launched, nothing built
+    CHECK(graph.builds() == 2);
   }
 }

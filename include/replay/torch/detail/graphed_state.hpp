@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "replay/detail/copy_graph.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/detail/reentry_guard.hpp"
 #include "replay/error.hpp"
@@ -37,7 +38,7 @@ struct GraphedInputSpec {
   ::std::vector<::std::int64_t> sizes;  // dimension 0 is the capacity (largest bucket)
   ::std::size_t row_bytes = 0;          // bytes of one batch row
   // The example's (channels-last stays channels-last): a caller's tensor in
-  // it is copied in with one cudaMemcpyAsync.
+  // it is copied in by one node of copy_in.
   ::at::MemoryFormat memory_format = ::at::MemoryFormat::Contiguous;
 };
 
@@ -65,6 +66,11 @@ struct GraphedState {
   bool views_handed_out = false;  // a fast-mode call returned views (the constructor's own work hands out none)
   ::std::mutex mutex;
   GraphedCallCache cache;  // per batch: bucket, padding high-water mark, fast-mode views
+  // The device-to-device copies of a call, each set as one graph launch
+  // (detail/copy_graph.hpp): the staged inputs, and safe mode's outputs.
+  CopyGraph copy_in;
+  CopyGraph copy_out;
+  ::std::vector<ByteCopy> copies;  // the call's, reused
   ::std::shared_ptr<TorchCaptureContext> context;
   ::std::unique_ptr<router_type> router;  // last: destroyed first, so the graphs go before the context
 
@@ -187,15 +193,15 @@ struct GraphedState {
     const ::std::int64_t dirty = cache.dirty_rows();
     const bool zero = padded > batch && dirty > batch && !has_flag(flags, GraphedFlags::keep_padding);
     cache.mark_written(batch);
+    copies.clear();
     for (::std::size_t i = 0; i < inputs.size(); ++i) {
       const ::at::Tensor& src = inputs[i];
       ::at::Tensor& dst = static_inputs[i];
       auto* base = static_cast<unsigned char*>(dst.data_ptr());
       const ::std::size_t bytes = static_cast<::std::size_t>(batch) * specs[i].row_bytes;
       if (src.is_cuda() && src.device() == device && src.is_contiguous(specs[i].memory_format)) {
-        // The hot path: one cudaMemcpyAsync, no dispatcher.
-        check(::cudaMemcpyAsync(base, src.data_ptr(), bytes, ::cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync",
-              where);
+        // The hot path: a node of copy_in, no dispatcher.
+        copies.push_back({src.const_data_ptr(), base, bytes});
       } else {
         // Host tensors (pinned ones asynchronously, with the host allocator's
         // event), other devices, strided tensors: through copy_.
@@ -208,6 +214,9 @@ struct GraphedState {
               "cudaMemsetAsync", where);
       }
     }
+    // The device-side inputs, all in one launch (after the copy_ calls and
+    // memsets above: each writes rows of its own input only).
+    copy_in.launch(copies, StreamRef(stream), where);
     if (zero) {
       cache.mark_zeroed_from(batch);
     }
