@@ -3,7 +3,9 @@
 # when PyTorch is installed), runs every test program with all suites and
 # fails if any test case was skipped or failed or any program did not build,
 # runs compute-sanitizer (memcheck, racecheck, synccheck) over the gpu suites,
-# runs the benchmarks briefly and prints the target ratios (bench/*.ratios),
+# runs the benchmarks briefly and prints the target ratios (bench/*.ratios;
+# a ratio below target is confirmed by running its benchmarks twice more and
+# judging the median of the three),
 # runs the examples and scripts/gpu-check.d/*.sh, and prints a summary last.
 #
 #   scripts/gpu-check.sh [--quick | --tests-only]
@@ -225,6 +227,27 @@ for exe in build/gpu/bench/*; do
     fail "  bench $name FAILED"
 done
 python3 scripts/bench_ratios.py "$OUT"/bench/*.json >"$OUT/ratios.txt" 2>&1
+# A ratio below its target is confirmed before it counts: the benchmarks
+# behind it run twice more, and the row is judged on the median of its three
+# ratios (all shown). One disturbed run then does not fail the check; a real
+# regression misses in most runs and still does.
+if ! $tests_only && grep -q 'MISS (target' "$OUT/ratios.txt"; then
+  reruns=()
+  for round in 1 2; do
+    mkdir -p "$OUT/rerun$round"
+    while IFS=$'\t' read -r prog names; do
+      [ -x "build/gpu/bench/$prog" ] || continue
+      log "bench $prog again ($round of 2): $names"
+      run_bounded 120 "build/gpu/bench/$prog" --benchmark_min_time=0.05s --benchmark_filter="$names" \
+        --benchmark_out="$OUT/rerun$round/$prog.json" --benchmark_out_format=json >>"$OUT/bench/reruns.txt" 2>&1 ||
+        fail "  bench $prog (again) FAILED"
+    done < <(python3 scripts/bench_ratios.py --miss-filters "$OUT"/bench/*.json)
+    reruns+=(--rerun "$OUT/rerun$round")
+  done
+  note "benchmark rows below target on the first run, run twice more: $(grep -c 'MISS (target' "$OUT/ratios.txt")"
+  python3 scripts/bench_ratios.py "${reruns[@]}" "$OUT"/bench/*.json >"$OUT/ratios.txt" 2>&1
+  rm -rf "$OUT"/rerun1 "$OUT"/rerun2
+fi
 cat "$OUT"/bench/*.txt >"$OUT/bench.txt" 2>/dev/null
 python3 - "$OUT" <<'PY'
 import glob, json, os, sys
