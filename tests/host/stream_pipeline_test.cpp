@@ -23,6 +23,7 @@
 
 #include "gpu_suite.hpp"
 #include "replay/detail/slot_refill.hpp"
+#include "replay/detail/streaming_copy.hpp"
 #include "replay/stream_pipeline.hpp"
 
 namespace {
@@ -441,6 +442,36 @@ TEST_SUITE("host") {
       CHECK(ids[static_cast<std::size_t>(i)] == static_cast<std::uint64_t>(i));
       CHECK(outputs[static_cast<std::size_t>(i)] == expected_output(inputs[static_cast<std::size_t>(i)]));
     }
+  }
+
+  TEST_CASE("copy_streaming copies exactly its range at every size and alignment, streaming or not") {
+    namespace d = replay::detail;
+    constexpr std::size_t kRoom = (std::size_t{1} << 20) + 512;
+    std::vector<unsigned char> from(kRoom);
+    std::vector<unsigned char> to(kRoom);
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (auto& b : from) {
+      b = static_cast<unsigned char>(byte(replay_test::rng()));
+    }
+    const std::size_t big = d::streaming_copy_min_bytes;
+    int cases = 0;
+    for (const std::size_t src_offset : {0U, 1U, 16U, 63U}) {
+      for (const std::size_t dst_offset : {0U, 3U, 64U, 100U}) {
+        for (const std::size_t bytes : {std::size_t{0}, std::size_t{1}, std::size_t{4095}, big - 1, big, big + 1,
+                                        big + 63, big + 64, std::size_t{1} << 20}) {
+          std::fill(to.begin(), to.end(), static_cast<unsigned char>(0xA5));
+          d::copy_streaming(to.data() + dst_offset, from.data() + src_offset, bytes);
+          REQUIRE(std::equal(from.begin() + static_cast<std::ptrdiff_t>(src_offset),
+                             from.begin() + static_cast<std::ptrdiff_t>(src_offset + bytes),
+                             to.begin() + static_cast<std::ptrdiff_t>(dst_offset)));
+          const auto untouched = [](unsigned char b) { return b == 0xA5; };  // nothing written outside the range
+          REQUIRE(std::all_of(to.begin(), to.begin() + static_cast<std::ptrdiff_t>(dst_offset), untouched));
+          REQUIRE(std::all_of(to.begin() + static_cast<std::ptrdiff_t>(dst_offset + bytes), to.end(), untouched));
+          ++cases;
+        }
+      }
+    }
+    CHECK(cases == 144);
   }
 
   TEST_CASE("the copy helpers default to eight threads") {

@@ -13,6 +13,7 @@
 #include "replay/detail/cuda_stage_runner.hpp"
 #include "replay/detail/host_copy_pool.hpp"
 #include "replay/detail/message.hpp"
+#include "replay/detail/streaming_copy.hpp"
 #include "replay/error.hpp"
 #include "replay/stream_pipeline/host_range.hpp"
 #include "replay/stream_pipeline/stage_runner.hpp"
@@ -41,7 +42,7 @@ template <BufferElement In, BufferElement Out>
     if (per_chunk) {
       await(slot, slot.chunk_events[k].get(), "cudaEventSynchronize");
     }
-    ::std::memcpy(to + chunks.offset(k), from + chunks.offset(k), chunks.length(k));
+    copy_streaming(to + chunks.offset(k), from + chunks.offset(k), chunks.length(k));
   };
   // The helpers join only once the first chunk has landed. Until then the
   // item may still be in its copy-in or compute, and a helper waiting on a
