@@ -54,9 +54,7 @@ class CopyGraph {
     } else {
       for (::std::size_t i = 0; i < nodes_.size(); ++i) {
         const ByteCopy c = i < copies.size() ? copies[i] : ByteCopy{nullptr, nullptr, 0};
-        CopyNodeArgs args(c.source, c.target, c.bytes);
-        const ::cudaKernelNodeParams params = args.params(copy_kernel(where));
-        check(::cudaGraphExecKernelNodeSetParams(exec_->get(), nodes_[i], &params),
+        check(repoint_copy_node(exec_->get(), nodes_[i], c.source, c.target, c.bytes, where),
               "cudaGraphExecKernelNodeSetParams", where);
       }
     }

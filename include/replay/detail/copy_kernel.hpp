@@ -178,12 +178,19 @@ inline ::cudaGraphNode_t add_copy_node(::cudaGraph_t graph, ::cudaGraphNode_t de
   return node;
 }
 
-// Re-points a copy node of an executable graph; false when CUDA refuses.
-inline bool set_copy_node(::cudaGraphExec_t exec, ::cudaGraphNode_t node, const void* source, void* target,
-                          ::std::size_t bytes, const ::std::source_location& where) {
+// Re-points a copy node of an executable graph: the status of
+// cudaGraphExecKernelNodeSetParams, for the caller to check.
+inline ::cudaError_t repoint_copy_node(::cudaGraphExec_t exec, ::cudaGraphNode_t node, const void* source,
+                                       void* target, ::std::size_t bytes, const ::std::source_location& where) {
   CopyNodeArgs args(source, target, bytes);
   const ::cudaKernelNodeParams params = args.params(copy_kernel(where));
-  return succeeded(::cudaGraphExecKernelNodeSetParams(exec, node, &params));
+  return ::cudaGraphExecKernelNodeSetParams(exec, node, &params);
+}
+
+// The same, false when CUDA refuses (the caller then takes another path).
+inline bool set_copy_node(::cudaGraphExec_t exec, ::cudaGraphNode_t node, const void* source, void* target,
+                          ::std::size_t bytes, const ::std::source_location& where) {
+  return succeeded(repoint_copy_node(exec, node, source, target, bytes, where));
 }
 
 // The address the device reads or writes pinned host memory `p` through, or

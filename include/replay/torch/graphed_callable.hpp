@@ -124,7 +124,7 @@ class GraphedCallable {
     s.failure.clear();
     const Route<::std::int64_t> route = s.router->run(batch, StreamRef(stream), where);
     s.oversize_inputs.clear();
-    GraphedOutputs out = collect(s, route, batch, where);
+    GraphedOutputs out = collect(s, route, batch, stream, where);
     s.done->record(StreamRef(stream), where);
     s.last_stream = stream;
     s.has_last = true;
@@ -236,7 +236,7 @@ class GraphedCallable {
   // The call's outputs: fast mode, the cached views of this batch (made once
   // per batch and graph); safe mode, clones; eager runs, what they returned.
   static GraphedOutputs collect(detail::GraphedState& s, const Route<::std::int64_t>& route, ::std::int64_t batch,
-                                const ::std::source_location& where) {
+                                ::cudaStream_t stream, const ::std::source_location& where) {
     GraphedOutputs out;
     out.batch_ = batch;
     out.padded_batch_ = route.shape;
@@ -263,11 +263,13 @@ class GraphedCallable {
       return out;
     }
     out.tensors_ = output_views(s, *launched, route.shape, batch, true, where);
+    s.copy_out.launch(s.copies, StreamRef(stream), where);  // what copy_out() set aside, in one launch
     return out;
   }
 
   // The static outputs sliced back to `batch` rows (those whose dimension 0
-  // is the bucket), copied out when asked.
+  // is the bucket); when asked to copy, fresh tensors whose copies are left
+  // in s.copies for the caller to launch.
   static ::std::shared_ptr<::std::vector<::at::Tensor>> output_views(detail::GraphedState& s,
                                                                      const ::std::vector<::at::Tensor>& launched,
                                                                      ::std::int64_t padded, ::std::int64_t batch,
@@ -284,16 +286,13 @@ class GraphedCallable {
         out->push_back(sliced ? t.narrow(0, 0, batch) : t);
       }
     }
-    if (!s.copies.empty()) {
-      s.copy_out.launch(s.copies, StreamRef(::c10::cuda::getCurrentCUDAStream(s.device.index()).stream()), where);
-    }
     return out;
   }
 
   // A safe-mode output: a fresh tensor from the caching allocator on the
   // current stream that will hold `t` (its first `rows` rows when rows >= 0).
   // A contiguous output is copied by s.copy_out, all of them in one graph
-  // launch after the loop (clone() goes through the dispatcher and
+  // launch by collect() (clone() goes through the dispatcher and
   // TensorIterator, several microseconds of host time per output, and a
   // cudaMemcpyAsync costs about 4 us); others are narrowed and cloned.
   static ::at::Tensor copy_out(detail::GraphedState& s, const ::at::Tensor& t, ::std::int64_t rows) {
