@@ -244,7 +244,7 @@ class GraphedCallable {
     if (!route.graph()) {
       // An eager run of a padded batch (a warm-up, a failed capture's bucket)
       // ran on the padded static inputs: its outputs are sliced back too.
-      out.tensors_ = output_views(s, s.context->take_outputs(), route.shape, batch, false, where);
+      out.tensors_ = output_views(s, s.context->take_outputs(), route.shape, batch, false);
       return out;
     }
     const ::std::vector<::at::Tensor>* launched = s.context->launched_outputs();
@@ -258,11 +258,11 @@ class GraphedCallable {
         out.tensors_ = *cached;
         return out;
       }
-      out.tensors_ = s.cache.store_views(batch, *launched, output_views(s, *launched, route.shape, batch, false, where));
+      out.tensors_ = s.cache.store_views(batch, *launched, output_views(s, *launched, route.shape, batch, false));
       s.cache.note_views_stored();
       return out;
     }
-    out.tensors_ = output_views(s, *launched, route.shape, batch, true, where);
+    out.tensors_ = output_views(s, *launched, route.shape, batch, true);
     s.copy_out.launch(s.copies, StreamRef(stream), where);  // what copy_out() set aside, in one launch
     return out;
   }
@@ -273,7 +273,7 @@ class GraphedCallable {
   static ::std::shared_ptr<::std::vector<::at::Tensor>> output_views(detail::GraphedState& s,
                                                                      const ::std::vector<::at::Tensor>& launched,
                                                                      ::std::int64_t padded, ::std::int64_t batch,
-                                                                     bool copy, const ::std::source_location& where) {
+                                                                     bool copy) {
     detail::GradScope grad(s.flags);  // the static outputs are inference tensors by default
     auto out = ::std::make_shared<::std::vector<::at::Tensor>>();
     out->reserve(launched.size());
