@@ -237,15 +237,16 @@ fi
 # regression misses in most runs and still does.
 if ! $tests_only && grep -q 'MISS (target' "$OUT/ratios.txt"; then
   reruns=()
+  miss_filters=$(python3 scripts/bench_ratios.py --miss-filters "$OUT"/bench/*.json)  # program<TAB>filter lines
   for round in 1 2; do
     mkdir -p "$OUT/rerun$round"
     while IFS=$'\t' read -r prog names; do
-      [ -x "build/gpu/bench/$prog" ] || continue
+      [ -n "$prog" ] && [ -x "build/gpu/bench/$prog" ] || continue
       log "bench $prog again ($round of 2): $names"
       run_bounded 120 "build/gpu/bench/$prog" --benchmark_min_time=0.05s --benchmark_filter="$names" \
         --benchmark_out="$OUT/rerun$round/$prog.json" --benchmark_out_format=json >>"$OUT/bench/reruns.txt" 2>&1 ||
         fail "  bench $prog (again) FAILED"
-    done < <(python3 scripts/bench_ratios.py --miss-filters "$OUT"/bench/*.json)
+    done <<<"$miss_filters"
     reruns+=(--rerun "$OUT/rerun$round")
   done
   note "benchmark rows below target on the first run, run twice more: $(grep -c 'MISS (target' "$OUT/ratios.txt")"

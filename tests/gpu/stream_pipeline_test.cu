@@ -1399,7 +1399,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(cases == 45);
   }
 
-  TEST_CASE("CopyGraph: several copies in one launch, re-pointed between launches, fewer or more copies later") {
+  TEST_CASE("CopyGraph: several copies in one launch, changed nodes re-pointed, fewer or more copies later") {
     namespace d = replay::detail;
     constexpr std::size_t kRoom = 1 << 16;
     replay::DeviceBuffer<unsigned char> source(kRoom);
@@ -1419,10 +1419,14 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
         {{source.data(), target.data(), 1000}, {source.data() + 3000, target.data() + 2001, 17}},
         {{source.data() + 5, target.data() + 9, 4096}, {source.data() + 9000, target.data() + 8000, 65}},
         {{source.data() + 12345, target.data() + 40000, 1}},  // fewer: the second node copies nothing
+        {{source.data() + 12345, target.data() + 40000, 1}},  // the same again: nothing re-pointed
+        {{source.data() + 12345, target.data() + 40000, 1},
+         {source.data() + 100, target.data() + 50000, 200}},  // only the second node re-pointed
         {{source.data(), target.data() + 100, 16}, {source.data() + 20000, target.data() + 20000, 30000},
          {source.data() + 7, target.data() + 60000, 5000}},  // more: built again
     };
-    const std::vector<std::size_t> builds_after = {1, 1, 1, 2};
+    const std::vector<std::size_t> builds_after = {1, 1, 1, 1, 1, 2};
+    const std::vector<std::size_t> repoints_after = {0, 2, 4, 4, 5, 5};
     for (std::size_t r = 0; r < rounds.size(); ++r) {
       CAPTURE(r);
       replay::check(cudaMemsetAsync(target.data(), 0xA5, kRoom, stream.get()), "cudaMemsetAsync");
@@ -1438,6 +1442,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       }
       CHECK(got == want);
       CHECK(graph.builds() == builds_after[r]);
+      CHECK(graph.repoints() == repoints_after[r]);
     }
     CHECK(graph.nodes() == 3);
     graph.launch({}, stream, std::source_location::current());  // no copies: nothing launched, nothing built

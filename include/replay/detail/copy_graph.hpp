@@ -26,12 +26,14 @@ struct ByteCopy {
   const void* source;
   void* target;
   ::std::size_t bytes;
+  bool operator==(const ByteCopy&) const = default;
 };
 
-// One copy-kernel node per copy, all independent, in one executable graph
-// that is re-pointed before each launch. cudaGraphExecKernelNodeSetParams
-// changes only later launches, so the previous launch may still be running
-// while the next one is set up. Not thread-safe: its owner serializes calls.
+// One copy-kernel node per copy, all independent, in one executable graph.
+// Before a launch, only the nodes whose copy changed are re-pointed (a copy
+// the same as last time, or a node already left over, costs no call).
+// cudaGraphExecKernelNodeSetParams changes only later launches, so the
+// previous launch may still be running while the next one is set up. Not thread-safe: its owner serializes calls.
 // The graph belongs to the device that was current when it was built.
 class CopyGraph {
  public:
@@ -54,8 +56,12 @@ class CopyGraph {
     } else {
       for (::std::size_t i = 0; i < nodes_.size(); ++i) {
         const ByteCopy c = i < copies.size() ? copies[i] : ByteCopy{nullptr, nullptr, 0};
-        check(repoint_copy_node(exec_->get(), nodes_[i], c.source, c.target, c.bytes, where),
-              "cudaGraphExecKernelNodeSetParams", where);
+        if (Node& node = nodes_[i]; node.copy != c) {
+          check(repoint_copy_node(exec_->get(), node.handle, c.source, c.target, c.bytes, where),
+                "cudaGraphExecKernelNodeSetParams", where);
+          node.copy = c;  // only once CUDA took it
+          ++repoints_;
+        }
       }
     }
     exec_->launch(stream, where);
@@ -65,14 +71,16 @@ class CopyGraph {
   // re-point its nodes, unless they bring more copies than ever before.
   ::std::size_t builds() const noexcept { return builds_; }
   ::std::size_t nodes() const noexcept { return nodes_.size(); }
+  // How many node re-pointings (cudaGraphExecKernelNodeSetParams) launches made.
+  ::std::size_t repoints() const noexcept { return repoints_; }
 
  private:
   void build(::std::span<const ByteCopy> copies, const ::std::source_location& where) {
     Graph graph = Graph::create(where);
-    ::std::vector<::cudaGraphNode_t> nodes;
+    ::std::vector<Node> nodes;
     nodes.reserve(copies.size());
     for (const ByteCopy& c : copies) {
-      nodes.push_back(add_copy_node(graph.get(), nullptr, c.source, c.target, c.bytes, where));
+      nodes.push_back({add_copy_node(graph.get(), nullptr, c.source, c.target, c.bytes, where), c});
     }
     // An executable graph with launches in flight is freed when they finish
     // (cudaGraphExecDestroy), so the old one may go now.
@@ -82,10 +90,16 @@ class CopyGraph {
     ++builds_;
   }
 
+  // A node of graph_ and the copy exec_ now makes it do.
+  struct Node {
+    ::cudaGraphNode_t handle;
+    ByteCopy copy;
+  };
   Graph graph_;
   ::std::optional<GraphExec> exec_;
-  ::std::vector<::cudaGraphNode_t> nodes_;  // in graph_, one per copy, in order
+  ::std::vector<Node> nodes_;  // one per copy, in order
   ::std::size_t builds_ = 0;
+  ::std::size_t repoints_ = 0;
 };
 
 }  // namespace replay::detail
