@@ -1,9 +1,16 @@
 # The scripts' own logic: scripts/bench_ratios.py (targets, the filters for
-# confirming a miss, the median over re-runs) on made-up benchmark JSON.
+# confirming a miss, the median over re-runs) on made-up benchmark JSON, and
+# scripts/gpu-check.sh's refusal of bad arguments.
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_Interpreter_FOUND)
   add_test(NAME scripts.bench_ratios COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/bench_ratios_test.py)
   set_tests_properties(scripts.bench_ratios PROPERTIES LABELS host TIMEOUT 60)
 else()
   message(STATUS "replay: no python3: the scripts.bench_ratios test is skipped")
+endif()
+find_program(REPLAY_BASH bash)
+if(REPLAY_BASH)
+  add_test(NAME scripts.gpu_check_arguments
+           COMMAND ${REPLAY_BASH} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/gpu_check_arguments_test.sh ${PROJECT_SOURCE_DIR})
+  set_tests_properties(scripts.gpu_check_arguments PROPERTIES LABELS host TIMEOUT 60)
 endif()

@@ -13,6 +13,10 @@
 #      bench/torch_bert_bench.py (eager, torch.compile reduce-overhead with
 #      dynamic=False), torch.compile last and within what is left of the budget,
 #   7. prints a short results table last.
+#   scripts/gpu-check.d/torch.sh [all | export | measure]
+#     all (default): every step; export: steps 1 and 5's exports only (nothing
+#     timed: gpu-check.sh runs them beside its build); measure: the rest, with
+#     the exported files already in the build directory.
 # Bounded by REPLAY_TORCH_BUDGET_S (default 350 s; gpu-check.sh kills a step
 # at 420 s): every step's timeout is capped by what is left, and torch.compile
 # gets what the other steps leave (ResNet's at most REPLAY_TORCH_COMPILE_BUDGET_S,
@@ -23,6 +27,11 @@
 # torch_bert_py.json, torch_bert_bench.txt (BERT table), torch_*.err, torch_results.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+mode=${1:-all}
+case "$mode" in
+  all | export | measure) ;;
+  *) echo "torch: unknown mode '$mode' (all, export or measure)"; exit 2 ;;
+esac
 OUT=${OUT:-build/gpu-check}
 mkdir -p "$OUT"
 build=${REPLAY_BUILD_DIR:-build/gpu}
@@ -37,7 +46,7 @@ bert=$build/examples/torch_bert/torch_bert
 bench=$build/bench/torch/torch_resnet_bench
 call_bench=$build/bench/torch/torch_call_bench
 for exe in "$example" "$bert" "$bench" "$call_bench" "$build/tests/test_torch"; do
-  if [ ! -x "$exe" ]; then
+  if [ "$mode" != export ] && [ ! -x "$exe" ]; then
     echo "torch: FAILED: $exe was not built (was Torch found when configuring? see build.log)"
     exit 1
   fi
@@ -59,8 +68,23 @@ bounded() {
 }
 
 torchscript=$build/resnet50_torchscript.pt
-step "TorchScript export (ResNet-50)"
-bounded 120 python3 scripts/make_torchscript_resnet.py "$torchscript" || failed "TorchScript export"
+bert_dir=$build/bert
+if [ "$mode" != measure ]; then
+  rm -f "$torchscript" "$bert_dir/bert_torchscript.pt" "$bert_dir/bert_reference.pt"
+  step "TorchScript export (ResNet-50)"
+  bounded 120 python3 scripts/make_torchscript_resnet.py "$torchscript" || failed "TorchScript export"
+  step "TorchScript export (BERT-base, fp16, traced on the GPU)"
+  bounded 150 python3 scripts/make_torchscript_bert.py "$bert_dir" >"$OUT/torch_bert_export.txt" 2>&1 ||
+    failed "BERT export (rc=$?)"
+  grep -v Warning "$OUT/torch_bert_export.txt" | tail -3
+fi
+if [ "$mode" = export ]; then
+  echo "torch exports: $((SECONDS - start)) s, $([ "$status" -eq 0 ] && echo ok || echo FAILED)"
+  exit "$status"
+fi
+for file in "$torchscript" "$bert_dir/bert_torchscript.pt" "$bert_dir/bert_reference.pt"; do
+  [ -f "$file" ] || failed "$file is missing (export: scripts/gpu-check.d/torch.sh export)"
+done
 args=()
 [ -f "$torchscript" ] && args=(--torchscript "$torchscript")
 
@@ -82,11 +106,6 @@ bounded 150 "$bench" "${args[@]}" --json "$OUT/torch_bench_cpp.json" >"$OUT/torc
   failed "C++ benchmark (rc=$?)"
 cat "$OUT/torch_bench_cpp.txt"
 
-bert_dir=$build/bert
-step "TorchScript export (BERT-base, fp16, traced on the GPU)"
-bounded 150 python3 scripts/make_torchscript_bert.py "$bert_dir" >"$OUT/torch_bert_export.txt" 2>&1 ||
-  failed "BERT export (rc=$?)"
-grep -v Warning "$OUT/torch_bert_export.txt" | tail -3
 if [ -f "$bert_dir/bert_torchscript.pt" ]; then
   step "example torch_bert (check against Python, then C++ eager and replay)"
   bounded 150 "$bert" --model "$bert_dir/bert_torchscript.pt" --reference "$bert_dir/bert_reference.pt" \
