@@ -43,8 +43,8 @@
 //      only once item k - slots was delivered (the host does not rewrite the
 //      inputs here; a server refilling one waits for that item's ticket).
 //
-// Time is host wall time per batch (manual time). The copy and pipeline rows
-// run 7 batches (the serial loops 3) and report the median one: batch_s, and
+// Time is host wall time per batch (manual time). The copy, pipeline and
+// pageable rows run 7 batches (the serial loops 3) and report the median one: batch_s, and
 // GBps (bytes per second in each direction) and items_per_s from it; the
 // ratios use batch_s. Other counters: the stages' times for one item run
 // alone (h2d_us, compute_us, d2h_us, from events; duplex_us: one item's
@@ -298,7 +298,7 @@ void set_rate_counters(benchmark::State& state, std::size_t items, std::size_t b
 // ratio by 10%; the median of seven moves less.
 void set_median_batch_counters(benchmark::State& state, std::size_t items, std::size_t bytes,
                                std::vector<double>& batches) {
-  const double batch_s = batches.empty() ? 0.0 : median(batches);
+  const double batch_s = median(batches);
   set_rate_counters(state, items, bytes, batch_s, 1);
   state.counters["batch_s"] = batch_s;
 }
@@ -513,7 +513,7 @@ void pageable_batch(benchmark::State& state, PageableMode mode) {
     }
     // Rates from the median batch: the host copies run on the host's cores
     // and memory, so a batch that another process slows moves a mean.
-    set_rate_counters(state, items, bytes, median(batches), 1);
+    set_median_batch_counters(state, items, bytes, batches);
     state.counters["goal_GBps"] = 20.0;
     state.counters["compute_us"] = cal.compute_s * 1e6;
     state.counters["h2d_pinned_us"] = cal.h2d_s * 1e6;

@@ -189,20 +189,22 @@ run_step() {
   shift 2
   log "step $name${*:+ $*}"
   run_bounded 420 bash "scripts/gpu-check.d/$name" "$@" >"$OUT/step-$logname.txt" 2>&1 ||
-    fail "  step $name $* FAILED"
+    fail "  step $name${*:+ $*} FAILED"
 }
 heavy_lane() {
   lane=heavy
-  local start=$SECONDS side=() ran_beside=() pid
+  local start=$SECONDS side=() pid steps_run=() packaging_beside=false exports_beside=false
   if [ -n "${heavy_gpu_alone:-}" ] && ! $tests_only; then
     # Nothing else uses this lane's GPU yet and neither is timed: the packaging
     # consumers (projects of their own, built from the source tree) and the
     # TorchScript exports run beside the build.
     run_step packaging.sh packaging & side+=($!)
-    ran_beside+=(packaging)
+    packaging_beside=true
+    steps_run+=(packaging)
     if [ -n "$torch_prefix" ]; then
       run_step torch.sh torch-export export & side+=($!)
-      ran_beside+=(torch-export)
+      exports_beside=true
+      steps_run+=(torch-export)
     fi
   fi
   log "build (rest: libtorch adapter, packaging)"
@@ -218,22 +220,21 @@ heavy_lane() {
     fail "  test_torch was not built although PyTorch is installed"
   fi
   $tests_only && return  # the steps run examples and benchmarks
-  local extra name logname steps_run=("${ran_beside[@]}")
+  local extra name args
   for extra in scripts/gpu-check.d/*.sh; do
     [ -f "$extra" ] || continue
     name=$(basename "$extra")
-    logname=${name%.sh}
-    case "$name" in examples.sh) continue ;; esac
-    [[ " ${ran_beside[*]} " == *" $logname "* ]] && continue
-    if [ "$name" = torch.sh ] && [[ " ${ran_beside[*]} " == *" torch-export "* ]]; then
-      run_step "$name" "$logname" measure
-    else
-      run_step "$name" "$logname"
-    fi
-    steps_run+=("$logname")
+    args=()
+    case "$name" in
+      examples.sh) continue ;;  # the CUDA-only lane's
+      packaging.sh) $packaging_beside && continue ;;
+      torch.sh) $exports_beside && args=(measure) ;;
+    esac
+    run_step "$name" "${name%.sh}" "${args[@]}"
+    steps_run+=("${name%.sh}")
   done
-  for logname in "${steps_run[@]}"; do
-    tail -25 "$OUT/step-$logname.txt" >>"$OUT/lane-heavy.tail" 2>/dev/null
+  for name in "${steps_run[@]}"; do
+    tail -25 "$OUT/step-$name.txt" >>"$OUT/lane-heavy.tail" 2>/dev/null
   done
   note "heavy lane: $((SECONDS - start)) s"
 }
@@ -280,7 +281,6 @@ cuda_lane() {
   else
     fail "compute-sanitizer NOT FOUND"
   fi
-  $tests_only && filter='^$'
   mkdir -p "$OUT/bench"
   for exe in build/gpu/bench/*; do
     $tests_only && break
@@ -346,8 +346,6 @@ PY
 if $run_cuda; then
   cuda_lane
 else
-  lane=light
-  note "the CUDA-only lane was not run (--lane heavy): its tests, sanitizer runs, benchmarks and examples are --lane cuda"
   echo "not run (--lane heavy: the CUDA-only benchmarks are --lane cuda)" >"$OUT/ratios.txt"
   : >"$OUT/examples.log"
 fi
@@ -359,8 +357,6 @@ if [ -n "$heavy_pid" ]; then
   wait "$heavy_pid"
   heavy_rc=$?
   [ "$heavy_rc" -eq 0 ] || fail "heavy lane exited with status $heavy_rc"
-else
-  note "the heavy lane was not run (--lane cuda): the libtorch adapter, server, NCCL, packaging and torch steps are --lane heavy"
 fi
 cat "$OUT/build-heavy.log" >>"$OUT/build.log" 2>/dev/null
 rm -f "$OUT/build-heavy.log"
@@ -432,8 +428,8 @@ ls "$OUT"/lane-*.failed >/dev/null 2>&1 && status=1
   printf '%s' "$expected_notes"
   echo "benchmarks: $bench_verdict"
   case "$only_lane" in
-    cuda) echo "lane: the CUDA-only lane alone (--lane cuda); --lane heavy checks the rest" ;;
-    heavy) echo "lane: the heavy lane alone (--lane heavy); --lane cuda checks the rest" ;;
+    cuda) echo "lane: the CUDA-only lane alone (--lane cuda); --lane heavy checks the rest (libtorch adapter, server, NCCL, packaging and torch steps)" ;;
+    heavy) echo "lane: the heavy lane alone (--lane heavy); --lane cuda checks the rest (CUDA-only tests, sanitizer runs, benchmarks, examples)" ;;
   esac
   if ! $tests_only; then
     if $run_cuda; then
