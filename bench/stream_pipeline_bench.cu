@@ -6,6 +6,8 @@
 //
 //  raw_copy/<h2d|d2h|duplex>/<size>: a batch of back-to-back pinned copies
 //      (duplex: H2D and D2H at once on two streams, the pipeline's pattern).
+//      pipeline/copy_bound/pipelined also runs a raw duplex batch beside each
+//      of its own: duplex_ratio, the median of the pairs' rate ratios.
 //  pipeline/<balance>/<mode>/<size>: one batch of items through
 //      serial      one stream: copy-in, compute, copy-out per item, no overlap
 //      pipelined   replay::StreamPipeline (slots: the `slots` counter)
@@ -394,42 +396,56 @@ void set_median_batch_counters(benchmark::State& state, std::size_t items, std::
   state.counters["batch_s"] = batch_s;
 }
 
+// A batch of back-to-back raw pinned copies: `items` items of `bytes` from the
+// input pool up (h2d), to the output pool down (d2h), or both at once on two
+// streams (duplex, the pipeline's traffic). Returns its wall time.
+class RawCopyBatch {
+ public:
+  RawCopyBatch(Direction direction, std::size_t bytes)
+      : direction_(direction), bytes_(bytes), n_(bytes / sizeof(float)), d_in_(n_), d_out_(n_) {
+    d_out_.zero(down_);
+    (void)run(1);  // warm
+  }
+  double run(std::size_t items) {
+    Pools& p = pools();
+    const auto start = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < items; ++i) {
+      if (direction_ != Direction::d2h) {
+        replay::check(
+            cudaMemcpyAsync(d_in_.data(), p.in.data() + i * n_, bytes_, cudaMemcpyHostToDevice, up_.get()),
+            "cudaMemcpyAsync");
+      }
+      if (direction_ != Direction::h2d) {
+        replay::check(
+            cudaMemcpyAsync(p.out.data() + i * n_, d_out_.data(), bytes_, cudaMemcpyDeviceToHost, down_.get()),
+            "cudaMemcpyAsync");
+      }
+    }
+    up_.synchronize();
+    down_.synchronize();
+    return seconds_since(start);
+  }
+
+ private:
+  Direction direction_;
+  std::size_t bytes_;
+  std::size_t n_;
+  replay::Stream up_;
+  replay::Stream down_;
+  replay::DeviceBuffer<float> d_in_;
+  replay::DeviceBuffer<float> d_out_;
+};
+
 void raw_copy(benchmark::State& state, Direction direction, std::size_t bytes) {
   if (skip_without_device(state)) {
     return;
   }
   try {
-    Pools& p = pools();
-    const std::size_t n = bytes / sizeof(float);
     const std::size_t items = items_for(bytes);
-    replay::Stream up;
-    replay::Stream down;
-    replay::DeviceBuffer<float> d_in(n);
-    replay::DeviceBuffer<float> d_out(n);
-    d_out.zero(down);
-    const auto enqueue = [&](std::size_t i) {
-      if (direction != Direction::d2h) {
-        replay::check(cudaMemcpyAsync(d_in.data(), p.in.data() + i * n, bytes, cudaMemcpyHostToDevice, up.get()),
-                      "cudaMemcpyAsync");
-      }
-      if (direction != Direction::h2d) {
-        replay::check(
-            cudaMemcpyAsync(p.out.data() + i * n, d_out.data(), bytes, cudaMemcpyDeviceToHost, down.get()),
-            "cudaMemcpyAsync");
-      }
-    };
-    enqueue(0);  // warm
-    up.synchronize();
-    down.synchronize();
+    RawCopyBatch raw(direction, bytes);
     std::vector<double> batches;
     for (auto _ : state) {
-      const auto start = std::chrono::steady_clock::now();
-      for (std::size_t i = 0; i < items; ++i) {
-        enqueue(i);
-      }
-      up.synchronize();
-      down.synchronize();
-      const double batch = seconds_since(start);
+      const double batch = raw.run(items);
       batches.push_back(batch);
       state.SetIterationTime(batch);
     }
@@ -492,12 +508,33 @@ void pipeline_batch(benchmark::State& state, Balance balance, Mode mode, std::si
       }
     };
     run_batch(std::min<std::size_t>(items, 2 * slots + 2));  // warm: first launches, lazy loading
+    // Copy-bound, the pipeline is the link's two-way traffic: each batch is
+    // paired with a batch of raw duplex copies of the same items (which goes
+    // first alternating), since the two-way rate itself moves between
+    // batches (21.4 to 22.6 ms for 64 x 16 MiB each way on one H200 host).
+    std::optional<RawCopyBatch> raw_duplex;
+    if (balance == Balance::copy_bound && mode == Mode::pipelined) {
+      raw_duplex.emplace(Direction::duplex, bytes);
+    }
     std::vector<double> batches;
+    std::vector<double> duplex_ratios;
+    bool raw_first = true;
     for (auto _ : state) {
+      double raw_s = 0.0;
+      if (raw_duplex && raw_first) {
+        raw_s = raw_duplex->run(items);
+      }
       const auto start = std::chrono::steady_clock::now();
       run_batch(items);
       const double batch = seconds_since(start);
+      if (raw_duplex && !raw_first) {
+        raw_s = raw_duplex->run(items);
+      }
+      raw_first = !raw_first;
       batches.push_back(batch);
+      if (raw_duplex) {
+        duplex_ratios.push_back(raw_s / batch);  // pipeline GB/s over raw duplex GB/s
+      }
       state.SetIterationTime(batch);
     }
     if (pipeline && pipeline->stats().failed != 0) {
@@ -520,6 +557,9 @@ void pipeline_batch(benchmark::State& state, Balance balance, Mode mode, std::si
     state.counters["d2h_us"] = cal.d2h_s * 1e6;
     state.counters["fma_iterations"] = iterations;
     state.counters["slots"] = static_cast<double>(slots);
+    if (raw_duplex) {
+      state.counters["duplex_ratio"] = median(duplex_ratios);  // of the pairs
+    }
     if (pipeline) {
       const auto stats = pipeline->stats();
       state.counters["staged_inputs"] = static_cast<double>(stats.inputs_staged);
