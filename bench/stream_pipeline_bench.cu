@@ -235,7 +235,7 @@ class HostStagingCopy {
     }
   }
   // One batch of `items` items both ways; returns its wall time.
-  double run_batch() {
+  double run() {
     next_.store(0);
     const auto start = std::chrono::steady_clock::now();
     start_.arrive_and_wait();
@@ -289,6 +289,31 @@ double thread_cpu_seconds() {
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
+
+// A measured batch and, when `paired`, a baseline batch run just before or
+// just after it, which of the two goes first alternating from call to call
+// (a batch right after a synchronization and the one after it do not start
+// alike). Each callable returns its seconds; so does this, {measured,
+// baseline}, the baseline 0 when not paired.
+class AlternatingPair {
+ public:
+  template <class Measured, class Baseline>
+  std::pair<double, double> operator()(bool paired, Measured&& measured, Baseline&& baseline) {
+    double baseline_s = 0.0;
+    if (paired && baseline_first_) {
+      baseline_s = baseline();
+    }
+    const double measured_s = measured();
+    if (paired && !baseline_first_) {
+      baseline_s = baseline();
+    }
+    baseline_first_ = !baseline_first_;
+    return {measured_s, baseline_s};
+  }
+
+ private:
+  bool baseline_first_ = true;
+};
 
 // Average device time of `work` over `reps` runs, from events.
 template <class Work>
@@ -518,19 +543,16 @@ void pipeline_batch(benchmark::State& state, Balance balance, Mode mode, std::si
     }
     std::vector<double> batches;
     std::vector<double> duplex_ratios;
-    bool raw_first = true;
+    AlternatingPair pair;
     for (auto _ : state) {
-      double raw_s = 0.0;
-      if (raw_duplex && raw_first) {
-        raw_s = raw_duplex->run(items);
-      }
-      const auto start = std::chrono::steady_clock::now();
-      run_batch(items);
-      const double batch = seconds_since(start);
-      if (raw_duplex && !raw_first) {
-        raw_s = raw_duplex->run(items);
-      }
-      raw_first = !raw_first;
+      const auto [batch, raw_s] = pair(
+          raw_duplex.has_value(),
+          [&] {
+            const auto start = std::chrono::steady_clock::now();
+            run_batch(items);
+            return seconds_since(start);
+          },
+          [&] { return raw_duplex->run(items); });
       batches.push_back(batch);
       if (raw_duplex) {
         duplex_ratios.push_back(raw_s / batch);  // pipeline GB/s over raw duplex GB/s
@@ -634,12 +656,13 @@ void pageable_batch(benchmark::State& state, PageableMode mode) {
     if (mode == PageableMode::pipelined) {
       const replay::PipelineOptions defaults{};
       Pools& pinned = pools();
+      // Its helpers, the submitting thread and the completion thread.
       host_only.emplace(defaults.host_copy_threads + 2, items, bytes, defaults.staging_chunk_bytes, slots_for(bytes),
                         reinterpret_cast<const std::byte*>(pageable.in.data()),
                         reinterpret_cast<std::byte*>(pageable.out.data()),
                         reinterpret_cast<std::byte*>(pinned.in.data()),
                         reinterpret_cast<const std::byte*>(pinned.out.data()));
-      (void)host_only->run_batch();  // warm: the threads, the pinned pages
+      (void)host_only->run();  // warm: the threads, the pinned pages
     }
     const double moved = static_cast<double>(items * bytes);
     const double link_GBps = static_cast<double>(bytes) / cal.duplex_s / 1e9;
@@ -647,19 +670,16 @@ void pageable_batch(benchmark::State& state, PageableMode mode) {
     std::vector<double> batches;
     std::vector<double> host_only_batches;
     std::vector<double> ceiling_ratios;
-    bool host_only_first = true;  // which of a pair goes first alternates
+    AlternatingPair pair;
     for (auto _ : state) {
-      double host_s = 0.0;
-      if (host_only && host_only_first) {
-        host_s = host_only->run_batch();
-      }
-      const auto start = std::chrono::steady_clock::now();
-      run_batch(items);
-      const double batch = seconds_since(start);
-      if (host_only && !host_only_first) {
-        host_s = host_only->run_batch();
-      }
-      host_only_first = !host_only_first;
+      const auto [batch, host_s] = pair(
+          host_only.has_value(),
+          [&] {
+            const auto start = std::chrono::steady_clock::now();
+            run_batch(items);
+            return seconds_since(start);
+          },
+          [&] { return host_only->run(); });
       batches.push_back(batch);
       if (host_only) {
         host_only_batches.push_back(host_s);
