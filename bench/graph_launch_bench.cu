@@ -123,25 +123,24 @@ void host_launch_paired(benchmark::State& state) {
   std::vector<double> raw_s;
   std::vector<double> replay_s;
   std::vector<double> pair_ratios;  // replay / raw of each pair, timed next to each other
-  bool raw_first = true;
+  auto burst_of = [&](int mode) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int b = 0; b < burst; ++b) {
+      f.enqueue(mode);
+    }
+    const auto stop = std::chrono::steady_clock::now();
+    f.stream.synchronize();
+    return std::chrono::duration<double>(stop - start).count();
+  };
+  AlternatingPair pair;
   for (auto _ : state) {
-    double pair[2] = {0.0, 0.0};  // raw, replay
-    for (int half = 0; half < 2; ++half) {
-      const int mode = (half == 0) == raw_first ? raw_graph : replay_graph;
-      const auto start = std::chrono::steady_clock::now();
-      for (int b = 0; b < burst; ++b) {
-        f.enqueue(mode);
-      }
-      const auto stop = std::chrono::steady_clock::now();
-      f.stream.synchronize();
-      pair[mode == raw_graph ? 0 : 1] = std::chrono::duration<double>(stop - start).count();
+    const auto [replay_time, raw_time] =
+        pair([&] { return burst_of(replay_graph); }, [&] { return burst_of(raw_graph); });
+    raw_s.push_back(raw_time);
+    replay_s.push_back(replay_time);
+    if (raw_time > 0.0) {
+      pair_ratios.push_back(replay_time / raw_time);
     }
-    raw_s.push_back(pair[0]);
-    replay_s.push_back(pair[1]);
-    if (pair[0] > 0.0) {
-      pair_ratios.push_back(pair[1] / pair[0]);
-    }
-    raw_first = !raw_first;
     state.SetIterationTime(0.0);
   }
   const double raw = median(raw_s) / burst;
@@ -167,29 +166,31 @@ void capture_paired(benchmark::State& state) {
   const int burst = kernels == 1 ? 8 : 1;
   std::vector<double> raw_s;
   std::vector<double> replay_s;
-  bool raw_first = true;
   std::size_t nodes = 0;
-  for (auto _ : state) {
-    for (int half = 0; half < 2; ++half) {
-      const bool raw = (half == 0) == raw_first;
-      const auto start = std::chrono::steady_clock::now();
-      for (int b = 0; b < burst; ++b) {
-        if (raw) {
-          replay::check(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal),
-                        "cudaStreamBeginCapture");
-          chain(stream, x.data(), kernels);
-          cudaGraph_t graph = nullptr;
-          replay::check(cudaStreamEndCapture(stream.get(), &graph), "cudaStreamEndCapture");
-          replay::check(cudaGraphDestroy(graph), "cudaGraphDestroy");
-        } else {
-          replay::Graph graph = replay::capture(stream, [&](replay::StreamRef s) { chain(s, x.data(), kernels); });
-          benchmark::DoNotOptimize(graph.get());
-        }
-      }
-      const auto stop = std::chrono::steady_clock::now();
-      (raw ? raw_s : replay_s).push_back(std::chrono::duration<double>(stop - start).count());
+  auto raw_burst = [&] {
+    const auto start = std::chrono::steady_clock::now();
+    for (int b = 0; b < burst; ++b) {
+      replay::check(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+      chain(stream, x.data(), kernels);
+      cudaGraph_t graph = nullptr;
+      replay::check(cudaStreamEndCapture(stream.get(), &graph), "cudaStreamEndCapture");
+      replay::check(cudaGraphDestroy(graph), "cudaGraphDestroy");
     }
-    raw_first = !raw_first;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  auto replay_burst = [&] {
+    const auto start = std::chrono::steady_clock::now();
+    for (int b = 0; b < burst; ++b) {
+      replay::Graph graph = replay::capture(stream, [&](replay::StreamRef s) { chain(s, x.data(), kernels); });
+      benchmark::DoNotOptimize(graph.get());
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  AlternatingPair pair;
+  for (auto _ : state) {
+    const auto [replay_time, raw_time] = pair(replay_burst, raw_burst);
+    raw_s.push_back(raw_time);
+    replay_s.push_back(replay_time);
     state.SetIterationTime(0.0);
   }
   {  // the captured graph holds what was issued (checked once, outside the timing)
@@ -243,21 +244,20 @@ void gpu_time_paired(benchmark::State& state) {
   std::vector<double> raw_ms;
   std::vector<double> replay_ms;
   std::vector<double> pair_ratios;
-  bool raw_first = true;
+  auto device_ms_of = [&](int mode) {
+    start.record(f.stream);
+    f.enqueue(mode);
+    stop.record(f.stream);
+    stop.synchronize();
+    return static_cast<double>(replay::Event::elapsed_ms(start, stop));
+  };
+  AlternatingPair pair;
   for (auto _ : state) {
-    double pair[2] = {0.0, 0.0};  // raw, replay
-    for (int half = 0; half < 2; ++half) {
-      const int mode = (half == 0) == raw_first ? raw_graph : replay_graph;
-      start.record(f.stream);
-      f.enqueue(mode);
-      stop.record(f.stream);
-      stop.synchronize();
-      pair[mode == raw_graph ? 0 : 1] = static_cast<double>(replay::Event::elapsed_ms(start, stop));
-    }
-    raw_first = !raw_first;
-    raw_ms.push_back(pair[0]);
-    replay_ms.push_back(pair[1]);
-    pair_ratios.push_back(pair[0] > 0.0 ? pair[1] / pair[0] : 0.0);
+    const auto [replay_time, raw_time] =
+        pair([&] { return device_ms_of(replay_graph); }, [&] { return device_ms_of(raw_graph); });
+    raw_ms.push_back(raw_time);
+    replay_ms.push_back(replay_time);
+    pair_ratios.push_back(raw_time > 0.0 ? replay_time / raw_time : 0.0);
     state.SetIterationTime(0.0);
   }
   state.counters["raw_us"] = median(raw_ms) * 1e3;

@@ -246,9 +246,6 @@ void route_launch(benchmark::State& state) {
   std::vector<double> routed_s;
   std::vector<double> overhead_s;
   std::vector<double> overhead_ratio;
-  // Which burst of a pair goes first alternates: the burst right after a
-  // synchronization and the one after it do not start alike.
-  bool raw_first = true;
   auto raw_burst = [&] {
     const auto start = clock_type::now();
     for (int b = 0; b < kBurst; ++b) {
@@ -267,17 +264,9 @@ void route_launch(benchmark::State& state) {
     stream.synchronize();
     return elapsed;
   };
+  AlternatingPair pair;  // which burst of a pair goes first alternates
   for (auto _ : state) {
-    double raw = 0.0;
-    double routed = 0.0;
-    if (raw_first) {
-      raw = raw_burst();
-      routed = routed_burst();
-    } else {
-      routed = routed_burst();
-      raw = raw_burst();
-    }
-    raw_first = !raw_first;
+    const auto [routed, raw] = pair(routed_burst, raw_burst);
     raw_total += raw;
     routed_total += routed;
     launches += kBurst;

@@ -290,31 +290,6 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// A measured batch and, when `paired`, a baseline batch run just before or
-// just after it, which of the two goes first alternating from call to call
-// (a batch right after a synchronization and the one after it do not start
-// alike). Each callable returns its seconds; so does this, {measured,
-// baseline}, the baseline 0 when not paired.
-class AlternatingPair {
- public:
-  template <class Measured, class Baseline>
-  std::pair<double, double> operator()(bool paired, Measured&& measured, Baseline&& baseline) {
-    double baseline_s = 0.0;
-    if (paired && baseline_first_) {
-      baseline_s = baseline();
-    }
-    const double measured_s = measured();
-    if (paired && !baseline_first_) {
-      baseline_s = baseline();
-    }
-    baseline_first_ = !baseline_first_;
-    return {measured_s, baseline_s};
-  }
-
- private:
-  bool baseline_first_ = true;
-};
-
 // Average device time of `work` over `reps` runs, from events.
 template <class Work>
 double device_seconds(replay::StreamRef stream, int reps, Work&& work) {
