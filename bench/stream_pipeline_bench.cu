@@ -87,7 +87,7 @@
 #include <vector>
 
 #include "replay/replay.hpp"
-#include "replay/detail/streaming_copy.hpp"  // the pipeline's own output copy, for the host-only baseline
+#include "replay/stream_pipeline/detail/streaming_copy.hpp"  // the pipeline's own output copy, for the host-only baseline
 #include "replay/stream_pipeline.hpp"
 
 namespace {

@@ -14,3 +14,9 @@ if(REPLAY_BASH)
            COMMAND ${REPLAY_BASH} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/gpu_check_arguments_test.sh ${PROJECT_SOURCE_DIR})
   set_tests_properties(scripts.gpu_check_arguments PROPERTIES LABELS host TIMEOUT 60)
 endif()
+# The include layout of include/replay/ (scripts/include_layout.py): shared
+# internals include no component, no component's internals include another's.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME scripts.include_layout COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/include_layout_test.py)
+  set_tests_properties(scripts.include_layout PROPERTIES LABELS host TIMEOUT 60)
+endif()

@@ -26,7 +26,7 @@
 
 #include "gpu_suite.hpp"
 #include "replay/replay.hpp"
-#include "replay/detail/copy_graph.hpp"
+#include "replay/torch/detail/copy_graph.hpp"
 #include "replay/stream_pipeline.hpp"
 
 namespace {

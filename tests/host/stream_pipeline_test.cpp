@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "gpu_suite.hpp"
-#include "replay/detail/slot_refill.hpp"
-#include "replay/detail/streaming_copy.hpp"
+#include "replay/stream_pipeline/detail/slot_refill.hpp"
+#include "replay/stream_pipeline/detail/streaming_copy.hpp"
 #include "replay/stream_pipeline.hpp"
 
 namespace {

@@ -39,7 +39,7 @@
 #include "replay/batcher/policy.hpp"
 #include "replay/batcher/stats.hpp"
 #include "replay/batcher/status.hpp"
-#include "replay/detail/batcher_message.hpp"
+#include "replay/batcher/detail/message.hpp"
 #include "replay/error.hpp"
 
 namespace replay {
@@ -371,4 +371,4 @@ Batcher(Executor, BatcherOptions = {}) -> Batcher<Executor>;
 }  // namespace replay
 
 // The out-of-line part: the worker (gather, run, complete).
-#include "replay/detail/batcher_worker.hpp"
+#include "replay/batcher/detail/worker.hpp"

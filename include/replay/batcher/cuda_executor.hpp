@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "replay/batcher/policy.hpp"
-#include "replay/detail/batcher_message.hpp"
+#include "replay/batcher/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/shape_router.hpp"
 #include "replay/static_buffer.hpp"

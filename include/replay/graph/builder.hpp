@@ -6,8 +6,8 @@
 // instantiation for updates on the executable graph. Capture mixes in two
 // ways: a captured Graph as a child node (add_child), or capture straight
 // into this graph or body (capture(), cudaStreamBeginCaptureToGraph; in
-// detail/graph_capture.hpp). add_host, add_child and add_mem_alloc are defined
-// in detail/graph_builder_nodes.hpp; ConditionalNode is in
+// graph/detail/capture.hpp). add_host, add_child and add_mem_alloc are defined
+// in graph/detail/builder_nodes.hpp; ConditionalNode is in
 // graph/conditional_node.hpp.
 //
 //   replay::Graph graph = replay::make_graph();
@@ -34,7 +34,7 @@
 
 #include "replay/capture_scope.hpp"
 #include "replay/detail/capture_state.hpp"
-#include "replay/detail/graph_nodes.hpp"
+#include "replay/graph/detail/nodes.hpp"
 #include "replay/detail/signature_checks.hpp"
 #include "replay/error.hpp"
 #include "replay/event.hpp"
@@ -347,6 +347,6 @@ class GraphBuilder {
 
 // The out-of-line parts: the nodes that take more than one CUDA call, capture
 // into the graph, conditional nodes.
-#include "replay/detail/graph_builder_nodes.hpp"
-#include "replay/detail/graph_capture.hpp"
+#include "replay/graph/detail/builder_nodes.hpp"
+#include "replay/graph/detail/capture.hpp"
 #include "replay/graph/conditional_node.hpp"

@@ -37,7 +37,7 @@
 #include <thread>
 #include <vector>
 
-#include "replay/detail/shape_router_keys.hpp"
+#include "replay/shape_router/detail/keys.hpp"
 #include "replay/error.hpp"
 #include "replay/event.hpp"
 #include "replay/nccl/collectives.hpp"

@@ -27,7 +27,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "replay/detail/shape_router_keys.hpp"
+#include "replay/shape_router/detail/keys.hpp"
 #include "replay/error.hpp"
 #include "replay/nccl/agreement.hpp"
 #include "replay/nccl/stream_device.hpp"

@@ -18,7 +18,7 @@
 
 #include "replay/capture_scope.hpp"
 #include "replay/detail/capture_coordinator.hpp"
-#include "replay/detail/router_recapture.hpp"
+#include "replay/shape_router/detail/recapture.hpp"
 #include "replay/device.hpp"
 #include "replay/error.hpp"
 #include "replay/event.hpp"

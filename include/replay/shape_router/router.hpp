@@ -22,10 +22,10 @@
 #include <utility>
 #include <vector>
 
-#include "replay/detail/router_entry_table.hpp"
-#include "replay/detail/router_records.hpp"
-#include "replay/detail/shape_plan.hpp"
-#include "replay/detail/shape_router_keys.hpp"
+#include "replay/shape_router/detail/entry_table.hpp"
+#include "replay/shape_router/detail/records.hpp"
+#include "replay/shape_router/detail/shape_plan.hpp"
+#include "replay/shape_router/detail/keys.hpp"
 #include "replay/detail/signature_checks.hpp"
 #include "replay/error.hpp"
 #include "replay/shape_router/backend.hpp"
@@ -259,7 +259,7 @@ class ShapeRouter {
   using Attempt = detail::RouterCaptureAttempt<exec_type>;
 
   // Ends a submission (see enter_stream) when it goes out of scope:
-  // detail/router_streams.hpp.
+  // shape_router/detail/streams.hpp.
   class Submission;
 
   // Queries without a caller's location report the router's own.
@@ -271,7 +271,7 @@ class ShapeRouter {
     }
   }
 
-  // Stream ordering and leases: detail/router_streams.hpp.
+  // Stream ordering and leases: shape_router/detail/streams.hpp.
   // Registers one submission (launch or eager issue) on `stream`, under the
   // lock, which it may release while it waits. Submissions on one stream
   // overlap freely (the stream orders them); a submission on another stream
@@ -296,7 +296,7 @@ class ShapeRouter {
   void issue_eager(::std::unique_lock<::std::mutex>& lock, const Key& shape, stream_type stream,
                    const ::std::source_location& where);
 
-  // The key table, its LRU lists and eviction: detail/router_table.hpp.
+  // The key table, its LRU lists and eviction: shape_router/detail/table.hpp.
   // Recency: every use stamps the entry (last_used, from use_clock_). A miss
   // also moves it to the front of lru_; a hit only flags it (recent), and
   // forget_lru_entry gives a flagged entry a second chance, so that a hit
@@ -322,7 +322,7 @@ class ShapeRouter {
   void trim() noexcept;
   bool invalidate_entry(Entry& entry) noexcept;
 
-  // Misses, captures, retries and failure reports: detail/router_capture.hpp.
+  // Misses, captures, retries and failure reports: shape_router/detail/capture.hpp.
   [[gnu::noinline]] Route<Key> run_miss(::std::unique_lock<::std::mutex>& lock, const Key& shape, stream_type stream,
                                         const ::std::source_location& where);
   // capture() for one shape: warm-ups, then a capture (or a re-capture).
@@ -393,6 +393,6 @@ class ShapeRouter {
 }  // namespace replay
 
 // The out-of-line parts: stream ordering and leases, the key table, capture.
-#include "replay/detail/router_streams.hpp"
-#include "replay/detail/router_table.hpp"
-#include "replay/detail/router_capture.hpp"
+#include "replay/shape_router/detail/streams.hpp"
+#include "replay/shape_router/detail/table.hpp"
+#include "replay/shape_router/detail/capture.hpp"

@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "replay/detail/message.hpp"
-#include "replay/detail/pipeline_state.hpp"
+#include "replay/stream_pipeline/detail/state.hpp"
 #include "replay/error.hpp"
 #include "replay/stream_pipeline/completion.hpp"
 #include "replay/stream_pipeline/host_range.hpp"

@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "replay/detail/cuda_stage_runner.hpp"
+#include "replay/stream_pipeline/detail/cuda_stage_runner.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/detail/signature_checks.hpp"
 #include "replay/error.hpp"

@@ -8,7 +8,7 @@
 #include <source_location>
 #include <utility>
 
-#include "replay/detail/ticket_state.hpp"
+#include "replay/stream_pipeline/detail/ticket_state.hpp"
 #include "replay/error.hpp"
 
 namespace replay {

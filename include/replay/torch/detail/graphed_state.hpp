@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "replay/detail/copy_graph.hpp"
+#include "replay/torch/detail/copy_graph.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/detail/reentry_guard.hpp"
 #include "replay/error.hpp"
@@ -67,7 +67,7 @@ struct GraphedState {
   ::std::mutex mutex;
   GraphedCallCache cache;  // per batch: bucket, padding high-water mark, fast-mode views
   // The device-to-device copies of a call, each set as one graph launch
-  // (detail/copy_graph.hpp): the staged inputs, and safe mode's outputs.
+  // (torch/detail/copy_graph.hpp): the staged inputs, and safe mode's outputs.
   CopyGraph copy_in;
   CopyGraph copy_out;
   ::std::vector<ByteCopy> copies;  // the call's, reused

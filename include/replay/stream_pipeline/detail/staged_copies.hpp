@@ -1,7 +1,7 @@
 #pragma once
 #include <replay/detail/require_cxx20.hpp>
 // CudaStageRunner's chunked copies: staging a pageable input, issuing the copy-out on
-// streams, copying a staged output to the caller (finish); included by detail/cuda_stage_runner.hpp.
+// streams, copying a staged output to the caller (finish); included by stream_pipeline/detail/cuda_stage_runner.hpp.
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -10,10 +10,10 @@
 #include <optional>
 #include <span>
 
-#include "replay/detail/cuda_stage_runner.hpp"
-#include "replay/detail/host_copy_pool.hpp"
+#include "replay/stream_pipeline/detail/cuda_stage_runner.hpp"
+#include "replay/stream_pipeline/detail/host_copy_pool.hpp"
 #include "replay/detail/message.hpp"
-#include "replay/detail/streaming_copy.hpp"
+#include "replay/stream_pipeline/detail/streaming_copy.hpp"
 #include "replay/error.hpp"
 #include "replay/stream_pipeline/host_range.hpp"
 #include "replay/stream_pipeline/stage_runner.hpp"

@@ -17,8 +17,8 @@
 
 #include "replay/shape_router/router.hpp"
 #include "replay/detail/message.hpp"
-#include "replay/detail/router_records.hpp"
-#include "replay/detail/shape_router_keys.hpp"
+#include "replay/shape_router/detail/records.hpp"
+#include "replay/shape_router/detail/keys.hpp"
 #include "replay/shape_router/backend.hpp"
 #include "replay/shape_router/stats.hpp"
 

@@ -21,12 +21,12 @@
 #include <vector>
 
 #include "replay/capture_scope.hpp"
-#include "replay/detail/compute_stage.hpp"
+#include "replay/stream_pipeline/detail/compute_stage.hpp"
 #include "replay/detail/copy_kernel.hpp"
 #include "replay/detail/device_scope.hpp"
-#include "replay/detail/host_copy_pool.hpp"
-#include "replay/detail/host_memory.hpp"
-#include "replay/detail/pipeline_options_check.hpp"
+#include "replay/stream_pipeline/detail/host_copy_pool.hpp"
+#include "replay/stream_pipeline/detail/host_memory.hpp"
+#include "replay/stream_pipeline/detail/options_check.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/device.hpp"
 #include "replay/error.hpp"
@@ -34,7 +34,7 @@
 #include "replay/flags.hpp"
 #include "replay/graph.hpp"
 #include "replay/graph_exec.hpp"
-#include "replay/detail/stage_slot.hpp"
+#include "replay/stream_pipeline/detail/stage_slot.hpp"
 #include "replay/static_buffer.hpp"
 #include "replay/stream.hpp"
 #include "replay/stream_pipeline/host_range.hpp"
@@ -402,5 +402,5 @@ class CudaStageRunner {
 }  // namespace replay::detail
 
 // The out-of-line parts: the chunked copies, the compute stage and graph modes.
-#include "replay/detail/staged_copies.hpp"
-#include "replay/detail/stage_graphs.hpp"
+#include "replay/stream_pipeline/detail/staged_copies.hpp"
+#include "replay/stream_pipeline/detail/stage_graphs.hpp"

@@ -9,7 +9,7 @@
 #include <source_location>
 #include <vector>
 
-#include "replay/detail/host_copy_pool.hpp"
+#include "replay/stream_pipeline/detail/host_copy_pool.hpp"
 #include "replay/event.hpp"
 #include "replay/flags.hpp"
 #include "replay/graph.hpp"

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <source_location>
 
-#include "replay/detail/host_copy_pool.hpp"
+#include "replay/stream_pipeline/detail/host_copy_pool.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/flags.hpp"

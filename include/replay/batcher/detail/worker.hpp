@@ -16,7 +16,7 @@
 #include "replay/batcher/policy.hpp"
 #include "replay/batcher/stats.hpp"
 #include "replay/batcher/status.hpp"
-#include "replay/detail/batcher_message.hpp"
+#include "replay/batcher/detail/message.hpp"
 #include "replay/error.hpp"
 
 namespace replay {

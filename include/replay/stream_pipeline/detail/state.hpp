@@ -2,8 +2,8 @@
 // Internals of BasicStreamPipeline: the state it shares with its completion
 // thread (slot scheduling, the in-order issue turn, the in-flight FIFO that
 // delivers results in submission order). The completion thread's loop and
-// delivery are in detail/pipeline_delivery.hpp, the fixed-capacity slot FIFO
-// in detail/slot_ring.hpp.
+// delivery are in stream_pipeline/detail/delivery.hpp, the fixed-capacity slot FIFO
+// in stream_pipeline/detail/slot_ring.hpp.
 #include <replay/detail/require_cxx20.hpp>
 
 #include <algorithm>
@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "replay/detail/message.hpp"
-#include "replay/detail/slot_refill.hpp"
-#include "replay/detail/slot_ring.hpp"
-#include "replay/detail/ticket_state.hpp"
+#include "replay/stream_pipeline/detail/slot_refill.hpp"
+#include "replay/stream_pipeline/detail/slot_ring.hpp"
+#include "replay/stream_pipeline/detail/ticket_state.hpp"
 #include "replay/error.hpp"
 #include "replay/stream_pipeline/completion.hpp"
 #include "replay/stream_pipeline/host_range.hpp"
@@ -281,7 +281,7 @@ struct PipelineState {
   }
 
   // Sleeps until a slot is free; a lone producer may wait for a batch of them
-  // (detail/slot_refill.hpp says why and when).
+  // (stream_pipeline/detail/slot_refill.hpp says why and when).
   void wait_for_slot(::std::unique_lock<::std::mutex>& lock) {
     refill.begin_wait(runner.slot_count(), callbacks_in_flight == 0);
     slot_freed.wait(lock, [&] { return refill.refilled(free_slots.size()); });
@@ -331,7 +331,7 @@ struct PipelineState {
     }
   }
 
-  // The completion thread (in detail/pipeline_delivery.hpp): delivers the
+  // The completion thread (in stream_pipeline/detail/delivery.hpp): delivers the
   // in-flight FIFO's head once it is issued; returns when stopping with
   // nothing left in flight.
   void completion_loop() noexcept;
@@ -421,5 +421,5 @@ struct PipelineState {
 }  // namespace replay::detail
 
 // The out-of-line parts: the completion thread, and run()'s batches.
-#include "replay/detail/pipeline_delivery.hpp"
-#include "replay/detail/pipeline_batches.hpp"
+#include "replay/stream_pipeline/detail/delivery.hpp"
+#include "replay/stream_pipeline/detail/batches.hpp"

@@ -3,7 +3,7 @@
 // PipelineState's completion thread: the loop that waits for the in-flight
 // FIFO's head to be issued, the short watch before it sleeps, and the
 // delivery of one item's output (to a vector ticket, a count ticket or a
-// callback); included by detail/pipeline_state.hpp.
+// callback); included by stream_pipeline/detail/state.hpp.
 #include <chrono>
 #include <cstddef>
 #include <exception>
@@ -15,7 +15,7 @@
 #include <variant>
 #include <vector>
 
-#include "replay/detail/pipeline_state.hpp"
+#include "replay/stream_pipeline/detail/state.hpp"
 #include "replay/stream_pipeline/completion.hpp"
 #include "replay/stream_pipeline/stage_runner.hpp"
 

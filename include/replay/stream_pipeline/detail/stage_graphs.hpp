@@ -1,7 +1,7 @@
 #pragma once
 #include <replay/detail/require_cxx20.hpp>
 // CudaStageRunner's compute stage and graph modes: running the compute, capturing the
-// slot graphs, launching and re-pointing them; included by detail/cuda_stage_runner.hpp.
+// slot graphs, launching and re-pointing them; included by stream_pipeline/detail/cuda_stage_runner.hpp.
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -12,8 +12,8 @@
 
 #include "replay/capture_scope.hpp"
 #include "replay/detail/copy_kernel.hpp"
-#include "replay/detail/cuda_stage_runner.hpp"
-#include "replay/detail/host_copy_pool.hpp"
+#include "replay/stream_pipeline/detail/cuda_stage_runner.hpp"
+#include "replay/stream_pipeline/detail/host_copy_pool.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/flags.hpp"

@@ -3,7 +3,7 @@
 // BasicStreamPipeline::run()'s batches: PipelineState's group submissions
 // (several items with one launch, for a GroupedPipelineStageRunner), the
 // batch's submission and the collection of its results; included by
-// detail/pipeline_state.hpp.
+// stream_pipeline/detail/state.hpp.
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "replay/detail/message.hpp"
-#include "replay/detail/pipeline_state.hpp"
+#include "replay/stream_pipeline/detail/state.hpp"
 #include "replay/error.hpp"
 #include "replay/stream_pipeline/host_range.hpp"
 #include "replay/stream_pipeline/stage_runner.hpp"

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "replay/detail/message.hpp"
-#include "replay/detail/shape_router_keys.hpp"
+#include "replay/shape_router/detail/keys.hpp"
 #include "replay/error.hpp"
 #include "replay/shape_router/keys.hpp"
 #include "replay/shape_router/options.hpp"

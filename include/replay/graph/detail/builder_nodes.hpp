@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "replay/detail/graph_nodes.hpp"
+#include "replay/graph/detail/nodes.hpp"
 #include "replay/error.hpp"
 #include "replay/graph.hpp"
 #include "replay/graph/builder.hpp"

@@ -12,8 +12,8 @@
 #include <memory>
 #include <vector>
 
-#include "replay/detail/shape_plan.hpp"
-#include "replay/detail/shape_router_keys.hpp"
+#include "replay/shape_router/detail/shape_plan.hpp"
+#include "replay/shape_router/detail/keys.hpp"
 #include "replay/shape_router/options.hpp"
 
 namespace replay::detail {

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "replay/capture_scope.hpp"
-#include "replay/detail/borrowed_capture.hpp"
+#include "replay/graph/detail/borrowed_capture.hpp"
 #include "replay/detail/capture_state.hpp"
-#include "replay/detail/graph_nodes.hpp"
+#include "replay/graph/detail/nodes.hpp"
 #include "replay/error.hpp"
 #include "replay/detail/signature_checks.hpp"
 #include "replay/graph/builder.hpp"
