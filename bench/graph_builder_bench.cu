@@ -2,14 +2,19 @@
 // ratios from one run.
 //
 //  jacobi_solve:   the Jacobi solve of cuda-samples jacobiCudaGraphs (512 x 512,
-//                  2954 iterations to 1e-2), solved to convergence three ways,
+//                  2954 iterations to 1e-2), solved to convergence four ways,
 //                  interleaved in every iteration (each result checked against
 //                  the CPU reference's iteration count and error):
 //                    raw_ms     the sample's method 0, raw CUDA
 //                               (cudaGraphExecKernelNodeSetParams + launch + sync
 //                               per iteration, the host testing convergence);
 //                    replay_ms  the same through replay's typed KernelNode::set_args;
-//                    while_ms   one launch: a WHILE node, the test on the GPU.
+//                    while_ms   one launch: a WHILE node, the test on the GPU,
+//                               its body one fused kernel (sweep_and_test);
+//                    while_sample_kernels_ms
+//                               one launch: a WHILE node whose body is the
+//                               sample's kernels (memset, sweep, test; the
+//                               second half-iteration in a nested IF).
 //                  Wall time per solve, from the first call to the result on the host.
 //  bucket_route/<mode>: a stream of requests with random batch sizes 1..64,
 //                  each a chain of small kernels on its power-of-two bucket:
@@ -56,6 +61,7 @@ void jacobi_solve(benchmark::State& state) {
   jacobi::RawNodeUpdate raw(d, stream);
   jacobi::ReplayNodeUpdate typed(d);
   jacobi::DeviceLoop loop(d);
+  jacobi::DeviceLoopOfSampleKernels sample_loop(d);
 
   bool wrong = false;
   auto timed = [&](auto& solver) {
@@ -69,10 +75,12 @@ void jacobi_solve(benchmark::State& state) {
   (void)timed(raw);  // warm-up
   (void)timed(typed);
   (void)timed(loop);
+  (void)timed(sample_loop);
 
   double raw_ms = 0.0;
   double replay_ms = 0.0;
   double while_ms = 0.0;
+  double while_sample_ms = 0.0;
   std::int64_t n = 0;
   for (auto _ : state) {
     // Alternate the order so that neither method 0 variant always runs first.
@@ -85,6 +93,7 @@ void jacobi_solve(benchmark::State& state) {
     }
     const double w = timed(loop);
     while_ms += w;
+    while_sample_ms += timed(sample_loop);
     state.SetIterationTime(w / 1e3);
     ++n;
   }
@@ -96,6 +105,7 @@ void jacobi_solve(benchmark::State& state) {
   state.counters["raw_ms"] = raw_ms / per;
   state.counters["replay_ms"] = replay_ms / per;
   state.counters["while_ms"] = while_ms / per;
+  state.counters["while_sample_kernels_ms"] = while_sample_ms / per;
   state.counters["iterations"] = cpu.iterations;
 }
 

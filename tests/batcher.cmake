@@ -15,6 +15,7 @@ if(REPLAY_BUILD_EXAMPLES AND TARGET replay_httplib)
              COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/host/inference_server_test.py
                      $<TARGET_FILE:inference_server>)
     set_tests_properties(inference_server.host PROPERTIES LABELS host TIMEOUT 120)
+    add_dependencies(replay_tests inference_server)  # the edit loop builds what its host tests run
   else()
     message(STATUS "replay: no python3: the inference_server test is skipped")
   endif()

@@ -11,7 +11,14 @@
 //   ReplayNodeUpdate the same graph built with replay::GraphBuilder, the
 //                    arguments swapped through the typed node handle;
 //   DeviceLoop       the whole solve in one launch: a WHILE node whose body,
-//                    one kernel, sweeps and tests convergence on the GPU.
+//                    one kernel, sweeps and tests convergence on the GPU;
+//   DeviceLoopOfSampleKernels
+//                    the whole solve in one launch, the WHILE body built from
+//                    the sample's own kernels as a user would first write it:
+//                    a memset, the sweep and a one-thread test kernel, with
+//                    the second half-iteration (x_new back into x) in a
+//                    nested IF. Six nodes a pass instead of one: each costs
+//                    the GPU about 2 us a pass, which the fused body saves.
 // Shared by examples/device_loop and bench/graph_builder_bench.cu.
 #include <cuda_runtime.h>
 
@@ -149,6 +156,26 @@ __global__ void sweep_and_test(replay::ConditionalHandle keep_going, const float
     *residual = 0.0;
     keep_going.set(r > threshold && done < max_iterations ? 1U : 0U);
   }
+}
+
+// The tests of DeviceLoopOfSampleKernels, one thread each: count the
+// half-iteration; keep going while the residual is above the threshold.
+__device__ inline unsigned count_and_test(const double* residual, int* iterations, float threshold,
+                                          int max_iterations) {
+  const int done = *iterations + 1;
+  *iterations = done;
+  return *residual > threshold && done < max_iterations ? 1U : 0U;
+}
+// After the first half: also decides whether the second half (the nested IF) runs.
+__global__ void test_first_half(replay::ConditionalHandle keep_going, replay::ConditionalHandle second_half,
+                                const double* residual, int* iterations, float threshold, int max_iterations) {
+  const unsigned go = count_and_test(residual, iterations, threshold, max_iterations);
+  keep_going.set(go);
+  second_half.set(go);
+}
+__global__ void test_second_half(replay::ConditionalHandle keep_going, const double* residual, int* iterations,
+                                 float threshold, int max_iterations) {
+  keep_going.set(count_and_test(residual, iterations, threshold, max_iterations));
 }
 
 // Device data shared by every method.
@@ -344,6 +371,59 @@ class DeviceLoop {
   DeviceSystem& d_;
   replay::Graph graph_;
   replay::GraphExec exec_;
+};
+
+// The whole solve in one graph launch, the WHILE body built from the sample's
+// own kernels: [memset, sweep x -> x_new, test] then IF [memset, sweep x_new
+// -> x, test]. The same iterations and error as the others; the cost of six
+// nodes a pass instead of one is what the README's Jacobi rows compare.
+class DeviceLoopOfSampleKernels {
+ public:
+  explicit DeviceLoopOfSampleKernels(DeviceSystem& d) : d_(d), graph_(build(d)), exec_(graph_) {}
+
+  int solve(replay::StreamRef stream) {
+    exec_.launch(stream);
+    replay::check(cudaMemcpyAsync(&iterations_, d_.iterations.data(), sizeof(int), cudaMemcpyDeviceToHost,
+                                  stream.get()),
+                  "cudaMemcpyAsync");
+    stream.synchronize();
+    return iterations_;
+  }
+  // An odd count ended on the first half (x -> x_new).
+  const double* solution() const { return (iterations_ & 1) != 0 ? d_.x_new.data() : d_.x.data(); }
+  const replay::Graph& graph() const { return graph_; }
+
+ private:
+  // One half-iteration's clear and sweep (from -> to) into `body`; the test follows it.
+  static replay::Node add_sweep(replay::GraphBuilder& body, DeviceSystem& d, const double* from, double* to) {
+    auto clear = body.add_memset(d.residual.data(), 0, sizeof(double));
+    return body.add_kernel(sweep, kSweepBlocks, kSweepThreads, 0, {clear}, d.a.data(), d.b.data(), from, to,
+                           d.residual.data());
+  }
+
+  static replay::Graph build(DeviceSystem& d) {
+    replay::Graph graph = replay::make_graph();
+    replay::GraphBuilder g(graph);
+    auto keep_going = g.make_condition(1);
+    const replay::Deps cleared{g.add_memset(d.x.data(), 0, kRows * sizeof(double)),
+                               g.add_memset(d.x_new.data(), 0, kRows * sizeof(double)),
+                               g.add_fill(d.iterations.span(), 0)};
+    auto loop = g.add_while(keep_going, cleared);
+    replay::GraphBuilder body = loop.body();
+    auto second_half = body.make_condition(0);
+    const replay::Node first = body.add_kernel(test_first_half, 1, 1, 0, {add_sweep(body, d, d.x.data(), d.x_new.data())},
+                                               keep_going, second_half, d.residual.data(), d.iterations.data(),
+                                               kThreshold, kMaxIterations);
+    replay::GraphBuilder inner = body.add_if(second_half, {first}).body();
+    (void)inner.add_kernel(test_second_half, 1, 1, 0, {add_sweep(inner, d, d.x_new.data(), d.x.data())}, keep_going,
+                           d.residual.data(), d.iterations.data(), kThreshold, kMaxIterations);
+    return graph;
+  }
+
+  DeviceSystem& d_;
+  replay::Graph graph_;
+  replay::GraphExec exec_;
+  int iterations_ = 0;
 };
 
 }  // namespace jacobi

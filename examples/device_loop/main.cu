@@ -4,7 +4,11 @@
 //   (a) the sample's method 0 in raw CUDA (cudaGraphExecKernelNodeSetParams
 //       every iteration, the host testing convergence after every launch),
 //   (b) the same through replay's typed node handle,
-//   (c) the whole solve in one launch: a WHILE node, the test on the GPU.
+//   (c) the whole solve in one launch: a WHILE node, the test on the GPU,
+//       its body one fused kernel (sweep and test);
+//   (d) the same with the body built from the sample's own kernels (a memset,
+//       the sweep, a one-thread test; the second half-iteration in a nested
+//       IF): six nodes a pass, each costing the GPU about 2 us a pass.
 // Exits non-zero when a result is wrong.
 #include <chrono>
 #include <cmath>
@@ -26,7 +30,7 @@ bool run(const char* label, Solver& solver, const jacobi::DeviceSystem& d, const
   const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - start).count();
   const double error = d.error_of(solver.solution(), stream);
   const bool ok = iterations == cpu.iterations && std::fabs(error - cpu.error) <= 1e-9 + 1e-6 * cpu.error;
-  std::printf("%-44s iterations %5d  error %.3e  %8.3f ms  %s\n", label, iterations, error, ms, ok ? "ok" : "WRONG");
+  std::printf("%-48s iterations %5d  error %.3e  %8.3f ms  %s\n", label, iterations, error, ms, ok ? "ok" : "WRONG");
   return ok;
 }
 }  // namespace
@@ -41,7 +45,7 @@ int main() {
     const auto cpu_start = clock_type::now();
     const jacobi::Result cpu = jacobi::solve_on_cpu(system);
     const double cpu_ms = std::chrono::duration<double, std::milli>(clock_type::now() - cpu_start).count();
-    std::printf("%-44s iterations %5d  error %.3e  %8.3f ms\n", "CPU reference", cpu.iterations, cpu.error, cpu_ms);
+    std::printf("%-48s iterations %5d  error %.3e  %8.3f ms\n", "CPU reference", cpu.iterations, cpu.error, cpu_ms);
 
     replay::Stream stream;
     jacobi::DeviceSystem d(system, stream);
@@ -56,7 +60,11 @@ int main() {
     }
     {
       jacobi::DeviceLoop loop(d);
-      ok &= run("(c) one launch, WHILE node, test on the GPU", loop, d, cpu, stream);
+      ok &= run("(c) one launch, WHILE node, one fused kernel", loop, d, cpu, stream);
+    }
+    {
+      jacobi::DeviceLoopOfSampleKernels loop(d);
+      ok &= run("(d) one launch, WHILE node, the sample's kernels", loop, d, cpu, stream);
     }
     std::printf("device_loop: %s\n", ok ? "all results match the CPU reference" : "FAILED");
     return ok ? 0 : 1;
