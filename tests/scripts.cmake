@@ -20,3 +20,8 @@ if(Python3_Interpreter_FOUND)
   add_test(NAME scripts.include_layout COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/include_layout_test.py)
   set_tests_properties(scripts.include_layout PROPERTIES LABELS host TIMEOUT 60)
 endif()
+# scripts/test_summary.py: the closing counts of scripts/test.sh, from made-up ctest JUnit output.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME scripts.test_summary COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_summary_test.py)
+  set_tests_properties(scripts.test_summary PROPERTIES LABELS host TIMEOUT 60)
+endif()
