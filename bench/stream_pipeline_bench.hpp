@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -111,6 +112,14 @@ class SerialLoop {
                   "cudaMemcpyAsync");
   }
   void synchronize() { stream_.synchronize(); }
+  // `count` items from and to contiguous host memory, item i at in + i * n and
+  // out + i * n; returns once they are done.
+  void run(const float* in, float* out, std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i) {
+      enqueue(in + i * n_, out + i * n_);
+    }
+    synchronize();
+  }
 
  private:
   std::size_t n_;
@@ -119,6 +128,16 @@ class SerialLoop {
   replay::DeviceBuffer<float> d_in_;
   replay::DeviceBuffer<float> d_out_;
 };
+
+// The same batch through the pipeline: each item submitted as host spans of
+// n elements, then drained.
+inline void submit_batch(replay::StreamPipeline<float>& pipeline, const float* in, float* out, std::size_t n,
+                         std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
+    (void)pipeline.submit(std::span<const float>(in + i * n, n), std::span<float>(out + i * n, n));
+  }
+  pipeline.drain();
+}
 
 // Average device time of `work` over `reps` runs, from events.
 template <class Work>

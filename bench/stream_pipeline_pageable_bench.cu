@@ -171,21 +171,14 @@ void pageable_batch(benchmark::State& state, PageableMode mode) {
     }
     const auto run_batch = [&](std::size_t count) {
       if (serial) {
-        for (std::size_t i = 0; i < count; ++i) {
-          serial->enqueue(pageable.in.data() + i * n, pageable.out.data() + i * n);
-        }
-        serial->synchronize();
+        serial->run(pageable.in.data(), pageable.out.data(), count);
       } else if (registered != nullptr) {
         for (std::size_t i = 0; i < count; ++i) {
           (void)pipeline->submit(registered->in.subview(i * n, n), registered->out.subview(i * n, n));
         }
         pipeline->drain();
       } else {
-        for (std::size_t i = 0; i < count; ++i) {
-          (void)pipeline->submit(std::span<const float>(pageable.in.data() + i * n, n),
-                                 std::span<float>(pageable.out.data() + i * n, n));
-        }
-        pipeline->drain();
+        submit_batch(*pipeline, pageable.in.data(), pageable.out.data(), n, count);
       }
     };
     // The staged pipeline's ceiling, measured beside it (see HostStagingCopy).

@@ -29,7 +29,6 @@
 #include <chrono>
 #include <exception>
 #include <optional>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -146,16 +145,9 @@ void pipeline_batch(benchmark::State& state, Balance balance, Mode mode, std::si
     }
     const auto run_batch = [&](std::size_t count) {
       if (serial) {
-        for (std::size_t i = 0; i < count; ++i) {
-          serial->enqueue(p.in.data() + i * n, p.out.data() + i * n);
-        }
-        serial->synchronize();
+        serial->run(p.in.data(), p.out.data(), count);
       } else {
-        for (std::size_t i = 0; i < count; ++i) {
-          (void)pipeline->submit(std::span<const float>(p.in.data() + i * n, n),
-                                 std::span<float>(p.out.data() + i * n, n));
-        }
-        pipeline->drain();
+        submit_batch(*pipeline, p.in.data(), p.out.data(), n, count);
       }
     };
     run_batch(std::min<std::size_t>(items, 2 * slots + 2));  // warm: first launches, lazy loading
