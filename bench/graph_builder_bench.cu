@@ -26,6 +26,8 @@
 //                  Time per request, bursts of 64 enqueued back to back, then synchronized.
 #include <benchmark/benchmark.h>
 
+#include "bench_device.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <random>
@@ -39,13 +41,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-bool skip_without_device(benchmark::State& state) {
-  if (!replay::has_device()) {
-    state.SkipWithError("no CUDA device");
-    return true;
-  }
-  return false;
-}
 double ms_since(clock_type::time_point start) {
   return std::chrono::duration<double, std::milli>(clock_type::now() - start).count();
 }

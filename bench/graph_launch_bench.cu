@@ -17,6 +17,7 @@
 //                         upload) vs one in-place replay::GraphExec::update.
 #include <benchmark/benchmark.h>
 
+#include "bench_device.hpp"
 #include "bench_stats.hpp"
 
 #include <algorithm>
@@ -80,14 +81,6 @@ void warm_clocks(Fixture& f) {
   }
 }
 
-bool skip_without_device(benchmark::State& state) {
-  if (!replay::has_device()) {
-    state.SkipWithError("no CUDA device");
-    return true;
-  }
-  return false;
-}
-
 void host_enqueue(benchmark::State& state) {
   if (skip_without_device(state)) return;
   const int mode = static_cast<int>(state.range(0));
@@ -120,9 +113,6 @@ void host_launch_paired(benchmark::State& state) {
   const int kernels = static_cast<int>(state.range(0));
   Fixture f(kernels);
   constexpr int burst = 8;
-  std::vector<double> raw_s;
-  std::vector<double> replay_s;
-  std::vector<double> pair_ratios;  // replay / raw of each pair, timed next to each other
   auto burst_of = [&](int mode) {
     const auto start = std::chrono::steady_clock::now();
     for (int b = 0; b < burst; ++b) {
@@ -132,24 +122,16 @@ void host_launch_paired(benchmark::State& state) {
     f.stream.synchronize();
     return std::chrono::duration<double>(stop - start).count();
   };
-  AlternatingPair pair;
+  PairedSamples bursts;  // replay against raw, timed next to each other
   for (auto _ : state) {
-    const auto [replay_time, raw_time] =
-        pair([&] { return burst_of(replay_graph); }, [&] { return burst_of(raw_graph); });
-    raw_s.push_back(raw_time);
-    replay_s.push_back(replay_time);
-    if (raw_time > 0.0) {
-      pair_ratios.push_back(replay_time / raw_time);
-    }
+    (void)bursts.time([&] { return burst_of(replay_graph); }, [&] { return burst_of(raw_graph); });
     state.SetIterationTime(0.0);
   }
-  const double raw = median(raw_s) / burst;
-  const double replay = median(replay_s) / burst;
-  state.counters["raw_ns"] = raw * 1e9;
-  state.counters["replay_ns"] = replay * 1e9;
+  state.counters["raw_ns"] = bursts.baseline_median() / burst * 1e9;
+  state.counters["replay_ns"] = bursts.measured_median() / burst * 1e9;
   // The median of the pairs' ratios: the host's speed drifts over the run
   // (a 1000-kernel launch moves by a few percent), and a pair sees one speed.
-  state.counters["overhead_ratio"] = median(pair_ratios);
+  state.counters["overhead_ratio"] = bursts.ratio_median();
   state.counters["kernels"] = kernels;
 }
 
@@ -164,8 +146,6 @@ void capture_paired(benchmark::State& state) {
   replay::Stream stream;
   replay::DeviceBuffer<float> x(kElements);
   const int burst = kernels == 1 ? 8 : 1;
-  std::vector<double> raw_s;
-  std::vector<double> replay_s;
   std::size_t nodes = 0;
   auto raw_burst = [&] {
     const auto start = std::chrono::steady_clock::now();
@@ -186,11 +166,9 @@ void capture_paired(benchmark::State& state) {
     }
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  AlternatingPair pair;
+  PairedSamples bursts;  // replay against raw
   for (auto _ : state) {
-    const auto [replay_time, raw_time] = pair(replay_burst, raw_burst);
-    raw_s.push_back(raw_time);
-    replay_s.push_back(replay_time);
+    (void)bursts.time(replay_burst, raw_burst);
     state.SetIterationTime(0.0);
   }
   {  // the captured graph holds what was issued (checked once, outside the timing)
@@ -201,8 +179,8 @@ void capture_paired(benchmark::State& state) {
     state.SkipWithError("replay::capture recorded a different number of nodes");
     return;
   }
-  const double raw = median(raw_s) / burst;
-  const double replay = median(replay_s) / burst;
+  const double raw = bursts.baseline_median() / burst;
+  const double replay = bursts.measured_median() / burst;
   state.counters["raw_ns"] = raw * 1e9;
   state.counters["replay_ns"] = replay * 1e9;
   state.counters["overhead_ratio"] = raw > 0.0 ? replay / raw : 0.0;
@@ -241,9 +219,6 @@ void gpu_time_paired(benchmark::State& state) {
   auto start = replay::Event::timing();
   auto stop = replay::Event::timing();
   warm_clocks(f);
-  std::vector<double> raw_ms;
-  std::vector<double> replay_ms;
-  std::vector<double> pair_ratios;
   auto device_ms_of = [&](int mode) {
     start.record(f.stream);
     f.enqueue(mode);
@@ -251,18 +226,14 @@ void gpu_time_paired(benchmark::State& state) {
     stop.synchronize();
     return static_cast<double>(replay::Event::elapsed_ms(start, stop));
   };
-  AlternatingPair pair;
+  PairedSamples replays;  // replay against raw, in ms
   for (auto _ : state) {
-    const auto [replay_time, raw_time] =
-        pair([&] { return device_ms_of(replay_graph); }, [&] { return device_ms_of(raw_graph); });
-    raw_ms.push_back(raw_time);
-    replay_ms.push_back(replay_time);
-    pair_ratios.push_back(raw_time > 0.0 ? replay_time / raw_time : 0.0);
+    (void)replays.time([&] { return device_ms_of(replay_graph); }, [&] { return device_ms_of(raw_graph); });
     state.SetIterationTime(0.0);
   }
-  state.counters["raw_us"] = median(raw_ms) * 1e3;
-  state.counters["replay_us"] = median(replay_ms) * 1e3;
-  state.counters["replay_over_raw"] = median(pair_ratios);
+  state.counters["raw_us"] = replays.baseline_median() * 1e3;
+  state.counters["replay_us"] = replays.measured_median() * 1e3;
+  state.counters["replay_over_raw"] = replays.ratio_median();
   state.counters["kernels"] = kernels;
 }
 

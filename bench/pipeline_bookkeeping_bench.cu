@@ -21,9 +21,9 @@
 #include <benchmark/benchmark.h>
 
 #include "bench_main.hpp"
+#include "bench_stats.hpp"
 
 #include <sys/resource.h>
-#include <time.h>
 
 #include <atomic>
 #include <chrono>
@@ -41,12 +41,6 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double thread_cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
-}
 
 long thread_voluntary_switches() {
   rusage usage{};

@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_resnet_bench import measure, save_and_merge  # noqa: E402  (the same timing loop)
+from torch_resnet_bench import measure, save_and_merge, verdict  # noqa: E402  (the same timing loop)
 
 DEFAULT_SHAPES = "1x16,8x128,4x64,1x128,8x16,3x40"  # torch.compile goes in this order
 LABELS = {
@@ -96,9 +96,6 @@ def print_table(rows, meta, shapes):
             r = by.get((impl, b, s))
             line += f"| {r['p50_ms']:6.3f} {r['p99_ms']:6.3f} " if r else f"| {'-':>6} {'-':>6} "
         print(line)
-
-    def verdict(ok):
-        return "n/a " if ok is None else ("PASS" if ok else "MISS")
 
     for b, s in shapes:
         replay, compiled, eager = (by.get((i, b, s)) for i in ("cpp_replay", "py_compile", "cpp_eager"))

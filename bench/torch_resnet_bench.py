@@ -142,6 +142,11 @@ LABELS = {
 COMPILE_GOALS = {1: 0.80, 8: 0.85, 32: 1.0}
 
 
+def verdict(ok):
+    """A target's verdict in the tables: PASS, MISS, or n/a (a side not measured)."""
+    return "n/a " if ok is None else ("PASS" if ok else "MISS")
+
+
 def print_table(rows, meta, batches):
     by = {(r["impl"], r["batch"]): r for r in rows}
     print(f"ResNet-50 {meta.get('dtype', '')} on {meta.get('device', '?')}, torch {meta.get('torch', '?')}: "
@@ -156,9 +161,6 @@ def print_table(rows, meta, batches):
             r = by.get((impl, b))
             line += f"| {r['p50_ms']:6.3f} {r['p99_ms']:6.3f} {r['qps']:7.0f} " if r else f"| {'-':>6} {'-':>6} {'-':>7} "
         print(line)
-
-    def verdict(ok):
-        return "n/a " if ok is None else ("PASS" if ok else "MISS")
 
     b = 1 if 1 in batches else batches[0]
     eager, replay, pygraph = by.get(("cpp_eager", b)), by.get(("cpp_replay", b)), by.get(("py_cudagraph", b))

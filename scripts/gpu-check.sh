@@ -286,6 +286,13 @@ cuda_lane() {
     $tests_only && break
     [ -x "$exe" ] && [ -f "$exe" ] || continue
     name=$(basename "$exe")
+    # A program that is no longer a target (a benchmark program renamed or
+    # split) stays in an old build folder: its rows would stand beside the
+    # current ones under the same names, so it does not run.
+    if [[ " $light_targets " != *" $name "* ]]; then
+      note "  bench $name: not a target of this build (left by an older one), not run"
+      continue
+    fi
     log "bench $name"
     run_bounded 150 "$exe" --benchmark_min_time=0.05s --benchmark_filter="$filter" \
       --benchmark_out="$OUT/bench/$name.json" --benchmark_out_format=json >"$OUT/bench/$name.txt" 2>&1 ||

@@ -81,6 +81,18 @@ with tempfile.TemporaryDirectory() as tmp:
     lines = run("--ratios", ratios, "--rerun", os.path.join(tmp, "rerun3"), "--rerun", os.path.join(tmp, "rerun4"), *first)
     check("median 1.03 of three misses", "MISS (target <=1.02)" in line_of(lines, "counter over one"))
 
+    # A row may take its numerator and denominator from two programs (one run
+    # of several benchmark programs): it is judged, and the filters for a miss
+    # name each program with its own benchmark.
+    across = os.path.join(tmp, "across.ratios")
+    open(across, "w").write("a over c | a/fast/ | c/slow/ | >=1\n")
+    programs = first + [write(os.path.join(tmp, "run"), "prog_c", [bench("c/slow/manual_time", 40.0)])]
+    lines = run("--ratios", across, *programs)
+    row = line_of(lines, "a over c")
+    check(f"a row across two programs is judged: {row}", row.strip().startswith("0.250") and "MISS" in row)
+    filters = run("--ratios", across, "--miss-filters", *programs)
+    check(f"one filter line per program: {filters}", sorted(filters) == ["prog_a\ta/fast/", "prog_c\tc/slow/"])
+
 if failures:
     print(f"{len(failures)} check(s) failed")
     sys.exit(1)
