@@ -83,11 +83,9 @@ class Batcher {
   Batcher& operator=(Batcher&&) = delete;
 
   // Drains: every waiting request runs (or expires) before the worker stops.
-  // May run inside one of this Batcher's own completions (a completion that
-  // drops the last owner, or a request holding it): on the worker thread the
-  // waiting requests then run right here, the rest of the batch being
-  // completed is completed after it returns, and the worker ends on its own
-  // without touching this object again.
+  // From one of its own completions on the worker (which dropped the last
+  // owner, or whose request held it) the waiting requests run right here, and
+  // the worker ends on its own without touching this object again.
   ~Batcher() {
     if (on_worker_thread()) {
       shutdown(ShutdownMode::drain);  // stops accepting; a thread cannot join itself

@@ -291,12 +291,7 @@ class ShapeRouter {
                                         const ::std::source_location& where);
   // Outside a lease under StreamSharing::lease_required: `stream` must be the
   // router's stream; the first run() (`binds`) makes it so. Under the lock.
-  void admit_stream(const stream_type& stream, bool binds, const ::std::source_location& where) {
-    if (options_.stream_sharing == StreamSharing::lease_required &&
-        !(home_stream_.has_value() && *home_stream_ == stream)) [[unlikely]] {
-      admit_other_stream(stream, binds, where);
-    }
-  }
+  void admit_stream(const stream_type& stream, bool binds, const ::std::source_location& where);
   [[gnu::noinline]] void admit_other_stream(const stream_type& stream, bool binds, const ::std::source_location& where);
   // enter_stream() without the lease check.
   [[nodiscard]] Submission enter_stream_locked(::std::unique_lock<::std::mutex>& lock, stream_type stream,

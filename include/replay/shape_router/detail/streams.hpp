@@ -108,6 +108,15 @@ inline auto ShapeRouter<Key, Backend>::lease(stream_type stream, ::std::source_l
 }
 
 template <RouterKey Key, GraphBackend Backend>
+inline void ShapeRouter<Key, Backend>::admit_stream(const stream_type& stream, bool binds,
+                                                    const ::std::source_location& where) {
+  if (options_.stream_sharing == StreamSharing::lease_required &&
+      !(home_stream_.has_value() && *home_stream_ == stream)) [[unlikely]] {
+    admit_other_stream(stream, binds, where);
+  }
+}
+
+template <RouterKey Key, GraphBackend Backend>
 void ShapeRouter<Key, Backend>::admit_other_stream(const stream_type& stream, bool binds,
                                                    const ::std::source_location& where) {
   if (lease_owner_ == ::std::this_thread::get_id()) {
