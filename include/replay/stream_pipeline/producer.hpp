@@ -32,18 +32,24 @@ class PipelineProducer {
   using State = detail::PipelineState<Runner>;
 
  public:
+  // The pipeline's output element type.
   using output_type = typename Runner::output_type;
+  // Inputs, as BasicStreamPipeline::input_range.
   using input_range = HostRange<const typename Runner::input_type>;
+  // Destinations, as BasicStreamPipeline::destination_range.
   using destination_range = HostRange<output_type>;
+  // Receives each item's output or error on the completion thread.
   using callback_type = PipelineCallback<output_type>;
 
   PipelineProducer(const PipelineProducer&) = delete;
   PipelineProducer& operator=(const PipelineProducer&) = delete;
+  // Takes over `other`'s errors and items; `other` is then moved-from.
   PipelineProducer(PipelineProducer&& other) noexcept
       : state_(::std::exchange(other.state_, nullptr)),
         alive_(::std::move(other.alive_)),
         errors_(::std::move(other.errors_)),
         after_last_(other.after_last_.load()) {}
+  // Lets go of this producer's own errors (to the pipeline), then takes over `other`'s.
   PipelineProducer& operator=(PipelineProducer&& other) noexcept {
     if (this != &other) {
       close();
@@ -56,19 +62,24 @@ class PipelineProducer {
   }
   ~PipelineProducer() { close(); }
 
-  // As BasicStreamPipeline::submit / try_submit with a callback. Return the item's id.
+  // As BasicStreamPipeline::submit with a callback (blocks while every slot
+  // is busy); returns the item's id.
   ::std::uint64_t submit(input_range input, callback_type on_complete,
                          ::std::source_location where = ::std::source_location::current()) {
     return *enqueue(input, ::std::nullopt, ::std::move(on_complete), true, where);
   }
+  // The same, the output written to `destination`.
   ::std::uint64_t submit(input_range input, destination_range destination, callback_type on_complete,
                          ::std::source_location where = ::std::source_location::current()) {
     return *enqueue(input, destination, ::std::move(on_complete), true, where);
   }
+  // As BasicStreamPipeline::try_submit with a callback: empty at once when
+  // every slot is busy.
   [[nodiscard]] ::std::optional<::std::uint64_t> try_submit(
       input_range input, callback_type on_complete, ::std::source_location where = ::std::source_location::current()) {
     return enqueue(input, ::std::nullopt, ::std::move(on_complete), false, where);
   }
+  // The same, the output written to `destination`.
   [[nodiscard]] ::std::optional<::std::uint64_t> try_submit(
       input_range input, destination_range destination, callback_type on_complete,
       ::std::source_location where = ::std::source_location::current()) {
@@ -87,6 +98,7 @@ class PipelineProducer {
     s.rethrow_callback_error(*errors_);
   }
 
+  // True after this producer was moved from.
   bool moved_from() const noexcept { return state_ == nullptr; }
 
  private:
