@@ -75,6 +75,7 @@ class Batcher {
     stats_.batch_requests_histogram.assign(options_.max_batch_rows + 1, 0);
     delays_.reserve(delay_window);
     worker_ = ::std::thread([this] { serve(); });
+    worker_id_ = worker_.get_id();  // before any completion: those follow a submission
   }
 
   Batcher(const Batcher&) = delete;
@@ -152,10 +153,13 @@ class Batcher {
         return;  // the destructor ran on this thread and joined the worker
       }
     }
+    if (on_worker_thread()) {
+      return;  // from a completion: the worker stops once back in its loop
+    }
     ::std::lock_guard join_lock(join_mutex_);
     // std::thread::join throws only for a thread that is not joinable or is
     // the calling thread: both are excluded here.
-    if (worker_.joinable() && !on_worker_thread()) {
+    if (worker_.joinable()) {
       worker_.join();
     }
   }
@@ -290,7 +294,7 @@ class Batcher {
     finish(request, ::std::move(result));
   }
 
-  bool on_worker_thread() const noexcept { return worker_.get_id() == ::std::this_thread::get_id(); }
+  bool on_worker_thread() const noexcept { return worker_id_ == ::std::this_thread::get_id(); }
 
   void enqueue(::std::span<const input_type> rows, completion_type done, SubmitOptions submit_options,
                bool wait_for_room) {
@@ -401,7 +405,8 @@ class Batcher {
   ::std::size_t delay_next_ = 0;
 
   ::std::mutex join_mutex_;
-  ::std::thread worker_;  // last: starts after everything it uses
+  ::std::thread::id worker_id_;  // set once, before any completion: read without a lock
+  ::std::thread worker_;         // last: starts after everything it uses
 };
 
 template <class Executor>
