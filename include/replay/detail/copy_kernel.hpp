@@ -160,6 +160,7 @@ constexpr bool is_code_load_error(::cudaError_t status) noexcept {
 struct CopyKernelLoad {
   ::cudaKernel_t kernel = nullptr;
   ::cudaError_t status = ::cudaSuccess;
+  const char* api = "cudaLibraryLoadData";  // the call that refused it
   ::std::string unavailable;
 };
 
@@ -217,7 +218,8 @@ inline const CopyKernelLoad& copy_kernel_on(int device, const ::std::source_loca
     const ::cudaError_t status = ::cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(load.kernel));
     if (is_code_load_error(status)) {
       clear_error_slot(status);
-      load = CopyKernelLoad{nullptr, status, describe_copy_kernel_failure("cudaFuncGetAttributes", status, device)};
+      load = CopyKernelLoad{nullptr, status, "cudaFuncGetAttributes",
+                            describe_copy_kernel_failure("cudaFuncGetAttributes", status, device)};
     } else {
       check(status, "cudaFuncGetAttributes", where);
     }

@@ -170,11 +170,21 @@ void CudaStageRunner<In, Out>::choose_group_copies(const ::std::source_location&
     return;
   }
   if (group_copies_asked_ == GroupCopies::copy_kernel) {
-    throw cuda_error(kernel.status, "cudaLibraryLoadData", where,
+    throw cuda_error(kernel.status, kernel.api, where,
                      detail::concat("StreamPipeline: PipelineOptions::group_copies is GroupCopies::copy_kernel, "
                                     "but ", kernel.unavailable, "; use GroupCopies::automatic or memcpy_nodes"));
   }
   group_copies_ = {GroupCopies::memcpy_nodes, kernel.unavailable};
+}
+
+// A copy-kernel node's ends: the host end through its device mapping (null
+// where it has none), the device end as it is.
+inline ::std::pair<const void*, void*> mapped_copy_ends(const void* source, void* target,
+                                                        ::cudaMemcpyKind kind) noexcept {
+  if (kind == ::cudaMemcpyHostToDevice) {
+    return {device_address_of_host(source), target};
+  }
+  return {source, device_address_of_host(target)};
 }
 
 template <BufferElement In, BufferElement Out>
@@ -190,9 +200,7 @@ template <BufferElement In, BufferElement Out>
     return node;
   }
   // The kernel reads and writes the pinned staging in place, through its device mapping.
-  const bool to_device = kind == ::cudaMemcpyHostToDevice;
-  const void* const device_source = to_device ? device_address_of_host(source) : source;
-  void* const device_target = to_device ? target : device_address_of_host(target);
+  const auto [device_source, device_target] = mapped_copy_ends(source, target, kind);
   if (device_source == nullptr || device_target == nullptr) {
     throw cuda_error(::cudaErrorInvalidValue, "cudaPointerGetAttributes", where,
                      "StreamPipeline: the device cannot address the slots' pinned staging, which launch groups "
@@ -212,9 +220,7 @@ bool CudaStageRunner<In, Out>::set_group_copy(SlotGroup& group, ::cudaGraphNode_
     return host_memory_at(host) == HostMemory::pinned &&
            succeeded(::cudaGraphExecMemcpyNodeSetParams1D(group.exec->get(), node, target, source, bytes, kind));
   }
-  const bool to_device = kind == ::cudaMemcpyHostToDevice;
-  const void* const device_source = to_device ? device_address_of_host(source) : source;
-  void* const device_target = to_device ? target : device_address_of_host(target);
+  const auto [device_source, device_target] = mapped_copy_ends(source, target, kind);
   return device_source != nullptr && device_target != nullptr &&
          set_copy_node(group.exec->get(), node, device_source, device_target, bytes, where);
 }
