@@ -48,11 +48,15 @@ void hit_rate(benchmark::State& state) {
   }
   const bool shared = state.range(0) != 0;
   constexpr int n = 256;
+  // The shared router is run from every thread's stream with no copies of
+  // the caller's around it: the router's own ordering is what is measured.
   auto make_router = [](float* x) {
-    return std::make_unique<replay::ShapeRouter<int>>([x](int, replay::StreamRef s) {
-      tiny_kernel<<<1, n, 0, s.get()>>>(x, n, 1.0F);
-      replay::check_last_launch("tiny_kernel");
-    });
+    return std::make_unique<replay::ShapeRouter<int>>(
+        [x](int, replay::StreamRef s) {
+          tiny_kernel<<<1, n, 0, s.get()>>>(x, n, 1.0F);
+          replay::check_last_launch("tiny_kernel");
+        },
+        replay::ShapeRouterOptions<int>{.stream_sharing = replay::StreamSharing::caller_ordered});
   };
   replay::Stream stream;
   replay::DeviceBuffer<float> own_buffer(n);

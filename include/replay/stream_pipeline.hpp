@@ -32,6 +32,7 @@
 #include "replay/stream_pipeline/stats.hpp"
 #include "replay/stream_pipeline/ticket.hpp"
 #include "replay/stream_pipeline/stage_runner.hpp"
+#include "replay/stream_pipeline/producer.hpp"
 #include "replay/stream_pipeline/basic_pipeline.hpp"
 #include "replay/stream_pipeline/pipeline.hpp"
 // IWYU pragma: end_exports

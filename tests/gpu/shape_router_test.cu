@@ -9,6 +9,7 @@
 // 8 threads sharing two routers.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -20,6 +21,7 @@
 #include <mutex>
 #include <random>
 #include <span>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -778,15 +780,18 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     stream.synchronize();
   }
 
-  TEST_CASE("one router on two streams: a run on the second stream is ordered after the first") {
+  TEST_CASE("StreamSharing::caller_ordered: one router on two streams, a run on the second is ordered after the first") {
     // Old code: no ordering; a slow launch on stream A could finish after a
     // later launch on stream B and leave A's data in the shared buffers.
+    // (One thread orders its own copies here: the opt-in keeps the router's
+    // ordering of what it issues, as before the default refused a second stream.)
     replay::Stream a;
     replay::Stream b;
     Model m;
     Model ref;
     replay::ShapeRouter<int> router(
-        [&](int batch, replay::StreamRef s) { model(m.x.data(), m.y.data(), batch, batch == 64 ? 400 : 1, s); });
+        [&](int batch, replay::StreamRef s) { model(m.x.data(), m.y.data(), batch, batch == 64 ? 400 : 1, s); },
+        {.stream_sharing = replay::StreamSharing::caller_ordered});
     const auto big = padded_input(64, 64);
     const auto small = padded_input(64, 64);
     const int rounds = under_sanitizer() ? 2 : 20;
@@ -802,5 +807,184 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       }
     }
     CHECK(router.stats().stream_switches >= static_cast<std::uint64_t>(2 * rounds));
+  }
+
+  TEST_CASE("one router, two threads on two streams without a lease: the second stream is refused, naming both") {
+    // Old code: both ran, ordered by the router but not their copies: 397 of
+    // 400 requests came back with the other thread's data, and no error.
+    Model m;
+    replay::ShapeRouter<int> router(
+        [&](int batch, replay::StreamRef s) { model(m.x.data(), m.y.data(), batch, m.depth, s); },
+        replay::ShapeRouterOptions<int>::bucketed({8, 16, 32, 64}));
+    {
+      replay::Stream setup;
+      CHECK(router.capture_all(setup) == 4);  // at start, on any stream: binds none
+      setup.synchronize();
+    }
+    constexpr int kThreads = 2;
+    const int iterations = under_sanitizer() ? 5 : 200;
+    struct Outcome {
+      std::string stream_name;
+      std::string refusal;
+      int served = 0;
+      int checked = 0;  // answers checked: those begun after the refused thread was done
+      int wrong = 0;
+    };
+    std::vector<Outcome> outcomes(kThreads);
+    std::atomic<int> ready{0};
+    std::atomic<bool> refused_done{false};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        Outcome& out = outcomes[static_cast<std::size_t>(t)];
+        replay::Stream stream;
+        Model ref;
+        std::mt19937 rng{replay_test::case_seed_for(static_cast<std::uint64_t>(t) + 1)};
+        std::uniform_int_distribution<int> size(1, kMaxBatch);
+        std::ostringstream name;
+        name << "stream " << static_cast<const void*>(stream.get());
+        out.stream_name = name.str();
+        ready.fetch_add(1);
+        while (ready.load() < kThreads) {
+          std::this_thread::yield();
+        }
+        try {
+          for (int it = 0; it < iterations; ++it) {
+            // The refused thread's copy-in (which the router never saw) may
+            // have overwritten this thread's input: answers are checked once
+            // that thread is done.
+            const bool check = refused_done.load();
+            const int batch = size(rng);
+            const auto input = padded_input(batch, router.padded_shape(batch), rng);
+            m.x.first(input.size()).copy_from(std::span<const float>(input), stream);
+            (void)router.run(batch, stream);
+            std::vector<float> got(static_cast<std::size_t>(batch) * kCols);
+            m.y.first(got.size()).copy_to(std::span<float>(got), stream);
+            stream.synchronize();
+            ++out.served;
+            if (check) {
+              ++out.checked;
+              out.wrong += got == eager_reference(ref, input, batch, m.depth, stream) ? 0 : 1;
+            }
+          }
+        } catch (const replay::usage_error& e) {
+          out.refusal = e.what();
+          stream.synchronize();  // its copy-in is done before the other thread checks
+          refused_done = true;
+        }
+      });
+    }
+    for (auto& thread : threads) {
+      thread.join();
+    }
+    const auto refused = std::count_if(outcomes.begin(), outcomes.end(), [](const Outcome& o) { return !o.refusal.empty(); });
+    REQUIRE(refused == 1);
+    const Outcome& loser = outcomes[0].refusal.empty() ? outcomes[1] : outcomes[0];
+    const Outcome& winner = outcomes[0].refusal.empty() ? outcomes[0] : outcomes[1];
+    MESSAGE("refused: " << loser.refusal);
+    CHECK(loser.served == 0);
+    CHECK(loser.refusal.find(loser.stream_name) != std::string::npos);
+    CHECK(loser.refusal.find(winner.stream_name) != std::string::npos);
+    CHECK(loser.refusal.find("router.lease(stream)") != std::string::npos);
+    CHECK(loser.refusal.find("one router per stream") != std::string::npos);
+    CHECK(winner.served == iterations);
+    CHECK(winner.wrong == 0);
+    if (!under_sanitizer()) {
+      CHECK(winner.checked > 0);
+    }
+  }
+
+  TEST_CASE("one router, two threads on two streams, a lease per request: every answer equals eager") {
+    Model m;
+    replay::ShapeRouter<int> router(
+        [&](int batch, replay::StreamRef s) { model(m.x.data(), m.y.data(), batch, m.depth, s); },
+        replay::ShapeRouterOptions<int>{.policy = replay::RoutingPolicy::bucketed,
+                                        .buckets = {{8, 16, 32, 64}},
+                                        .warmup_runs = 1});  // lazy capture under the leases
+    constexpr int kThreads = 2;
+    const int iterations = under_sanitizer() ? 5 : 300;
+    std::vector<int> wrong(kThreads, 0);
+    std::vector<std::string> errors(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        try {
+          replay::Stream stream;
+          Model ref;
+          std::mt19937 rng{replay_test::case_seed_for(static_cast<std::uint64_t>(t) + 1)};
+          std::uniform_int_distribution<int> size(1, kMaxBatch);
+          for (int it = 0; it < iterations; ++it) {
+            const int batch = size(rng);
+            const auto input = padded_input(batch, router.padded_shape(batch), rng);
+            std::vector<float> got(static_cast<std::size_t>(batch) * kCols);
+            {
+              const auto lease = router.lease(stream);  // copy in, run, copy out: one request
+              m.x.first(input.size()).copy_from(std::span<const float>(input), stream);
+              (void)router.run(batch, stream);
+              m.y.first(got.size()).copy_to(std::span<float>(got), stream);
+            }
+            stream.synchronize();
+            wrong[static_cast<std::size_t>(t)] += got == eager_reference(ref, input, batch, m.depth, stream) ? 0 : 1;
+          }
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(t)] = e.what();
+        }
+      });
+    }
+    for (auto& thread : threads) {
+      thread.join();
+    }
+    for (int t = 0; t < kThreads; ++t) {
+      CHECK(errors[static_cast<std::size_t>(t)] == "");
+      CHECK(wrong[static_cast<std::size_t>(t)] == 0);
+    }
+    if (!under_sanitizer()) {
+      CHECK(router.stats().stream_switches > 0);  // the streams took turns
+    }
+  }
+
+  TEST_CASE("capture_all with one bucket whose work synchronizes its stream: 3 of 4 graphed, reported once first") {
+    // Old code: capture_all returned 3 without calling the handler; the bucket
+    // was left to be retried, and served eagerly, on live traffic, and
+    // reported only about 100 requests later.
+    replay::Stream stream;
+    Model m;
+    Model ref;
+    std::vector<int> reported;
+    std::string reason;
+    replay::ShapeRouter<int> router(
+        [&](int batch, replay::StreamRef s) {
+          if (batch == 16) {
+            (void)cudaStreamSynchronize(s.get());  // a raw call that breaks a capture, its status ignored
+          }
+          model(m.x.data(), m.y.data(), batch, m.depth, s);
+        },
+        replay::ShapeRouterOptions<int>{.policy = replay::RoutingPolicy::bucketed,
+                                        .buckets = {{8, 16, 32, 64}},
+                                        .on_capture_failure =
+                                            [&](const int& shape, std::string_view why) {
+                                              reported.push_back(shape);
+                                              reason = why;
+                                            },
+                                        .retry_backoff = std::chrono::microseconds(50)});
+    const std::size_t graphed = router.capture_all(stream);
+    const std::vector<int> reported_by_then = reported;
+    CHECK(graphed == 3);
+    REQUIRE(reported_by_then == std::vector<int>{16});
+    MESSAGE("bucket 16: " << reason);
+    CHECK(router.stats().capture_failures == 1);
+    CHECK(router.is_eager(16));
+    CHECK(router.graph_count() == 3);
+    for (const int batch : {5, 12, 16, 40, 64}) {
+      const int padded = router.padded_shape(batch);
+      const auto input = padded_input(batch, padded);
+      m.x.first(input.size()).copy_from(std::span<const float>(input), stream);
+      const auto route = router.run(batch, stream);
+      CHECK(route.kind == (padded == 16 ? replay::RouteKind::eager_fallback : replay::RouteKind::replayed));
+      const auto got = read(m.y.first(static_cast<std::size_t>(batch) * kCols), stream);
+      REQUIRE(got == eager_reference(ref, input, batch, m.depth, stream));
+    }
+    CHECK(reported.size() == 1);
+    CHECK(cudaGetLastError() == cudaSuccess);  // no capture error left behind
   }
 }

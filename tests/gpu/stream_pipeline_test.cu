@@ -1148,16 +1148,37 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(pipeline.stats().failed == 0);
   }
 
-  TEST_CASE("items_per_launch: run() issues a group of graph slots with one launch; a recycled ring, new addresses, "
-            "pageable inputs, vector outputs and partial groups; every output checked") {
+  // Grouped runs with the launch groups copying as `copies` says: a recycled
+  // ring, new addresses, pageable inputs, vector outputs and partial groups;
+  // every output checked against the host.
+  void check_grouped_runs(replay::GroupCopies copies) {
     constexpr std::size_t group = 4;
     constexpr std::size_t slots = 8;
     const std::size_t capacity = 1000;
     replay::StreamPipeline<float> pipeline(
         {.input_capacity = capacity, .slots = slots, .flags = replay::PipelineFlags::graph_slot,
-         .items_per_launch = group},
+         .items_per_launch = group, .group_copies = copies},
         [](replay::BufferView<float> in, replay::BufferView<float> out, replay::StreamRef s) { affine(in, out, s); });
     CHECK(pipeline.items_per_launch() == group);
+    const replay::GroupCopiesUsed& used = pipeline.group_copies();
+    if (copies == replay::GroupCopies::memcpy_nodes) {
+      CHECK(used.copies == replay::GroupCopies::memcpy_nodes);
+      CHECK(used.reason.find("GroupCopies::memcpy_nodes") != std::string::npos);
+    } else {
+      int major = 0;
+      int minor = 0;
+      replay::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, pipeline.device()),
+                    "cudaDeviceGetAttribute");
+      replay::check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, pipeline.device()),
+                    "cudaDeviceGetAttribute");
+      if (major * 10 + minor >= 75) {  // the PTX's target: the kernel loads (unless PTX JIT is disabled)
+        CHECK(used.copies == replay::GroupCopies::copy_kernel);
+        CHECK(used.reason.empty());
+      } else {
+        CHECK(used.copies == replay::GroupCopies::memcpy_nodes);
+        CHECK(used.reason.find("cannot be loaded") != std::string::npos);
+      }
+    }
     using PinnedView = replay::BufferView<float, replay::MemorySpace::pinned_host>;
     // Runs `inputs` into `outputs` (pinned views) and checks every output against the host.
     const auto run_pinned = [&](const std::vector<PinnedView>& inputs, const std::vector<PinnedView>& outputs) {
@@ -1261,6 +1282,31 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     stats = pipeline.stats();
     CHECK(stats.failed == 0);
     CHECK(stats.completed == stats.submitted);
+  }
+
+  TEST_CASE("items_per_launch: run() issues a group of graph slots with one launch; a recycled ring, new addresses, "
+            "pageable inputs, vector outputs and partial groups; every output checked") {
+    check_grouped_runs(replay::GroupCopies::automatic);
+  }
+
+  TEST_CASE("items_per_launch: groups on memcpy nodes (the fallback where the copy kernel cannot be loaded) give "
+            "the same outputs, and say why they use them") {
+    check_grouped_runs(replay::GroupCopies::memcpy_nodes);
+  }
+
+  TEST_CASE("items_per_launch: the copy kernel's availability per device is reported, never a crash") {
+    // On this GPU either it loads (sm_75 and newer) or a reason names the
+    // CUDA call and status; asking twice gives the same answer.
+    const int device = replay::current_device();
+    const replay::detail::CopyKernelLoad& first = replay::detail::copy_kernel_on(device, std::source_location::current());
+    const replay::detail::CopyKernelLoad& again = replay::detail::copy_kernel_on(device, std::source_location::current());
+    CHECK(&first == &again);
+    CHECK((first.kernel != nullptr) == first.unavailable.empty());
+    if (first.kernel == nullptr) {
+      CHECK(replay::detail::is_code_load_error(first.status));
+      CHECK(first.unavailable.find("cannot be loaded") != std::string::npos);
+    }
+    CHECK(cudaPeekAtLastError() == cudaSuccess);  // a refusal is replay's own, taken back out of the slot
   }
 
   TEST_CASE("items_per_launch: grouped runs on three threads beside single submits: every output checked") {

@@ -1,7 +1,8 @@
 // Batcher on the CPU with a stand-in executor: the gathering policy as a pure
 // function, then the Batcher with real threads: delay bound, preferred sizes,
 // back-pressure, deadlines, error isolation, shutdown with requests waiting,
-// and no request lost, duplicated or mixed up under many producers.
+// and no request lost, duplicated or mixed up under many producers; a
+// Batcher destroyed from its own completion, and shutdown() out of memory.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -9,9 +10,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdlib>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <numeric>
 #include <random>
 #include <span>
@@ -21,6 +25,29 @@
 #include <vector>
 
 #include "replay/batcher/batcher.hpp"
+
+// The replaced operator delete frees what the replaced operator new mallocs;
+// GCC cannot see that they pair up.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
+// Allocations on a thread fail while its flag is set: shutdown() must still
+// answer every request and return (it is noexcept).
+namespace {
+thread_local bool t_fail_allocations = false;
+}
+void* operator new(std::size_t n) {
+  if (t_fail_allocations) {
+    throw std::bad_alloc();
+  }
+  if (void* p = std::malloc(n == 0 ? 1 : n)) {
+    return p;
+  }
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -120,6 +147,36 @@ replay::BatcherOptions options_with(std::chrono::microseconds delay, std::vector
   options.preferred_batch_rows = std::move(preferred);
   return options;
 }
+
+// A Batcher in storage of the test's own, so that its destruction can be
+// followed by scribbling over it: a worker that touched it afterwards would
+// find garbage for a mutex and a queue, and hang or crash.
+using StandInBatcher = replay::Batcher<StandInExecutor>;
+struct BatcherStorage {
+  alignas(StandInBatcher) unsigned char bytes[sizeof(StandInBatcher)];
+};
+std::shared_ptr<StandInBatcher> make_scribbled_on_destruction(StandInExecutor executor, replay::BatcherOptions options,
+                                                              std::shared_ptr<std::atomic<bool>> destroyed) {
+  auto storage = std::make_shared<BatcherStorage>();
+  auto* batcher = new (storage->bytes) StandInBatcher(std::move(executor), std::move(options));
+  return std::shared_ptr<StandInBatcher>(batcher, [storage, destroyed](StandInBatcher* b) {
+    b->~StandInBatcher();
+    std::memset(static_cast<void*>(storage->bytes), 0xA5, sizeof(storage->bytes));
+    *destroyed = true;
+  });
+}
+
+// Fulfils its promise when its thread exits (thread_local destructors run
+// after the thread's function returned, so after anything the thread did).
+struct ThreadExitWatch {
+  std::shared_ptr<std::promise<void>> exited;
+  ~ThreadExitWatch() {
+    if (exited) {
+      exited->set_value();
+    }
+  }
+};
+thread_local ThreadExitWatch t_exit_watch;
 
 }  // namespace
 
@@ -493,5 +550,143 @@ TEST_SUITE("host") {
     }
     CHECK(delays == stats.completed);
     CHECK(stats.queue_delay_p99_us >= stats.queue_delay_p50_us);
+  }
+
+  TEST_CASE("Batcher: the last owner dropped inside a completion: the rest is completed, the worker ends on its own") {
+    // Old code: the destructor ran on the worker, which cannot join itself:
+    // std::terminate.
+    for (const bool held_by_request : {false, true}) {
+      CAPTURE(held_by_request);
+      StandInExecutor executor;
+      auto state = executor.state;
+      replay::BatcherOptions options = options_with(0us);
+      options.max_batch_requests = 2;
+      auto destroyed = std::make_shared<std::atomic<bool>>(false);
+      std::shared_ptr<StandInBatcher> holder = make_scribbled_on_destruction(std::move(executor), options, destroyed);
+      StandInBatcher* batcher = holder.get();
+      auto worker_exited = std::make_shared<std::promise<void>>();
+      std::future<void> worker_gone = worker_exited->get_future();
+      state->close();
+      auto running = batcher->submit(rows_of(0.0F));  // holds the worker in run()
+      state->wait_entered(1);
+      // Request 1 (batched with request 2) ends the Batcher: its completion
+      // drops the last owner, or it holds the last owner itself.
+      std::promise<replay::BatchResult<float>> first;
+      std::future<replay::BatchResult<float>> first_result = first.get_future();
+      if (held_by_request) {
+        batcher->submit(rows_of(1.0F), [&first, worker_exited, keep = holder](replay::BatchResult<float> r) {
+          t_exit_watch.exited = worker_exited;
+          first.set_value(std::move(r));
+        });
+      } else {
+        batcher->submit(rows_of(1.0F), [&first, &holder, worker_exited](replay::BatchResult<float> r) {
+          t_exit_watch.exited = worker_exited;
+          first.set_value(std::move(r));
+          holder.reset();
+        });
+      }
+      std::vector<std::future<replay::BatchResult<float>>> later;
+      for (int i = 2; i <= 4; ++i) {  // 2: the same batch; 3 and 4: still waiting, drained by the destructor
+        later.push_back(batcher->submit(rows_of(static_cast<float>(i))));
+      }
+      if (held_by_request) {
+        holder.reset();
+      }
+      state->release();
+      CHECK(running.get().ok());
+      auto r1 = first_result.get();
+      CHECK(r1.ok());
+      CHECK(r1.output == expected_of(rows_of(1.0F)));
+      for (int i = 2; i <= 4; ++i) {
+        REQUIRE(later[i - 2].wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+        auto r = later[i - 2].get();
+        CHECK(r.ok());
+        CHECK(r.output == expected_of(rows_of(static_cast<float>(i))));
+      }
+      // The worker ends without touching the scribbled-over Batcher.
+      REQUIRE(worker_gone.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+      CHECK(destroyed->load());
+      CHECK(state->first_values == std::vector<float>{0.0F, 1.0F, 2.0F, 3.0F, 4.0F});
+    }
+  }
+
+  TEST_CASE("Batcher: a cancelled request whose completion drops the last owner: the others are still cancelled") {
+    // Old code: shutdown() went on to join through the destroyed Batcher.
+    StandInExecutor executor;
+    auto state = executor.state;
+    auto destroyed = std::make_shared<std::atomic<bool>>(false);
+    std::shared_ptr<StandInBatcher> holder = make_scribbled_on_destruction(std::move(executor), options_with(0us), destroyed);
+    StandInBatcher* batcher = holder.get();
+    state->close();
+    auto running = batcher->submit(rows_of(0.0F));
+    state->wait_entered(1);
+    std::promise<void> dropping;
+    std::atomic<bool> first_cancelled{false};
+    batcher->submit(rows_of(1.0F), [&](replay::BatchResult<float> r) {
+      first_cancelled = r.status == replay::BatchStatus::shut_down;
+      dropping.set_value();
+      holder.reset();  // the destructor joins the worker, which waits for release() below
+    });
+    std::vector<std::future<replay::BatchResult<float>>> waiting;
+    for (int i = 2; i <= 3; ++i) {
+      waiting.push_back(batcher->submit(rows_of(static_cast<float>(i))));
+    }
+    std::thread stopper([batcher] { batcher->shutdown(replay::ShutdownMode::cancel); });
+    dropping.get_future().wait();
+    state->release();
+    stopper.join();
+    CHECK(first_cancelled.load());
+    CHECK(running.get().ok());
+    for (auto& f : waiting) {
+      const auto r = f.get();
+      CHECK(r.status == replay::BatchStatus::shut_down);
+      CHECK(r.message.find("shut down") != std::string::npos);
+    }
+    CHECK(destroyed->load());
+    CHECK(state->first_values == std::vector<float>{0.0F});
+  }
+
+  TEST_CASE("Batcher: shutdown() cannot terminate: out of memory, every waiting request is still answered") {
+    // Old code: shutdown(cancel) is noexcept but copied the waiting requests
+    // into a vector; bad_alloc there called std::terminate.
+    constexpr int kWaiting = 5;
+    StandInExecutor executor;
+    auto state = executor.state;
+    replay::Batcher batcher(std::move(executor), options_with(0us));
+    state->close();
+    auto running = batcher.submit(rows_of(0.0F));
+    state->wait_entered(1);
+    std::array<std::atomic<int>, kWaiting> statuses{};
+    std::array<std::atomic<bool>, kWaiting> with_message{};
+    std::atomic<int> answered{0};
+    for (int i = 0; i < kWaiting; ++i) {
+      statuses[i] = -1;
+      batcher.submit(rows_of(static_cast<float>(10 + i)), [&, i](replay::BatchResult<float> r) {
+        statuses[i] = static_cast<int>(r.status);
+        with_message[i] = !r.message.empty();
+        answered.fetch_add(1);
+        answered.notify_all();
+      });
+    }
+    std::atomic<bool> returned{false};
+    std::thread stopper([&] {
+      t_fail_allocations = true;
+      batcher.shutdown(replay::ShutdownMode::cancel);  // the worker is busy: this answers the waiting requests
+      t_fail_allocations = false;
+      returned = true;
+    });
+    for (int n = answered.load(); n < kWaiting; n = answered.load()) {
+      answered.wait(n);
+    }
+    state->release();  // shutdown() then joins the worker
+    stopper.join();
+    CHECK(returned.load());
+    for (int i = 0; i < kWaiting; ++i) {
+      CHECK(statuses[i].load() == static_cast<int>(replay::BatchStatus::shut_down));
+      CHECK_FALSE(with_message[i].load());  // no memory for the message: the status alone
+    }
+    CHECK(running.get().ok());
+    CHECK(batcher.stats().cancelled == kWaiting);
+    CHECK(state->first_values == std::vector<float>{0.0F});
   }
 }

@@ -16,6 +16,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -276,6 +277,13 @@ namespace {
 template <class Key>
 using Router = replay::ShapeRouter<Key, FakeBackend>;
 using Options = replay::ShapeRouterOptions<int>;
+
+// `options` with StreamSharing::caller_ordered: for the tests of how the
+// router orders its own work across streams, used outside leases.
+Options caller_ordered(Options options = {}) {
+  options.stream_sharing = replay::StreamSharing::caller_ordered;
+  return options;
+}
 
 // "<prefix><n>", built by appending (GCC 12 misreports "literal" + std::string under -Wrestrict).
 std::string op(const char* prefix, int n) {
@@ -781,7 +789,8 @@ TEST_SUITE("host") {
       Router<int> router(work_ops, {.policy = replay::RoutingPolicy::bucketed,
                                     .buckets = {{1, 2, 4, 8, 16}},
                                     .warmup_runs = 1,
-                                    .max_graphs = max_graphs});
+                                    .max_graphs = max_graphs,
+                                    .stream_sharing = replay::StreamSharing::caller_ordered});
       std::vector<FakeStream> streams(kThreads);
       std::vector<std::vector<std::string>> expected(kThreads);
       std::atomic<int> errors{0};
@@ -1165,7 +1174,7 @@ TEST_SUITE("host") {
       }
       work_ops(n, s);
     };
-    Router<int> router(work, Options::bucketed({1, 2, 4, 8}));
+    Router<int> router(work, caller_ordered(Options::bucketed({1, 2, 4, 8})));
     FakeStream main_stream;
     FakeStream other_stream;
     CHECK(router.capture({1, 2}, &main_stream) == 2);
@@ -1191,7 +1200,7 @@ TEST_SUITE("host") {
 
   TEST_CASE("a run on a second stream is ordered after the first, or refused by a backend that cannot order") {
     // Old code: neither; two streams raced on the shared buffers silently.
-    Router<int> router(work_ops);
+    Router<int> router(work_ops, caller_ordered());
     FakeStream a;
     FakeStream b;
     (void)router.run(2, &a);
@@ -1205,7 +1214,7 @@ TEST_SUITE("host") {
     CHECK(router.backend().orderings == 2);
     CHECK(router.stats().stream_switches == 2);
 
-    replay::ShapeRouter<int, UnorderedBackend> unordered(work_ops);
+    replay::ShapeRouter<int, UnorderedBackend> unordered(work_ops, caller_ordered());
     (void)unordered.run(2, &a);
     CHECK_THROWS_WITH_AS((void)unordered.run(2, &b), doctest::Contains("cannot order streams"), replay::usage_error);
     CHECK(unordered.run(2, &a).kind == replay::RouteKind::replayed);
@@ -1226,7 +1235,7 @@ TEST_SUITE("host") {
   }
 
   TEST_CASE("a lease gives one thread the shared buffers: other streams wait until it is released") {
-    Router<int> router(work_ops);
+    Router<int> router(work_ops, caller_ordered());
     FakeStream a;
     FakeStream b;
     (void)router.run(2, &a);
@@ -1286,7 +1295,8 @@ TEST_SUITE("host") {
         }
         work_ops(n, s);
       };
-      Router<int> router(work, {.on_capture_failure = [](const int&, std::string_view) {}});
+      Router<int> router(work, {.on_capture_failure = [](const int&, std::string_view) {},
+                                .stream_sharing = replay::StreamSharing::caller_ordered});
       FakeStream main_stream;
       FakeStream other_stream;
       if (recapture) {
@@ -1317,7 +1327,7 @@ TEST_SUITE("host") {
     // (order_after(previous, next)), which its owner had destroyed: a
     // use-after-free of a stream (on the GPU: SIGSEGV, or cudaEventRecord
     // failing with cudaErrorContextIsDestroyed).
-    Router<int> router(work_ops);
+    Router<int> router(work_ops, caller_ordered());
     {
       FakeStream first;
       (void)router.run(2, &first);
@@ -1360,7 +1370,7 @@ TEST_SUITE("host") {
   }
 
   TEST_CASE("threads on their own short-lived streams share a router: no stream is touched after it is gone") {
-    Router<int> router(work_ops, Options::bucketed({2, 4, 8}));
+    Router<int> router(work_ops, caller_ordered(Options::bucketed({2, 4, 8})));
     std::vector<std::thread> threads;
     std::atomic<int> errors{0};
     for (int t = 0; t < 6; ++t) {
@@ -1413,5 +1423,240 @@ TEST_SUITE("host") {
     CHECK(other.get() == replay::RouteKind::replayed);
     CHECK(router.backend().launched_destroyed == 0);
     CHECK(router.graph_count() == 0);
+  }
+}
+
+// ---- streams outside leases; capture verdicts ---------------------------------
+
+namespace {
+
+// What describe_stream prints for a stand-in stream.
+std::string named(const FakeStream* s) {
+  std::ostringstream os;
+  os << "stream " << static_cast<const void*>(s);
+  return os.str();
+}
+
+// A backend whose captures of one shape (`broken_ops` ops: work_ops(n) issues
+// n) break in the way that looks external, as a raw cudaStreamSynchronize
+// inside the work can: the first `breaks` attempts (all of them by default).
+struct BreaksOneShapeBackend : FakeBackend {
+  std::size_t broken_ops = 4;
+  std::atomic<int> breaks{1 << 30};
+  std::atomic<int> broken_attempts{0};
+  BreaksOneShapeBackend() = default;
+  BreaksOneShapeBackend(const BreaksOneShapeBackend& other)
+      : FakeBackend(other), broken_ops(other.broken_ops), breaks(other.breaks.load()) {}
+  template <class Issue>
+  replay::CapturedGraph<FakeExec> capture(FakeStream* s, Issue&& issue, std::source_location where) {
+    auto captured = FakeBackend::capture(s, issue, where);
+    if (captured.exec.ops.size() == broken_ops && broken_attempts.fetch_add(1) < breaks.load()) {
+      throw replay::capture_interrupted_error("the capture was invalidated (cudaErrorStreamCaptureInvalidated)");
+    }
+    return captured;
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("host") {
+  TEST_CASE("by default a run outside a lease on a second stream is refused, naming both streams") {
+    // Old code: the second stream was ordered after the first, which orders
+    // the router's own work but not the caller's copies around run(): two
+    // threads on two streams silently got each other's data.
+    Router<int> router(work_ops);
+    FakeStream a;
+    FakeStream b;
+    CHECK(router.run(2, &a).kind == replay::RouteKind::captured);  // a is the router's stream now
+    std::string message;
+    try {
+      (void)router.run(2, &b);
+    } catch (const replay::usage_error& e) {
+      message = e.what();
+    }
+    CHECK(message.find(named(&b)) != std::string::npos);
+    CHECK(message.find(named(&a)) != std::string::npos);
+    CHECK(message.find("router.lease(stream)") != std::string::npos);
+    CHECK(message.find("one router per stream") != std::string::npos);
+    CHECK(message.find("StreamSharing::caller_ordered") != std::string::npos);
+    CHECK(b.executed.empty());        // nothing issued
+    CHECK(router.stats().runs == 1);  // nor counted
+    CHECK(router.run(2, &a).kind == replay::RouteKind::replayed);
+
+    // A lease may be taken on any stream; runs inside it are never refused.
+    {
+      const auto lease = router.lease(&b);
+      CHECK(router.run(2, &b).kind == replay::RouteKind::replayed);
+      CHECK(router.run(4, &b).kind == replay::RouteKind::captured);
+    }
+    CHECK(router.backend().orderings == 1);  // the lease on b was ordered after a
+    CHECK(router.run(4, &a).kind == replay::RouteKind::replayed);
+    // Outside a lease the router stays on a.
+    CHECK_THROWS_WITH_AS((void)router.run(2, &b), doctest::Contains(named(&a).c_str()), replay::usage_error);
+    CHECK_THROWS_WITH_AS((void)router.capture({8}, &b), doctest::Contains(named(&b).c_str()), replay::usage_error);
+    {
+      const auto lease = router.lease(&b);
+      CHECK(router.capture({8}, &b) == 1);
+    }
+    CHECK(router.run(8, &a).kind == replay::RouteKind::replayed);
+  }
+
+  TEST_CASE("only run() binds the router to its stream; capture() and runs inside a lease do not") {
+    Router<int> router(work_ops, Options::bucketed({1, 2, 4}));
+    FakeStream setup;
+    FakeStream leased;
+    FakeStream serving;
+    CHECK(router.capture_all(&setup) == 3);  // any stream at start, binding nothing
+    {
+      const auto lease = router.lease(&leased);
+      CHECK(router.run(2, &leased).kind == replay::RouteKind::replayed);
+    }
+    CHECK(router.run(2, &serving).kind == replay::RouteKind::replayed);  // binds serving
+    CHECK(router.run(3, &serving).kind == replay::RouteKind::replayed);
+    CHECK_THROWS_AS((void)router.run(1, &setup), replay::usage_error);
+    CHECK_THROWS_AS((void)router.run(1, &leased), replay::usage_error);
+    CHECK_THROWS_AS((void)router.capture_all(&setup), replay::usage_error);
+  }
+
+  TEST_CASE("StreamSharing::caller_ordered: any stream runs the router, ordered as before") {
+    Router<int> router(work_ops, caller_ordered());
+    FakeStream a;
+    FakeStream b;
+    CHECK(router.run(2, &a).kind == replay::RouteKind::captured);
+    CHECK(router.run(2, &b).kind == replay::RouteKind::replayed);
+    CHECK(router.run(3, &a).kind == replay::RouteKind::captured);
+    CHECK(router.stats().stream_switches == 2);
+    CHECK(router.backend().orderings == 2);
+  }
+
+  TEST_CASE("threads on two streams without a lease: all but the first are refused; with leases none is") {
+    constexpr int kThreads = 4;
+    constexpr int kRuns = 200;
+    for (const bool leased : {false, true}) {
+      CAPTURE(leased);
+      Router<int> router(work_ops, Options::bucketed({1, 2, 4, 8}));
+      std::vector<FakeStream> streams(kThreads);
+      std::atomic<int> refused{0};
+      std::atomic<int> served_threads{0};
+      std::atomic<int> holders{0};       // threads between staging and reading (a lease's span)
+      std::atomic<int> overlapping{0};   // times two were there at once
+      std::vector<std::string> messages(kThreads);
+      std::atomic<int> ready{0};
+      std::vector<std::thread> threads;
+      for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+          ready.fetch_add(1);
+          while (ready.load() < kThreads) {
+            std::this_thread::yield();
+          }
+          try {
+            for (int i = 0; i < kRuns; ++i) {
+              const int key = 1 + (t + i) % 8;
+              const auto request = [&] {  // "stage" the shared buffers, run, "read" them
+                if (holders.fetch_add(1) != 0 && leased) {
+                  ++overlapping;
+                }
+                (void)router.run(key, &streams[t]);
+                holders.fetch_sub(1);
+              };
+              if (leased) {
+                const auto lease = router.lease(&streams[t]);
+                request();
+              } else {
+                request();
+              }
+            }
+            ++served_threads;
+          } catch (const replay::usage_error& e) {
+            holders.fetch_sub(1);
+            messages[t] = e.what();
+            ++refused;
+          }
+        });
+      }
+      for (auto& thread : threads) {
+        thread.join();
+      }
+      if (leased) {
+        CHECK(refused == 0);
+        CHECK(served_threads == kThreads);
+        CHECK(overlapping == 0);
+      } else {
+        CHECK(refused == kThreads - 1);
+        CHECK(served_threads == 1);
+        for (int t = 0; t < kThreads; ++t) {
+          if (!messages[t].empty()) {
+            CHECK(messages[t].find(named(&streams[t])) != std::string::npos);
+            CHECK(messages[t].find("lease") != std::string::npos);
+          }
+        }
+      }
+    }
+  }
+
+  TEST_CASE("capture_all gives every shape its verdict: a capture broken from outside every time is reported") {
+    // Old code: capture_all tried one round, returned 3 of 4, never called the
+    // handler, and left the shape to be retried (eagerly served) on live traffic.
+    BreaksOneShapeBackend backend;
+    std::vector<int> reported;
+    std::string reason;
+    replay::ShapeRouter<int, BreaksOneShapeBackend> router(
+        work_ops,
+        {.policy = replay::RoutingPolicy::bucketed,
+         .buckets = {{1, 2, 4, 8}},
+         .on_capture_failure =
+             [&](const int& shape, std::string_view why) {
+               reported.push_back(shape);
+               reason = why;
+             },
+         .capture_attempts = 3,
+         .retry_backoff = std::chrono::microseconds(10)},
+        backend);
+    FakeStream s;
+    CHECK(router.capture_all(&s) == 3);
+    REQUIRE(reported == std::vector<int>{4});  // once, before capture_all returned
+    CHECK(reason.find("every capture attempt was interrupted") != std::string::npos);
+    CHECK(reason.find("cudaErrorStreamCaptureInvalidated") != std::string::npos);
+    const auto stats = router.stats();
+    CHECK(stats.capture_failures == 1);
+    CHECK(stats.interrupted_captures == 8 * 3);  // 8 rounds of capture_attempts, all run here
+    CHECK(stats.capture_retries == 8 * 2);
+    CHECK(router.is_eager(4));
+    CHECK(router.graph_count() == 3);
+    CHECK(router.run(3, &s).kind == replay::RouteKind::eager_fallback);
+    CHECK(router.run(8, &s).kind == replay::RouteKind::replayed);
+    CHECK(reported.size() == 1);
+
+    // capture(keys) too: the verdict for each distinct padded key.
+    replay::ShapeRouter<int, BreaksOneShapeBackend> exact(
+        work_ops,
+        {.on_capture_failure = [&](const int& shape, std::string_view) { reported.push_back(shape); },
+         .retry_backoff = std::chrono::microseconds(10)},
+        backend);
+    CHECK(exact.capture({2, 4, 4, 6}, &s) == 2);
+    CHECK(reported == std::vector<int>{4, 4});
+    CHECK(exact.stats().capture_failures == 1);
+  }
+
+  TEST_CASE("capture_all retries an interrupted shape until it captures, within its bounds, before returning") {
+    BreaksOneShapeBackend backend;
+    backend.breaks = 4;  // a whole round and one more attempt, then the capture holds
+    std::vector<int> reported;
+    replay::ShapeRouter<int, BreaksOneShapeBackend> router(
+        work_ops,
+        {.policy = replay::RoutingPolicy::bucketed,
+         .buckets = {{1, 2, 4, 8}},
+         .on_capture_failure = [&](const int& shape, std::string_view) { reported.push_back(shape); },
+         .capture_attempts = 3,
+         .retry_backoff = std::chrono::microseconds(10)},
+        backend);
+    FakeStream s;
+    CHECK(router.capture_all(&s) == 4);
+    CHECK(reported.empty());
+    CHECK(router.contains(4));
+    CHECK_FALSE(router.is_eager(4));
+    CHECK(router.stats().interrupted_captures == 4);
+    CHECK(router.stats().capture_failures == 0);
+    CHECK(router.run(3, &s).kind == replay::RouteKind::replayed);
   }
 }

@@ -843,34 +843,128 @@ TEST_SUITE("host") {
     CHECK(replay::to_underlying(flags) == 9U);
   }
 
-  TEST_CASE("a callback's exception goes back to the producer that submitted the item, not to another") {
-    // Old code: one error slot for the pipeline; B's drain() threw A's error.
+  TEST_CASE("a producer's callback exception goes back to that producer, not to another or to the pipeline") {
+    // Old code kept one error slot per pipeline (B's drain() threw A's error),
+    // then one per thread id (an error outlived its thread, and a new thread
+    // at the same id inherited it).
     FakeControl control;
     FakePipeline pipeline(std::in_place, control, 4, 8);
+    auto a = pipeline.producer();
     std::promise<void> submitted;
     std::promise<void> b_drained;
     bool a_threw = false;
-    std::thread a([&] {
+    std::thread thread_a([&] {
       const auto item = random_item(3);
-      (void)pipeline.submit(std::span<const int>(item), [](const replay::PipelineCompletion<long long>&) {
+      (void)a.submit(std::span<const int>(item), [](const replay::PipelineCompletion<long long>&) {
         throw std::runtime_error("producer A's callback");
       });
       submitted.set_value();
       b_drained.get_future().wait();
       try {
-        pipeline.drain();
+        a.drain();
       } catch (const std::runtime_error& e) {
         a_threw = std::string(e.what()).find("producer A's callback") != std::string::npos;
       }
     });
     submitted.get_future().wait();
+    auto b = pipeline.producer();
     const auto item = random_item(2);
-    (void)pipeline.submit(std::span<const int>(item), [](const replay::PipelineCompletion<long long>&) {});
+    (void)b.submit(std::span<const int>(item), [](const replay::PipelineCompletion<long long>&) {});
+    CHECK_NOTHROW(b.drain());
     CHECK_NOTHROW(pipeline.drain());  // waits for A's item too, but its error is A's
     b_drained.set_value();
-    a.join();
+    thread_a.join();
     CHECK(a_threw);
-    CHECK_NOTHROW(pipeline.drain());
+    CHECK_NOTHROW(a.drain());  // reported once
+  }
+
+  TEST_CASE("a producer's errors outlive the thread that made them; a new thread, even at the same id, sees none") {
+    FakeControl control;
+    FakePipeline pipeline(std::in_place, control, 4, 8);
+    auto a = pipeline.producer();
+    std::thread::id a_id;
+    std::thread thread_a([&] {
+      a_id = std::this_thread::get_id();
+      const auto item = random_item(3);
+      (void)a.submit(std::span<const int>(item), [](const replay::PipelineCompletion<long long>&) {
+        throw std::runtime_error("from the thread that ended");
+      });
+    });
+    thread_a.join();
+    pipeline.drain();  // A's item is delivered; its error is A's producer's, not the pipeline's
+    // A thread made now often gets the id of the one that just ended.
+    bool b_clean = false;
+    bool b_pipeline_clean = false;
+    std::thread::id b_id;
+    std::thread thread_b([&] {
+      b_id = std::this_thread::get_id();
+      auto b = pipeline.producer();
+      const auto item = random_item(2);
+      (void)b.submit(std::span<const int>(item), [](const replay::PipelineCompletion<long long>&) {});
+      try {
+        b.drain();
+        b_clean = true;
+        pipeline.drain();
+        b_pipeline_clean = true;
+      } catch (...) {
+      }
+    });
+    thread_b.join();
+    const std::string reuse = a_id == b_id ? "reused" : "did not reuse";
+    MESSAGE("the second thread " << reuse << " the first one's id");
+    CHECK(b_clean);
+    CHECK(b_pipeline_clean);
+    CHECK_THROWS_WITH_AS(a.drain(), doctest::Contains("from the thread that ended"), std::runtime_error);
+    CHECK_NOTHROW(a.drain());
+  }
+
+  TEST_CASE("a callback's exception from a thread that ended without draining is reported by the pipeline's drain()") {
+    // Old code kept it under the ended thread's id: lost, unless a new thread
+    // reused that id and drained.
+    FakeControl control;
+    FakePipeline pipeline(std::in_place, control, 4, 8);
+    std::thread ended([&] {
+      const auto item = random_item(3);
+      (void)pipeline.submit(std::span<const int>(item), [](const replay::PipelineCompletion<long long>&) {
+        throw std::runtime_error("a callback of an ended thread");
+      });
+    });
+    ended.join();
+    CHECK_THROWS_WITH_AS(pipeline.drain(), doctest::Contains("a callback of an ended thread"), std::runtime_error);
+    CHECK_NOTHROW(pipeline.drain());  // once
+  }
+
+  TEST_CASE("a producer destroyed with an error unreported hands it to the pipeline; a producer outliving it is refused") {
+    FakeControl control;
+    auto pipeline = std::make_unique<FakePipeline>(std::in_place, control, 4, 8);
+    const auto item = random_item(3);
+    const auto throwing = [](const replay::PipelineCompletion<long long>&) {
+      throw std::runtime_error("left behind by its producer");
+    };
+    for (const bool delivered_first : {true, false}) {
+      CAPTURE(delivered_first);
+      if (!delivered_first) {
+        control.allow(0);  // the item is delivered after its producer is gone
+      }
+      {
+        auto dropped = pipeline->producer();
+        (void)dropped.submit(std::span<const int>(item), throwing);
+        if (delivered_first) {
+          pipeline->drain();  // the error is the producer's: not reported here
+        }
+      }
+      control.open();
+      CHECK_THROWS_WITH_AS(pipeline->drain(), doctest::Contains("left behind by its producer"), std::runtime_error);
+      CHECK_NOTHROW(pipeline->drain());
+    }
+    auto survivor = pipeline->producer();
+    pipeline.reset();
+    CHECK_THROWS_WITH_AS((void)survivor.submit(std::span<const int>(item), throwing), doctest::Contains("destroyed"),
+                         replay::usage_error);
+    CHECK_THROWS_AS(survivor.drain(), replay::usage_error);
+    auto moved = std::move(survivor);
+    CHECK(survivor.moved_from());  // NOLINT(bugprone-use-after-move): the moved-from state is the point
+    CHECK_THROWS_WITH_AS(survivor.drain(), doctest::Contains("after move"), replay::usage_error);
   }
 
   TEST_CASE("a pipeline destroyed from its own completion callback delivers the rest, then frees itself") {

@@ -21,10 +21,10 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <future>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <source_location>
@@ -39,6 +39,7 @@
 #include "replay/batcher/policy.hpp"
 #include "replay/batcher/stats.hpp"
 #include "replay/batcher/status.hpp"
+#include "replay/batcher/detail/completion_frame.hpp"
 #include "replay/batcher/detail/message.hpp"
 #include "replay/error.hpp"
 
@@ -73,7 +74,8 @@ class Batcher {
     stats_.batch_rows_histogram.assign(options_.max_batch_rows + 1, 0);
     stats_.batch_requests_histogram.assign(options_.max_batch_rows + 1, 0);
     delays_.reserve(delay_window);
-    worker_ = ::std::thread([this] { work(); });
+    worker_ = ::std::thread([this] { serve(); });
+    worker_id_ = worker_.get_id();  // before any completion: those follow a submission
   }
 
   Batcher(const Batcher&) = delete;
@@ -82,7 +84,19 @@ class Batcher {
   Batcher& operator=(Batcher&&) = delete;
 
   // Drains: every waiting request runs (or expires) before the worker stops.
-  ~Batcher() { shutdown(ShutdownMode::drain); }
+  // From one of its own completions on the worker (which dropped the last
+  // owner, or whose request held it) the waiting requests run right here, and
+  // the worker ends on its own without touching this object again.
+  ~Batcher() {
+    if (on_worker_thread()) {
+      shutdown(ShutdownMode::drain);  // stops accepting; a thread cannot join itself
+      serve();                        // drains here, on the worker thread
+      worker_.detach();
+    } else {
+      shutdown(ShutdownMode::drain);
+    }
+    detail::CompletionFrame::mark_destroyed(this);
+  }
 
   // ---- submission ------------------------------------------------------------
 
@@ -108,17 +122,19 @@ class Batcher {
 
   // Stops accepting (later submissions complete with BatchStatus::shut_down,
   // and so do submit() calls waiting for room), deals with the waiting
-  // requests as `mode` says, and joins the worker. The batch running now
-  // completes normally. Idempotent.
+  // requests as `mode` says, and joins the worker (unless called on it, from
+  // a completion: the worker then stops once it is back in its loop). The
+  // batch running now completes normally. Idempotent. Allocates nothing and
+  // cannot throw: cancelled requests that cannot get their message (out of
+  // memory) are completed with the status alone.
   void shutdown(ShutdownMode mode = ShutdownMode::drain) noexcept {
-    ::std::vector<Request> cancelled;
+    ::std::list<Request> cancelled;
     {
       ::std::lock_guard lock(mutex_);
       if (!stopping_) {
         stopping_ = true;
         if (mode == ShutdownMode::cancel) {
-          cancelled.assign(::std::make_move_iterator(queue_.begin()), ::std::make_move_iterator(queue_.end()));
-          queue_.clear();
+          cancelled.splice(cancelled.end(), queue_);
           stats_.cancelled += cancelled.size();
           stats_.queue_depth = 0;
         }
@@ -126,16 +142,27 @@ class Batcher {
     }
     work_ready_.notify_all();
     room_.notify_all();
-    for (Request& request : cancelled) {
-      finish(request, failure(BatchStatus::shut_down,
-                              "the Batcher shut down (cancel) before this request ran; it was not run"));
+    if (!cancelled.empty()) {
+      const detail::CompletionFrame frame(this);
+      for (Request& request : cancelled) {
+        finish(request, BatchStatus::shut_down,
+               "the Batcher shut down (cancel) before this request ran; it was not run");
+      }
+      cancelled.clear();  // a request may hold the last owner
+      if (frame.owner_destroyed()) {
+        return;  // the destructor ran on this thread and joined the worker
+      }
+    }
+    if (on_worker_thread()) {
+      return;  // from a completion: the worker stops once back in its loop
     }
     ::std::lock_guard join_lock(join_mutex_);
-    if (worker_.joinable() && worker_.get_id() != ::std::this_thread::get_id()) {
-      worker_.join();  // (from a completion, i.e. the worker itself, it cannot be joined: it ends on its own)
+    // std::thread::join throws only for a thread that is not joinable or is
+    // the calling thread: both are excluded here.
+    if (worker_.joinable()) {
+      worker_.join();
     }
   }
-
   bool accepting() const {
     ::std::lock_guard lock(mutex_);
     return !stopping_;
@@ -256,6 +283,18 @@ class Batcher {
       // A completion must not throw; the Batcher keeps serving the others.
     }
   }
+  // A failure without output; out of memory for the message, the status alone.
+  static void finish(Request& request, BatchStatus status, const char* message) noexcept {
+    result_type result;
+    result.status = status;
+    try {
+      result.message = message;
+    } catch (...) {
+    }
+    finish(request, ::std::move(result));
+  }
+
+  bool on_worker_thread() const noexcept { return worker_id_ == ::std::this_thread::get_id(); }
 
   void enqueue(::std::span<const input_type> rows, completion_type done, SubmitOptions submit_options,
                bool wait_for_room) {
@@ -334,14 +373,18 @@ class Batcher {
   }
 
   // The worker: gather, run, complete; until stopped and (drain) empty.
-  void work();
+  // Also run by the destructor when it runs on the worker thread. Returns at
+  // once, touching nothing, when a completion destroyed this Batcher.
+  void serve();
 
   // Moves the requests whose deadline has passed out of the queue (lock held).
-  void take_expired(clock::time_point now, ::std::vector<Request>& expired);
+  void take_expired(clock::time_point now, ::std::list<Request>& expired);
 
   static result_type expired_result(const Request& request, clock::time_point now);
 
-  void run_batch(::std::vector<Request>& batch, clock::time_point dequeued);
+  // Runs the batch and completes its requests; after the first completion it
+  // touches nothing of this object (a completion may destroy it).
+  void run_batch(::std::list<Request>& batch, clock::time_point dequeued);
 
   // Lock held.
   void record_delay(double us);
@@ -355,14 +398,15 @@ class Batcher {
   mutable ::std::mutex mutex_;  // guards everything below but worker_
   ::std::condition_variable work_ready_;
   ::std::condition_variable room_;
-  ::std::deque<Request> queue_;
+  ::std::list<Request> queue_;  // a list: shutdown() splices it out without allocating
   bool stopping_ = false;
   BatcherStats stats_;
   ::std::vector<double> delays_;
   ::std::size_t delay_next_ = 0;
 
   ::std::mutex join_mutex_;
-  ::std::thread worker_;  // last: starts after everything it uses
+  ::std::thread::id worker_id_;  // set once, before any completion: read without a lock
+  ::std::thread worker_;         // last: starts after everything it uses
 };
 
 template <class Executor>

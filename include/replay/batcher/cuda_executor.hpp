@@ -130,7 +130,10 @@ class StagedCudaExecutor {
 
 // A StagedCudaExecutor whose batches are replays of `router` (bucketed, one
 // integral dimension: the batch size); its batch sizes are the router's
-// buckets. The router is borrowed and must outlive the executor.
+// buckets. The router is borrowed and must outlive the executor. Its runs on
+// `stream` are outside any lease: under the router's default
+// StreamSharing::lease_required, `stream` becomes the router's stream, and
+// another executor (or unleased run) on another stream is refused.
 template <::std::integral Key, class Backend, BufferElement In, BufferElement Out>
   requires ::std::same_as<typename Backend::stream_type, StreamRef>
 StagedCudaExecutor<In, Out> router_executor(ShapeRouter<Key, Backend>& router, BufferView<In> device_input,

@@ -5,13 +5,22 @@
 // device memory and pinned host memory the device can address (zero-copy).
 // StreamPipeline's launch groups use it instead of memcpy nodes, which cost
 // a couple of microseconds of host time each per launch where a kernel node
-// costs tens of nanoseconds.
+// costs tens of nanoseconds. The PTX targets sm_75, while CUDA 12 supports
+// older GPUs too (and a process may forbid PTX JIT): copy_kernel_on() says
+// whether it runs on a device, and why not, so that the launch groups fall
+// back to memcpy nodes there.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <map>
+#include <mutex>
 #include <source_location>
+#include <string>
+#include <utility>
 
+#include "replay/detail/device_scope.hpp"
+#include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 
 namespace replay::detail {
@@ -128,18 +137,94 @@ $L__BB0_8:
 }
 )PTX";
 
-// The kernel, loaded on first use (cudaLibraryLoadData; it stays loaded for
-// the process, as modules linked into a program do).
-inline ::cudaKernel_t copy_kernel(const ::std::source_location& where) {
-  static const ::cudaKernel_t kernel = [&] {
-    ::cudaLibrary_t library = nullptr;
-    check(::cudaLibraryLoadData(&library, copy_kernel_ptx, nullptr, nullptr, 0, nullptr, nullptr, 0),
-          "cudaLibraryLoadData", where);
-    ::cudaKernel_t loaded = nullptr;
-    check(::cudaLibraryGetKernel(&loaded, library, "replay_copy_bytes"), "cudaLibraryGetKernel", where);
-    return loaded;
+// Statuses that say the code cannot run here (an architecture the PTX does
+// not target, a driver that cannot compile it, PTX JIT disabled), as opposed
+// to a broken device or context.
+constexpr bool is_code_load_error(::cudaError_t status) noexcept {
+  switch (status) {
+    case ::cudaErrorInvalidPtx:
+    case ::cudaErrorUnsupportedPtxVersion:
+    case ::cudaErrorNoKernelImageForDevice:
+    case ::cudaErrorInvalidKernelImage:
+    case ::cudaErrorJitCompilerNotFound:
+    case ::cudaErrorJitCompilationDisabled:
+    case ::cudaErrorInvalidSource:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The copy kernel where it could be loaded, else the load's status and a
+// sentence saying why not (empty when it loaded).
+struct CopyKernelLoad {
+  ::cudaKernel_t kernel = nullptr;
+  ::cudaError_t status = ::cudaSuccess;
+  const char* api = "cudaLibraryLoadData";  // the call that refused it
+  ::std::string unavailable;
+};
+
+inline ::std::string describe_copy_kernel_failure(const char* api, ::cudaError_t status, int device) {
+  return detail::concat("replay's copy kernel (PTX for sm_75) cannot be loaded", device >= 0 ? " on device " : "",
+                        device >= 0 ? ::std::to_string(device) : ::std::string(), ": ", api, " returned ",
+                        ::cudaGetErrorName(status), " (", ::cudaGetErrorString(status), ")");
+}
+
+// The library, loaded once per process (cudaLibraryLoadData; it stays loaded
+// for the process, as modules linked into a program do). A load that fails
+// because the code cannot run here is remembered; other failures throw (and
+// the next call tries again).
+inline const CopyKernelLoad& copy_kernel_library(const ::std::source_location& where) {
+  static const CopyKernelLoad library = [&] {
+    CopyKernelLoad load;
+    ::cudaLibrary_t handle = nullptr;
+    load.status = ::cudaLibraryLoadData(&handle, copy_kernel_ptx, nullptr, nullptr, 0, nullptr, nullptr, 0);
+    if (is_code_load_error(load.status)) {
+      clear_error_slot(load.status);
+      load.unavailable = describe_copy_kernel_failure("cudaLibraryLoadData", load.status, -1);
+      return load;
+    }
+    check(load.status, "cudaLibraryLoadData", where);
+    check(::cudaLibraryGetKernel(&load.kernel, handle, "replay_copy_bytes"), "cudaLibraryGetKernel", where);
+    return load;
   }();
-  return kernel;
+  return library;
+}
+
+// The kernel (cuda_error where it cannot be loaded).
+inline ::cudaKernel_t copy_kernel(const ::std::source_location& where) {
+  const CopyKernelLoad& library = copy_kernel_library(where);
+  if (library.kernel == nullptr) {
+    throw cuda_error(library.status, "cudaLibraryLoadData", where, library.unavailable);
+  }
+  return library.kernel;
+}
+
+// The kernel on `device`, or why it cannot run there. The library is loaded
+// into a device's context when the kernel is first used there: querying its
+// attributes on `device` does that, and fails with a code-load status where
+// the PTX cannot be compiled for the device. Remembered per device.
+inline const CopyKernelLoad& copy_kernel_on(int device, const ::std::source_location& where) {
+  static ::std::mutex mutex;
+  static ::std::map<int, CopyKernelLoad> devices;  // never erased: references stay valid
+  const ::std::lock_guard<::std::mutex> lock(mutex);
+  if (const auto found = devices.find(device); found != devices.end()) {
+    return found->second;
+  }
+  CopyKernelLoad load = copy_kernel_library(where);
+  if (load.kernel != nullptr) {
+    const DeviceScope on_device(device, where);
+    ::cudaFuncAttributes attributes{};
+    const ::cudaError_t status = ::cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(load.kernel));
+    if (is_code_load_error(status)) {
+      clear_error_slot(status);
+      load = CopyKernelLoad{nullptr, status, "cudaFuncGetAttributes",
+                            describe_copy_kernel_failure("cudaFuncGetAttributes", status, device)};
+    } else {
+      check(status, "cudaFuncGetAttributes", where);
+    }
+  }
+  return devices.emplace(device, ::std::move(load)).first->second;
 }
 
 // One copy node's arguments. The node copies them when it is made or set,

@@ -29,6 +29,28 @@ enum class OversizePolicy : ::std::uint8_t {
   throw_error,  // throw usage_error naming the key and the largest bucket
 };
 
+// Which streams may run a router outside a lease (ShapeRouterOptions::stream_sharing).
+// A router's graphs share the input and output buffers they were captured
+// with; the router orders what it issues, but not the copies the caller
+// issues into and out of those buffers around run().
+enum class StreamSharing : ::std::uint8_t {
+  // Outside a lease, the router runs on one stream: the first stream that
+  // runs it outside a lease (run() binds it; capture() and capture_all() do
+  // not). Outside a lease, run(), and the warm-ups of capture() and
+  // capture_all(), on any other stream throw usage_error naming both
+  // streams: with the caller's copies on two streams the requests would
+  // silently mix. A lease (router.lease(stream)) may be taken on any stream at
+  // any time, and runs inside it on its stream are never refused; two threads
+  // on two streams hold a lease each around staging, run() and the reads, or
+  // use one router per stream.
+  lease_required,
+  // Any stream may run the router outside a lease: it orders what it issues
+  // (launches and eager work) across streams, and the caller orders its own
+  // copies into and out of the shared buffers (whole calls under a lock of
+  // its own, as GraphedCallable does, or one stream at a time).
+  caller_ordered,
+};
+
 // Called once per key whose capture failed (the key runs eagerly from then
 // on): the padded key and what went wrong. Must not call back into the router.
 template <class Key>
@@ -71,8 +93,10 @@ struct ShapeRouterOptions {
   // When every attempt of a round is interrupted the key runs eagerly and is
   // tried again after a cool-down (retry_backoff, doubled per failed round,
   // at most 1024 times it); after 8 such rounds in a row the key is marked
-  // eager. A capture that fails on its own work is never retried: the key is
-  // marked eager, once, with the reason.
+  // eager. capture() and capture_all() run those rounds themselves, the
+  // cool-downs slept out, so each shape has its verdict when they return. A
+  // capture that fails on its own work is never retried: the key is marked
+  // eager, once, with the reason.
   ::std::uint32_t capture_attempts = 3;
   ::std::chrono::microseconds retry_backoff{1000};
   // Threads capture() / capture_all() use: each captures and instantiates
@@ -83,6 +107,8 @@ struct ShapeRouterOptions {
   // raising it. The work callable must then be safe to capture from several
   // threads at once.
   ::std::uint32_t capture_threads = 1;
+  // Which streams may run the router outside a lease (see StreamSharing).
+  StreamSharing stream_sharing = StreamSharing::lease_required;
 
   static ShapeRouterOptions exact() { return {}; }
   // Buckets for a key of rank 1, or the same buckets for every dimension.

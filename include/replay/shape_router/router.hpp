@@ -45,19 +45,23 @@ namespace replay {
 // that launch, and graphs are destroyed with the internal mutex released.
 //
 // Streams: the graphs of one router share the buffers they were captured
-// with. A run on a stream other than the previous run's waits, on the device,
-// for the work the router issued on that stream; a backend that cannot order
-// streams makes such a run throw usage_error. The router never touches a
+// with, and the copies the caller issues into and out of them around run()
+// are the caller's. So by default (StreamSharing::lease_required) a router
+// runs outside a lease on one stream only, the first that ran it there; a run
+// outside a lease on another stream throws usage_error naming both. Leases
+// order whole requests (staging, run, reads) on any stream;
+// StreamSharing::caller_ordered lets any stream run it, for callers that order
+// their copies themselves (GraphedCallable). Either way the router orders what
+// it issues: a run on a stream other than the previous run's waits, on the
+// device, for the work the router issued on that stream; a backend that cannot
+// order streams makes such a run throw usage_error. The router never touches a
 // stream after the run (or lease) on it has returned, so a stream may be
 // destroyed at any time after its last run: once a router has seen a second
 // stream, every run records the router's order event on its own stream
 // before it returns (backend mark), and a switch waits for that event. The
 // first switch of a router that was used from one stream only (and so
 // recorded nothing, to keep its hits cheap) synchronizes the device once
-// (backend drain), unless a lease recorded the event last. The
-// router orders only what it issues: copies into or out of the shared buffers
-// that the caller issues around run() are the caller's to order (one router
-// per stream, or a GraphedCallable, which orders whole calls).
+// (backend drain), unless a lease recorded the event last.
 template <RouterKey Key, GraphBackend Backend = CudaGraphBackend>
 class ShapeRouter {
  public:
@@ -121,6 +125,8 @@ class ShapeRouter {
 
   // Issues the work for `key` on `stream`: launches the padded shape's graph
   // (a hit), or warms up, captures, re-captures or runs eagerly (a miss).
+  // Outside a lease, StreamSharing::lease_required binds the router to the
+  // first stream run() is called with and refuses any other (usage_error).
   // Capture failures never escape: an interrupted capture is retried
   // (capture_attempts) and otherwise tried again later; a capture that fails
   // on its own work marks the key eager and the handler is told once. This
@@ -135,7 +141,8 @@ class ShapeRouter {
   // after them on the device. Other threads' runs and leases wait until it is
   // released. Stage inputs, run() (from this thread, on this stream) and
   // issue the reads of the outputs while holding it; the next user of the
-  // buffers on another stream is then ordered after all of that. usage_error
+  // buffers on another stream is then ordered after all of that. Any stream
+  // may be leased, whatever stream runs the router outside leases. usage_error
   // for a second lease on the same thread, or a run on another stream inside it.
   class Lease {
    public:
@@ -153,9 +160,12 @@ class ShapeRouter {
   // Bucketed: captures a graph for every bucket shape (the cartesian product
   // of the bucket lists), largest first, after the configured warm-ups.
   // Returns how many bucket shapes have a graph afterwards (at most
-  // max_graphs; it stops at max_bytes). Failed shapes are marked eager and
-  // reported through the handler; nothing about a failed capture is thrown.
-  // `progress`, when given, is told after each shape (done, total, shape).
+  // max_graphs; it stops at max_bytes). Every shape has its verdict before it
+  // returns: an interrupted capture is retried here (capture_attempts per
+  // round, up to 8 rounds, the cool-downs slept out), and a shape still
+  // without a graph is marked eager, counted in capture_failures and reported
+  // through the handler; nothing about a failed capture is thrown. `progress`,
+  // when given, is told after each shape (done, total, shape).
   ::std::size_t capture_all(stream_type stream, ::std::source_location where = ::std::source_location::current()) {
     return capture_all(stream, progress_type{}, where);
   }
@@ -164,8 +174,8 @@ class ShapeRouter {
 
   // Captures graphs for `keys` (padded, deduplicated), largest first. Oversize
   // keys are skipped (they never run as graphs). Returns how many of the
-  // distinct padded keys have a graph afterwards. An interrupted capture is
-  // retried up to capture_attempts times here, then left for a later run.
+  // distinct padded keys have a graph afterwards; the others have their
+  // verdict, as with capture_all().
   ::std::size_t capture(::std::span<const Key> keys, stream_type stream,
                         ::std::source_location where = ::std::source_location::current()) {
     return capture(keys, stream, progress_type{}, where);
@@ -279,6 +289,10 @@ class ShapeRouter {
   // then orders `stream` after it on the device.
   [[nodiscard]] Submission enter_stream(::std::unique_lock<::std::mutex>& lock, stream_type stream,
                                         const ::std::source_location& where);
+  // Outside a lease under StreamSharing::lease_required: `stream` must be the
+  // router's stream; the first run() (`binds`) makes it so. Under the lock.
+  void admit_stream(const stream_type& stream, bool binds, const ::std::source_location& where);
+  [[gnu::noinline]] void admit_other_stream(const stream_type& stream, bool binds, const ::std::source_location& where);
   // enter_stream() without the lease check.
   [[nodiscard]] Submission enter_stream_locked(::std::unique_lock<::std::mutex>& lock, stream_type stream,
                                                const ::std::source_location& where);
@@ -380,6 +394,8 @@ class ShapeRouter {
   bool unmarked_ = false;
   ::std::condition_variable switch_cv_;  // a switch or a lease ended
   ::std::optional<stream_type> lease_stream_;
+  // StreamSharing::lease_required: the stream that runs the router outside leases.
+  ::std::optional<stream_type> home_stream_;
   ::std::list<Entry*> lru_;        // every entry; see touch()
   ::std::list<Entry*> graph_lru_;  // entries with a graph (their order is their stamps')
   ::std::size_t live_graphs_ = 0;

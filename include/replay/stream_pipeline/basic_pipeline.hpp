@@ -38,6 +38,7 @@
 #include "replay/error.hpp"
 #include "replay/stream_pipeline/completion.hpp"
 #include "replay/stream_pipeline/host_range.hpp"
+#include "replay/stream_pipeline/producer.hpp"
 #include "replay/stream_pipeline/stage_runner.hpp"
 #include "replay/stream_pipeline/stats.hpp"
 #include "replay/stream_pipeline/ticket.hpp"
@@ -259,14 +260,22 @@ class BasicStreamPipeline {
   }
 
   // Blocks until every item submitted so far is delivered. Rethrows (once)
-  // the first exception that escaped a callback passed to submit/try_submit
-  // by this thread (another producer's callback errors go to that producer's
-  // drain(); run's callbacks report to their run).
+  // the first exception that escaped a callback passed to this pipeline's
+  // submit/try_submit, from whatever thread (a PipelineProducer's callbacks
+  // report to that producer's drain(), run's callbacks to their run).
   void drain(::std::source_location where = ::std::source_location::current()) {
     State& s = state(where);
     s.require_not_completion_thread("drain", where);
     s.wait_idle();
-    s.rethrow_callback_error();
+    s.rethrow_callback_error(*s.own_callback_errors);
+  }
+
+  // A producer of its own for submissions with a callback: the exceptions
+  // its callbacks throw come back from its drain() alone (see
+  // PipelineProducer). One per thread, or per source of work, that wants its
+  // errors kept apart from others'.
+  [[nodiscard]] PipelineProducer<Runner> producer(::std::source_location where = ::std::source_location::current()) {
+    return PipelineProducer<Runner>(state(where));
   }
 
   PipelineStats stats() const { return state().snapshot(); }
@@ -292,6 +301,9 @@ class BasicStreamPipeline {
   // state cannot be joined: it is handed to that thread, which delivers the
   // rest and frees it once its loop ends.
   void reset() noexcept {
+    if (state_ != nullptr) {
+      state_->alive->store(false);  // its producers refuse use from now on
+    }
     if (state_ != nullptr && state_->on_completion_thread()) {
       state_.release()->orphan();
       return;
@@ -364,11 +376,8 @@ class BasicStreamPipeline {
                                                        ::std::optional<destination_range> destination,
                                                        callback_type on_complete, bool block,
                                                        const ::std::source_location& where) {
-    if (!on_complete) {
-      throw usage_error("StreamPipeline::submit: the completion callback is empty", where);
-    }
     State& s = state(where);
-    Delivery delivery(::std::in_place_index<2>, ::std::move(on_complete));
+    Delivery delivery = s.make_callback_delivery(::std::move(on_complete), s.own_callback_errors, where);
     return s.enqueue(input, destination, delivery, block, where);
   }
 

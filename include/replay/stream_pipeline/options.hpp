@@ -5,7 +5,9 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <string>
 #include <type_traits>
 
 #include "replay/flags.hpp"
@@ -41,6 +43,30 @@ enum class PipelineFlags : unsigned int {
 template <>
 inline constexpr bool enable_bitmask<PipelineFlags> = true;
 
+// How a launch group (PipelineOptions::items_per_launch) copies between the
+// host and the device.
+enum class GroupCopies : ::std::uint8_t {
+  // Copy-kernel nodes where the device can load replay's copy kernel (PTX for
+  // sm_75; an older GPU, or PTX JIT disabled, cannot), memcpy nodes elsewhere.
+  automatic,
+  // Kernel nodes that read and write the pinned host memory in place: a
+  // launch pays tens of nanoseconds of host time per node, where a memcpy
+  // node costs a couple of microseconds. cuda_error from the constructor
+  // where the kernel cannot be loaded.
+  copy_kernel,
+  // Memcpy nodes (cudaGraphAddMemcpyNode1D) on every device.
+  memcpy_nodes,
+};
+
+// What a pipeline's launch groups copy with (StreamPipeline::group_copies()).
+struct GroupCopiesUsed {
+  // copy_kernel or memcpy_nodes; automatic when the pipeline has no groups.
+  GroupCopies copies = GroupCopies::automatic;
+  // Why memcpy nodes: asked for, or why the copy kernel could not be loaded
+  // (the CUDA call and its status). Empty with the copy kernel.
+  ::std::string reason;
+};
+
 struct PipelineOptions {
   // The most elements of In one item may hold. Required.
   ::std::size_t input_capacity = 0;
@@ -72,6 +98,8 @@ struct PipelineOptions {
   // host cost down to a fraction of a launch. submit() still launches one
   // slot's graph. At most 64; 4 to 8 with 2 groups of slots suits small items.
   ::std::size_t items_per_launch = 1;
+  // What the launch groups copy with (see GroupCopies).
+  GroupCopies group_copies = GroupCopies::automatic;
 };
 
 // A compute stage: issues work on the stream that reads the slot's device

@@ -43,6 +43,9 @@ class StreamPipeline : public BasicStreamPipeline<detail::CudaStageRunner<In, Ou
   PipelineFlags flags() const { return this->runner().flags(); }
   // Items one graph launch carries in run() (PipelineOptions::items_per_launch; 1 without groups).
   ::std::size_t items_per_launch() const { return this->runner().items_per_launch(); }
+  // What the launch groups copy with, and why memcpy nodes when they do
+  // (PipelineOptions::group_copies; the copy kernel cannot be loaded on every GPU).
+  const GroupCopiesUsed& group_copies() const { return this->runner().group_copies(); }
   int device() const { return this->runner().device(); }
   // The slot's device buffers: fixed addresses for the pipeline's lifetime.
   BufferView<In> device_input(::std::size_t slot,

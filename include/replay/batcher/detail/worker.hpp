@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstddef>
 #include <exception>
+#include <iterator>
+#include <list>
 #include <mutex>
 #include <span>
 #include <string>
@@ -16,15 +18,19 @@
 #include "replay/batcher/policy.hpp"
 #include "replay/batcher/stats.hpp"
 #include "replay/batcher/status.hpp"
+#include "replay/batcher/detail/completion_frame.hpp"
 #include "replay/batcher/detail/message.hpp"
 #include "replay/error.hpp"
 
 namespace replay {
 
 template <BatchExecutor Executor>
-void Batcher<Executor>::work() {
-  ::std::vector<Request> batch;
-  ::std::vector<Request> expired;
+void Batcher<Executor>::serve() {
+  // Registered first, so it outlives the requests below: destroying one may
+  // destroy this Batcher (a completion holding its last owner).
+  const detail::CompletionFrame frame(this);
+  ::std::list<Request> batch;  // lists: moved out of the queue by splicing, no allocation
+  ::std::list<Request> expired;
   ::std::vector<::std::size_t> waiting_rows;
   ::std::unique_lock lock(mutex_);
   for (;;) {
@@ -41,6 +47,9 @@ void Batcher<Executor>::work() {
         finish(request, expired_result(request, now));
       }
       expired.clear();
+      if (frame.owner_destroyed()) {
+        return;
+      }
       lock.lock();
       continue;
     }
@@ -68,27 +77,28 @@ void Batcher<Executor>::work() {
       work_ready_.wait_until(lock, wake);
       continue;
     }
-    batch.assign(::std::make_move_iterator(queue_.begin()),
-                 ::std::make_move_iterator(queue_.begin() + static_cast<::std::ptrdiff_t>(take)));
-    queue_.erase(queue_.begin(), queue_.begin() + static_cast<::std::ptrdiff_t>(take));
+    batch.splice(batch.end(), queue_, queue_.begin(),
+                 ::std::next(queue_.begin(), static_cast<::std::ptrdiff_t>(take)));
     stats_.queue_depth = queue_.size();
     lock.unlock();
     room_.notify_all();
     run_batch(batch, now);
     batch.clear();
+    if (frame.owner_destroyed()) {
+      return;
+    }
     lock.lock();
   }
 }
 
 template <BatchExecutor Executor>
-void Batcher<Executor>::take_expired(clock::time_point now, ::std::vector<Request>& expired) {
+void Batcher<Executor>::take_expired(clock::time_point now, ::std::list<Request>& expired) {
   for (auto it = queue_.begin(); it != queue_.end();) {
+    const auto next = ::std::next(it);
     if (it->deadline <= now) {
-      expired.push_back(::std::move(*it));
-      it = queue_.erase(it);
-    } else {
-      ++it;
+      expired.splice(expired.end(), queue_, it);
     }
+    it = next;
   }
   stats_.timed_out += expired.size();
   stats_.queue_depth = queue_.size();
@@ -106,7 +116,7 @@ auto Batcher<Executor>::expired_result(const Request& request, clock::time_point
 }
 
 template <BatchExecutor Executor>
-void Batcher<Executor>::run_batch(::std::vector<Request>& batch, clock::time_point dequeued) {
+void Batcher<Executor>::run_batch(::std::list<Request>& batch, clock::time_point dequeued) {
   ::std::size_t rows = 0;
   for (const Request& request : batch) {
     rows += request.rows;
@@ -132,10 +142,11 @@ void Batcher<Executor>::run_batch(::std::vector<Request>& batch, clock::time_poi
                                        " elements, expected ", rows * out_row_));
     }
     offset = 0;
-    for (::std::size_t i = 0; i < batch.size(); ++i) {
-      const ::std::size_t n = batch[i].rows * out_row_;
-      results[i].output.assign(output.begin() + static_cast<::std::ptrdiff_t>(offset),
-                               output.begin() + static_cast<::std::ptrdiff_t>(offset + n));
+    auto result = results.begin();
+    for (const Request& request : batch) {
+      const ::std::size_t n = request.rows * out_row_;
+      (result++)->output.assign(output.begin() + static_cast<::std::ptrdiff_t>(offset),
+                                output.begin() + static_cast<::std::ptrdiff_t>(offset + n));
       offset += n;
     }
   } catch (const ::std::exception& e) {
@@ -164,17 +175,18 @@ void Batcher<Executor>::run_batch(::std::vector<Request>& batch, clock::time_poi
                    1000.0);
     }
   }
-  for (::std::size_t i = 0; i < batch.size(); ++i) {
-    result_type& result = results[i];
+  // From the first completion on, only locals: a completion may destroy this Batcher.
+  auto result = results.begin();
+  for (Request& request : batch) {
     if (!ok) {
-      result.status = BatchStatus::failed;
-      result.message = error;
-      result.output.clear();
+      result->status = BatchStatus::failed;
+      result->message = error;
+      result->output.clear();
     }
-    result.batch_rows = rows;
-    result.padded_rows = padded;
-    result.queue_delay = ::std::chrono::duration_cast<::std::chrono::microseconds>(dequeued - batch[i].arrival);
-    finish(batch[i], ::std::move(result));
+    result->batch_rows = rows;
+    result->padded_rows = padded;
+    result->queue_delay = ::std::chrono::duration_cast<::std::chrono::microseconds>(dequeued - request.arrival);
+    finish(request, ::std::move(*result++));
   }
 }
 

@@ -3,6 +3,7 @@
 // ShapeRouter's capture machinery: misses, warm-ups, captures and re-captures, retries, failure reports.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -49,6 +50,10 @@ inline ::std::size_t ShapeRouter<Key, Backend>::capture(::std::span<const Key> k
     }
   }
   Plan::sort_largest_first(shapes);
+  {
+    const ::std::lock_guard<::std::mutex> lock(mutex_);
+    admit_stream(stream, false, where);  // its warm-ups run on `stream`
+  }
   ::std::atomic<::std::size_t> next{0};
   ::std::atomic<::std::size_t> with_graph{0};
   ::std::size_t done = 0;
@@ -145,33 +150,61 @@ template <RouterKey Key, GraphBackend Backend>
 inline bool ShapeRouter<Key, Backend>::capture_one(const Key& shape, stream_type stream,
                                                    const ::std::source_location& where) {
   ::std::unique_lock<::std::mutex> lock(mutex_);
-  const EntryRef entry = entry_for(shape);
-  if (entry->state == State::captured) {
-    return true;
-  }
-  if (entry->state == State::capturing || entry->state == State::eager_only) {
-    return false;
-  }
-  if (entry->state != State::stale && (live_graphs_ >= options_.max_graphs || total_bytes_ >= options_.max_bytes)) {
-    return false;
-  }
-  while (entry->state == State::warming) {
-    if (++entry->warmups >= options_.warmup_runs) {
-      entry->state = State::ready;
+  // Until the shape has its verdict: a graph, or marked eager (and reported).
+  // An interrupted capture is retried here, round after round, rather than
+  // left for later runs; capture_locked() turns the last interrupted round
+  // into a failure of the shape's own.
+  for (;;) {
+    const EntryRef entry = entry_for(shape);
+    switch (entry->state) {
+      case State::captured: return true;
+      case State::eager_only: return false;
+      case State::capturing: {
+        // Another thread's run captures it: wait for that capture's end.
+        lock.unlock();
+        ::std::this_thread::sleep_for(::std::min<::std::chrono::microseconds>(options_.retry_backoff, ::std::chrono::milliseconds(1)));
+        lock.lock();
+        continue;
+      }
+      default: break;
     }
-    ++stats_.warmups;
-    issue_eager(lock, shape, stream, where);
-    lock.lock();
+    if (entry->state != State::stale && (live_graphs_ >= options_.max_graphs || total_bytes_ >= options_.max_bytes)) {
+      return false;  // the limits stop capture_all here: not a failure
+    }
+    while (entry->state == State::warming) {
+      if (++entry->warmups >= options_.warmup_runs) {
+        entry->state = State::ready;
+      }
+      ++stats_.warmups;
+      issue_eager(lock, shape, stream, where);
+      lock.lock();
+      if (entry->detached) {
+        return false;
+      }
+    }
+    if (entry->state != State::ready && entry->state != State::stale) {
+      continue;  // another thread got there meanwhile: see what it left
+    }
+    if (entry->interrupted_rounds > 0) {
+      // Interrupted before: sleep out the cool-down instead of serving eagerly.
+      if (const auto now = Clock::now(); now < entry->retry_at) {
+        const auto until = entry->retry_at;
+        lock.unlock();
+        ::std::this_thread::sleep_until(until);
+        lock.lock();
+        continue;
+      }
+    }
+    const bool captured = capture_locked(lock, entry, stream, where) != nullptr;
+    release_retired(lock);
+    if (captured) {
+      return true;
+    }
     if (entry->detached) {
-      return false;
+      return false;  // forgotten meanwhile (clear(), max_entries)
     }
+    // Eager now (a failure, reported) or interrupted: the loop decides.
   }
-  if (entry->state != State::ready && entry->state != State::stale) {
-    return entry->state == State::captured;  // another thread got there meanwhile
-  }
-  const bool captured = capture_locked(lock, entry, stream, where) != nullptr;
-  release_retired(lock);
-  return captured;
 }
 
 template <RouterKey Key, GraphBackend Backend>

@@ -1,6 +1,6 @@
 #pragma once
 // ShapeRouter internals over its keys: the map type per key, extent limits,
-// element counts and key formatting for messages.
+// element counts, and key and stream formatting for messages.
 #include <replay/detail/require_cxx20.hpp>
 
 #include <cstddef>
@@ -10,6 +10,7 @@
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 
 #include "replay/shape_router/keys.hpp"
@@ -82,6 +83,31 @@ template <class Key>
   } else {
     return "<key>";
   }
+}
+
+// "stream 0x7f3a5c001230" for a stream handle (a pointer, or a type whose
+// get() returns one, as StreamRef's does), or what operator<< prints.
+template <class Stream>
+::std::string describe_stream(const Stream& stream) {
+  ::std::ostringstream os;
+  os << "stream ";
+  const auto handle = [&os](const void* p) {
+    if (p == nullptr) {
+      os << "0 (the default stream)";
+    } else {
+      os << p;
+    }
+  };
+  if constexpr (::std::is_pointer_v<Stream>) {
+    handle(static_cast<const void*>(stream));
+  } else if constexpr (requires { static_cast<const void*>(stream.get()); }) {
+    handle(static_cast<const void*>(stream.get()));
+  } else if constexpr (ostreamable<Stream>) {
+    os << stream;
+  } else {
+    os << "<stream>";
+  }
+  return os.str();
 }
 
 }  // namespace replay::detail

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "replay/shape_router/router.hpp"
+#include "replay/detail/message.hpp"
 #include "replay/shape_router/detail/records.hpp"
 #include "replay/shape_router/detail/keys.hpp"
 #include "replay/error.hpp"
@@ -51,6 +52,7 @@ inline Route<Key> ShapeRouter<Key, Backend>::run(const Key& key, stream_type str
   refuse_reentry(where);
   const Planned planned = Plan::plan(options_, key, where);
   ::std::unique_lock<::std::mutex> lock(mutex_);
+  admit_stream(stream, true, where);
   ++hot_.runs;
   hot_.real_elements += detail::element_count(key);
   hot_.padded_elements += detail::element_count(planned.shape);
@@ -103,6 +105,38 @@ inline auto ShapeRouter<Key, Backend>::lease(stream_type stream, ::std::source_l
   }
   lease_stream_ = stream;
   return Lease(this);
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline void ShapeRouter<Key, Backend>::admit_stream(const stream_type& stream, bool binds,
+                                                    const ::std::source_location& where) {
+  if (options_.stream_sharing == StreamSharing::lease_required &&
+      !(home_stream_.has_value() && *home_stream_ == stream)) [[unlikely]] {
+    admit_other_stream(stream, binds, where);
+  }
+}
+
+template <RouterKey Key, GraphBackend Backend>
+void ShapeRouter<Key, Backend>::admit_other_stream(const stream_type& stream, bool binds,
+                                                   const ::std::source_location& where) {
+  if (lease_owner_ == ::std::this_thread::get_id()) {
+    return;  // inside this thread's lease: enter_stream() checks it is the leased stream
+  }
+  if (!home_stream_.has_value()) {
+    if (binds) {
+      home_stream_ = stream;
+    }
+    return;
+  }
+  throw usage_error(
+      detail::concat("ShapeRouter used outside a lease on ", detail::describe_stream(stream),
+                     ", but it runs outside leases on ", detail::describe_stream(*home_stream_),
+                     " (the first stream that ran it). Its graphs share their input and output buffers, so copies "
+                     "into and out of them issued around run() on two streams would mix requests. Hold "
+                     "router.lease(stream) around staging the inputs, run() and reading the outputs on every stream, "
+                     "or use one router per stream (ShapeRouterOptions::stream_sharing = "
+                     "StreamSharing::caller_ordered if you order those copies yourself)"),
+      where);
 }
 
 template <RouterKey Key, GraphBackend Backend>

@@ -83,7 +83,7 @@ auto PipelineState<Runner>::enqueue_group(::std::span<const GroupInput> items, :
       ++pending;
       ++stats.submitted;
       callbacks_in_flight += deliveries[k].index() == 2 ? 1 : 0;
-      records[slot].emplace(InFlight{id, ::std::move(deliveries[k]), nullptr, false, ::std::this_thread::get_id()});
+      records[slot].emplace(InFlight{id, ::std::move(deliveries[k]), nullptr, false});
       order.push(slot);
     }
     my_turn = next_issue == accepted.first_id;

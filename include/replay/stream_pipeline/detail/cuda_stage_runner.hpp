@@ -65,6 +65,7 @@ class CudaStageRunner {
         compute_(::std::move(compute)),
         chunk_bytes_(options.staging_chunk_bytes),
         items_per_launch_(options.items_per_launch),
+        group_copies_asked_(options.group_copies),
         copiers_(options.host_copy_threads, [this]() noexcept { (void)::cudaSetDevice(device_); }) {
     validate_pipeline_options(options, static_cast<bool>(compute_), where);
     device_ = current_device(where);
@@ -234,6 +235,7 @@ class CudaStageRunner {
   // ---- groups (GroupedPipelineStageRunner) ----------------------------------
 
   ::std::size_t items_per_launch() const noexcept { return groups_.empty() ? 1 : items_per_launch_; }
+  const GroupCopiesUsed& group_copies() const noexcept { return group_copies_; }
   bool launches_together(::std::span<const ::std::size_t> slots) const noexcept {
     if (groups_.empty() || slots.size() != items_per_launch_ || slots[0] % items_per_launch_ != 0) {
       return false;
@@ -352,6 +354,14 @@ class CudaStageRunner {
                       ::cudaGraphNode_t& d2h_node, const ::std::source_location& where);
   // The group graphs, from each slot's captured compute stage.
   void build_groups(const ::std::vector<Graph>& compute_graphs, const ::std::source_location& where);
+  // What the groups copy with: group_copies_asked_, the copy kernel where it loads on device_.
+  void choose_group_copies(const ::std::source_location& where);
+  // A group member's copy node, and re-pointing it (false when CUDA refuses):
+  // a copy-kernel node between device addresses, or a memcpy node.
+  ::cudaGraphNode_t add_group_copy(Graph& graph, ::cudaGraphNode_t dependency, const void* source, void* target,
+                                   ::std::size_t bytes, ::cudaMemcpyKind kind, const ::std::source_location& where);
+  bool set_group_copy(SlotGroup& group, ::cudaGraphNode_t node, const void* source, void* target, ::std::size_t bytes,
+                      ::cudaMemcpyKind kind, const ::std::source_location& where);
 
 
   // After start() failed part-way: order whatever the item issued before
@@ -381,6 +391,8 @@ class CudaStageRunner {
   ComputeStage<In, Out> compute_;
   ::std::size_t chunk_bytes_;
   ::std::size_t items_per_launch_;  // PipelineOptions::items_per_launch
+  GroupCopies group_copies_asked_;  // PipelineOptions::group_copies
+  GroupCopiesUsed group_copies_;    // what the groups use, once built
   EventFlags event_flags_ = EventFlags::disable_timing;
   HostCopyPool copiers_;  // helpers for large staged copies (started on first use)
   ::std::size_t fixed_output_count_ = 0;  // graph modes

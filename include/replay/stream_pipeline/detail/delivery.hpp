@@ -125,13 +125,14 @@ inline void PipelineState<Runner>::deliver(::std::size_t slot, InFlight& item) n
     auto& callback = ::std::get<2>(item.delivery);
     const completion_type done{item.id, error == nullptr ? output : ::std::span<const Out>(), error};
     try {
-      callback(done);  // output may live in the slot: release afterwards
+      callback.callback(done);  // output may live in the slot: release afterwards
     } catch (...) {
       ::std::lock_guard lock(mutex);
-      try {  // the producer's first error is kept; later ones are dropped
-        (void)callback_errors.try_emplace(item.producer, ::std::current_exception());
-      } catch (...) {
-        // Out of host memory while recording it: the error is lost, not the pipeline.
+      // The producer's first error is kept, later ones dropped; a producer
+      // that is gone leaves it to the pipeline's own.
+      CallbackErrors& errors = callback.errors->closed ? *own_callback_errors : *callback.errors;
+      if (errors.first == nullptr) {
+        errors.first = ::std::current_exception();
       }
     }
   }

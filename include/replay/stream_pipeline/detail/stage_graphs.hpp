@@ -14,6 +14,7 @@
 #include "replay/detail/copy_kernel.hpp"
 #include "replay/stream_pipeline/detail/cuda_stage_runner.hpp"
 #include "replay/stream_pipeline/detail/host_copy_pool.hpp"
+#include "replay/stream_pipeline/detail/host_memory.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/flags.hpp"
@@ -117,6 +118,7 @@ void CudaStageRunner<In, Out>::build_groups(const ::std::vector<Graph>& compute_
                                             const ::std::source_location& where) {
   // Members alternate between the lanes (SlotGroup says why two); each
   // starts on its staging buffers, as the slot graphs do.
+  choose_group_copies(where);
   const ::std::size_t k = items_per_launch_;
   groups_.resize(slots_.size() / k);
   for (::std::size_t g = 0; g < groups_.size(); ++g) {
@@ -131,23 +133,16 @@ void CudaStageRunner<In, Out>::build_groups(const ::std::vector<Graph>& compute_
       Slot& slot = slots_[first_slot + m];
       SlotGroup::Member& member = group.members[m];
       ::cudaGraphNode_t& tail = lane_tail[m % SlotGroup::lanes];
-      void* const staging_in = device_address_of_host(slot.staging_in.data());
-      void* const staging_out = device_address_of_host(slot.staging_out.data());
-      if (staging_in == nullptr || staging_out == nullptr) {
-        throw cuda_error(::cudaErrorInvalidValue, "cudaPointerGetAttributes", where,
-                         "StreamPipeline: the device cannot address the slots' pinned staging, which launch groups "
-                         "copy in place (PipelineOptions::items_per_launch needs unified addressing)");
-      }
-      member.copy_in = add_copy_node(whole.handle(where), tail, staging_in, slot.device_in.data(),
-                                     input_capacity_ * sizeof(In), where);
+      member.copy_in = add_group_copy(whole, tail, slot.staging_in.data(), slot.device_in.data(),
+                                      input_capacity_ * sizeof(In), ::cudaMemcpyHostToDevice, where);
       ::cudaGraphNode_t compute_node = nullptr;
       check(::cudaGraphAddChildGraphNode(&compute_node, whole.handle(where), &member.copy_in, 1,
                                          compute_graphs[first_slot + m].handle(where)),
             "cudaGraphAddChildGraphNode", where);
       tail = compute_node;
       if (fixed_output_count_ != 0) {
-        member.copy_out = add_copy_node(whole.handle(where), compute_node, slot.device_out.data(), staging_out,
-                                        fixed_output_count_ * sizeof(Out), where);
+        member.copy_out = add_group_copy(whole, compute_node, slot.device_out.data(), slot.staging_out.data(),
+                                         fixed_output_count_ * sizeof(Out), ::cudaMemcpyDeviceToHost, where);
         tail = member.copy_out;
       }
       member.source = slot.staging_in.data();
@@ -161,6 +156,73 @@ void CudaStageRunner<In, Out>::build_groups(const ::std::vector<Graph>& compute_
     group.exec.emplace(whole, InstantiateFlags::upload, group.stream->get(), where);
     group.source_graph.emplace(::std::move(whole));
   }
+}
+
+template <BufferElement In, BufferElement Out>
+void CudaStageRunner<In, Out>::choose_group_copies(const ::std::source_location& where) {
+  if (group_copies_asked_ == GroupCopies::memcpy_nodes) {
+    group_copies_ = {GroupCopies::memcpy_nodes, "PipelineOptions::group_copies is GroupCopies::memcpy_nodes"};
+    return;
+  }
+  const CopyKernelLoad& kernel = copy_kernel_on(device_, where);
+  if (kernel.kernel != nullptr) {
+    group_copies_ = {GroupCopies::copy_kernel, {}};
+    return;
+  }
+  if (group_copies_asked_ == GroupCopies::copy_kernel) {
+    throw cuda_error(kernel.status, kernel.api, where,
+                     detail::concat("StreamPipeline: PipelineOptions::group_copies is GroupCopies::copy_kernel, "
+                                    "but ", kernel.unavailable, "; use GroupCopies::automatic or memcpy_nodes"));
+  }
+  group_copies_ = {GroupCopies::memcpy_nodes, kernel.unavailable};
+}
+
+// A copy-kernel node's ends: the host end through its device mapping (null
+// where it has none), the device end as it is.
+inline ::std::pair<const void*, void*> mapped_copy_ends(const void* source, void* target,
+                                                        ::cudaMemcpyKind kind) noexcept {
+  if (kind == ::cudaMemcpyHostToDevice) {
+    return {device_address_of_host(source), target};
+  }
+  return {source, device_address_of_host(target)};
+}
+
+template <BufferElement In, BufferElement Out>
+::cudaGraphNode_t CudaStageRunner<In, Out>::add_group_copy(Graph& graph, ::cudaGraphNode_t dependency,
+                                                           const void* source, void* target, ::std::size_t bytes,
+                                                           ::cudaMemcpyKind kind,
+                                                           const ::std::source_location& where) {
+  if (group_copies_.copies == GroupCopies::memcpy_nodes) {
+    ::cudaGraphNode_t node = nullptr;
+    check(::cudaGraphAddMemcpyNode1D(&node, graph.handle(where), dependency != nullptr ? &dependency : nullptr,
+                                     dependency != nullptr ? 1 : 0, target, source, bytes, kind),
+          "cudaGraphAddMemcpyNode1D", where);
+    return node;
+  }
+  // The kernel reads and writes the pinned staging in place, through its device mapping.
+  const auto [device_source, device_target] = mapped_copy_ends(source, target, kind);
+  if (device_source == nullptr || device_target == nullptr) {
+    throw cuda_error(::cudaErrorInvalidValue, "cudaPointerGetAttributes", where,
+                     "StreamPipeline: the device cannot address the slots' pinned staging, which launch groups "
+                     "copy in place (GroupCopies::copy_kernel needs unified addressing; "
+                     "GroupCopies::memcpy_nodes does not)");
+  }
+  return add_copy_node(graph.handle(where), dependency, device_source, device_target, bytes, where);
+}
+
+template <BufferElement In, BufferElement Out>
+bool CudaStageRunner<In, Out>::set_group_copy(SlotGroup& group, ::cudaGraphNode_t node, const void* source,
+                                              void* target, ::std::size_t bytes, ::cudaMemcpyKind kind,
+                                              const ::std::source_location& where) {
+  if (group_copies_.copies == GroupCopies::memcpy_nodes) {
+    // Pinned host memory only, as on the copy-kernel path: anything else goes through the staging.
+    const void* const host = kind == ::cudaMemcpyHostToDevice ? source : target;
+    return host_memory_at(host) == HostMemory::pinned &&
+           succeeded(::cudaGraphExecMemcpyNodeSetParams1D(group.exec->get(), node, target, source, bytes, kind));
+  }
+  const auto [device_source, device_target] = mapped_copy_ends(source, target, kind);
+  return device_source != nullptr && device_target != nullptr &&
+         set_copy_node(group.exec->get(), node, device_source, device_target, bytes, where);
 }
 
 template <BufferElement In, BufferElement Out>
@@ -227,9 +289,8 @@ bool CudaStageRunner<In, Out>::point_member_in(SlotGroup& group, ::std::size_t m
   if (member.source == source) {
     return true;
   }
-  const void* device_source = device_address_of_host(source);
-  if (device_source == nullptr || !set_copy_node(group.exec->get(), member.copy_in, device_source,
-                                                 slot.device_in.data(), input_capacity_ * sizeof(In), where)) {
+  if (!set_group_copy(group, member.copy_in, source, slot.device_in.data(), input_capacity_ * sizeof(In),
+                      ::cudaMemcpyHostToDevice, where)) {
     return false;
   }
   member.source = source;
@@ -244,9 +305,8 @@ bool CudaStageRunner<In, Out>::point_member_out(SlotGroup& group, ::std::size_t 
   if (member.target == target) {
     return true;
   }
-  void* const device_target = device_address_of_host(target);
-  if (device_target == nullptr || !set_copy_node(group.exec->get(), member.copy_out, slot.device_out.data(),
-                                                 device_target, fixed_output_count_ * sizeof(Out), where)) {
+  if (!set_group_copy(group, member.copy_out, slot.device_out.data(), target, fixed_output_count_ * sizeof(Out),
+                      ::cudaMemcpyDeviceToHost, where)) {
     return false;
   }
   member.target = target;

@@ -96,7 +96,8 @@ struct StageSlot {
 // graph_slot with PipelineOptions::items_per_launch > 1: a run of
 // consecutive slots captured once more as one graph, so that one
 // cudaGraphLaunch issues an item in each. Its copies are copy-kernel nodes
-// (detail/copy_kernel.hpp) reading and writing the host memory in place, and
+// (detail/copy_kernel.hpp) reading and writing the host memory in place
+// (memcpy nodes where that kernel cannot be loaded: GroupCopies), and
 // its members run in two lanes: each lane is a chain of members, copy-in ->
 // compute -> copy-out, one after another, and the lanes run side by side (a
 // lane costs the launch about as much as a node; more lanes overlap more).

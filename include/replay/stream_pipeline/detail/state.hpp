@@ -14,7 +14,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -37,6 +36,16 @@
 
 namespace replay::detail {
 
+// Where the exceptions that escape a producer's callbacks go: the
+// pipeline's own (submit() on the pipeline, rethrown by its drain()) or a
+// PipelineProducer's (rethrown by that producer's drain()). The first is kept
+// until a drain() takes it; later ones are dropped. Shared by the producer and
+// its items in flight; guarded by the pipeline's mutex.
+struct CallbackErrors {
+  ::std::exception_ptr first;
+  bool closed = false;  // its producer is gone: later errors go to the pipeline's own
+};
+
 // What a BasicStreamPipeline shares with its completion thread: the runner,
 // the slots, the in-flight FIFO, the counters and the thread itself.
 // Heap-held so that the pipeline can move while the completion thread runs.
@@ -55,16 +64,21 @@ struct PipelineState {
   using completion_type = PipelineCompletion<Out>;
   using VectorPool = TicketPool<::std::vector<Out>>;
   using CountPool = TicketPool<::std::size_t>;
+  // A callback, and where an exception escaping it goes.
+  struct CallbackDelivery {
+    callback_type callback;
+    ::std::shared_ptr<CallbackErrors> errors;
+  };
   // How an item's output is handed over: a vector ticket, a count ticket
   // (the output went to the caller's destination), or a callback.
-  using Delivery = ::std::variant<typename VectorPool::record_type*, typename CountPool::record_type*, callback_type>;
+  using Delivery =
+      ::std::variant<typename VectorPool::record_type*, typename CountPool::record_type*, CallbackDelivery>;
 
   struct InFlight {
     ::std::uint64_t id = 0;
     Delivery delivery;
     ::std::exception_ptr error;  // set when prepare() or start() threw
     bool issued = false;         // prepare() and start() returned
-    ::std::thread::id producer;  // who submitted it: its callback's errors go back there
   };
 
   template <class... Args>
@@ -120,6 +134,13 @@ struct PipelineState {
   // when the item is refused.
   Delivery make_vector_delivery() { return Delivery(::std::in_place_index<0>, vectors->acquire()); }
   Delivery make_count_delivery() { return Delivery(::std::in_place_index<1>, counts->acquire()); }
+  Delivery make_callback_delivery(callback_type callback, ::std::shared_ptr<CallbackErrors> errors,
+                                  const ::std::source_location& where) const {
+    if (!callback) {
+      throw usage_error("StreamPipeline::submit: the completion callback is empty", where);
+    }
+    return Delivery(::std::in_place_index<2>, CallbackDelivery{::std::move(callback), ::std::move(errors)});
+  }
   void discard(Delivery& delivery) noexcept {
     if (auto* record = ::std::get_if<0>(&delivery)) {
       vectors->release(*record);  // both shares: no ticket was made
@@ -163,7 +184,7 @@ struct PipelineState {
       ++pending;
       ++stats.submitted;
       callbacks_in_flight += delivery.index() == 2 ? 1 : 0;
-      records[slot].emplace(InFlight{id, ::std::move(delivery), nullptr, false, ::std::this_thread::get_id()});
+      records[slot].emplace(InFlight{id, ::std::move(delivery), nullptr, false});
       order.push(slot);
       my_turn = next_issue == id;  // stays true: later ids wait for this one
     }
@@ -353,19 +374,25 @@ struct PipelineState {
     ::std::unique_lock lock(mutex);
     progress.wait(lock, [&] { return delivered > id; });
   }
-  // Rethrows the first error a callback of this thread's items threw (other
-  // producers' errors stay theirs).
-  void rethrow_callback_error() {
+  // Rethrows (once) the first exception that escaped a callback whose
+  // errors go to `errors`.
+  void rethrow_callback_error(CallbackErrors& errors) {
     ::std::exception_ptr error;
     {
       ::std::lock_guard lock(mutex);
-      if (const auto found = callback_errors.find(::std::this_thread::get_id()); found != callback_errors.end()) {
-        error = ::std::move(found->second);
-        callback_errors.erase(found);
-      }
+      error = ::std::exchange(errors.first, nullptr);
     }
     if (error != nullptr) {
       ::std::rethrow_exception(error);
+    }
+  }
+  // A producer lets go of `errors`: an error it has not reported, and any its
+  // items in flight still raise, go to the pipeline's own.
+  void close_callback_errors(CallbackErrors& errors) noexcept {
+    ::std::lock_guard lock(mutex);
+    errors.closed = true;
+    if (own_callback_errors->first == nullptr) {
+      own_callback_errors->first = ::std::exchange(errors.first, nullptr);
     }
   }
   PipelineStats snapshot() const {
@@ -386,6 +413,10 @@ struct PipelineState {
   // Shared with the tickets, which may outlive the pipeline.
   ::std::shared_ptr<VectorPool> vectors = ::std::make_shared<VectorPool>();
   ::std::shared_ptr<CountPool> counts = ::std::make_shared<CountPool>();
+  // Errors of callbacks given to the pipeline itself (and those producers left).
+  ::std::shared_ptr<CallbackErrors> own_callback_errors = ::std::make_shared<CallbackErrors>();
+  // False once the pipeline is destroyed (its producers then refuse use).
+  ::std::shared_ptr<::std::atomic<bool>> alive = ::std::make_shared<::std::atomic<bool>>(true);
 
   // How long the completion thread watches for the next item before it sleeps.
   static constexpr ::std::chrono::microseconds completion_watch{50};
@@ -412,7 +443,6 @@ struct PipelineState {
   ::std::size_t pending = 0;
   bool stopping = false;
   bool orphaned = false;  // destroyed from a callback: the completion thread frees the state
-  ::std::map<::std::thread::id, ::std::exception_ptr> callback_errors;  // per producer
   PipelineStats stats;
 
   ::std::thread completion;  // last: started once everything above exists
