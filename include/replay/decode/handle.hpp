@@ -31,6 +31,7 @@ class DecodeHandle {
 
   // The request's id (1, 2, ... per scheduler); 0 for an empty handle.
   ::std::uint64_t id() const noexcept { return control_ ? control_->id : 0; }
+  // False for a default-constructed handle.
   bool valid() const noexcept { return control_ != nullptr; }
 
   // Asks the scheduler to end the request: a waiting one leaves the queue, a
@@ -75,7 +76,9 @@ class DecodeStream {
   // Dropping a stream does not cancel its request (call cancel() for that).
   ~DecodeStream() = default;
 
+  // The request's id, as DecodeHandle::id().
   ::std::uint64_t id() const noexcept { return handle_.id(); }
+  // False for a default-constructed or moved-from stream.
   bool valid() const noexcept { return state_ != nullptr; }
   // A copyable handle, e.g. for another thread to cancel with.
   DecodeHandle handle(::std::source_location where = ::std::source_location::current()) const {

@@ -28,6 +28,7 @@ enum class DecodeShutdown : ::std::uint8_t {
   cancel,  // end every waiting and running request with DecodeStatus::shut_down at the next step boundary
 };
 
+// A DecodeScheduler's cache shape, launch buckets and admission policy.
 struct DecodeOptions {
   // Cache slots, i.e. sequences decoded at once. 0: the largest batch bucket.
   ::std::size_t max_slots = 0;

@@ -8,6 +8,7 @@
 
 namespace replay {
 
+// One sequence to generate: a prompt and a token limit.
 struct DecodeRequest {
   // At least one token and fewer than the scheduler's max_len (there must be
   // room for one new token); otherwise the request is refused.

@@ -125,11 +125,14 @@ class DecodeScheduler {
     }
   }
 
+  // False once shutdown began.
   bool accepting() const { return core_->accepting(); }
 
   // ---- introspection ---------------------------------------------------------
 
+  // A snapshot of the counters; any thread.
   DecodeStats stats() const { return core_->stats(); }
+  // Zeroes the counters (queue_depth and active stay: they are states, not counts).
   void reset_stats() { core_->reset_stats(); }
   // The options in force (max_slots, max_len and the bucket lists filled in).
   const DecodeOptions& options() const noexcept { return core_->options(); }

@@ -9,6 +9,7 @@
 
 namespace replay {
 
+// Counters of a DecodeScheduler (DecodeScheduler::stats()).
 struct DecodeStats {
   // Upper bounds (microseconds, inclusive) of the queue-delay histogram's
   // buckets; one more bucket above the last holds everything slower.

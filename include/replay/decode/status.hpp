@@ -31,6 +31,7 @@ enum class DecodeStatus : ::std::uint8_t {
   shut_down,        // submitted after shutdown began, or ended by a cancelling shutdown
 };
 
+// The status's name, e.g. "token_limit".
 constexpr ::std::string_view to_string(DecodeStatus status) noexcept {
   switch (status) {
     case DecodeStatus::running: return "running";
