@@ -331,6 +331,8 @@ struct Outcome {
   bool id_changed = false;
 };
 
+// How each request's updates arrived. Declare it before the scheduler, so
+// that it outlives the scheduler's last updates.
 class Recorder {
  public:
   Scheduler::update_callback callback(std::size_t id) {
@@ -604,8 +606,8 @@ TEST_SUITE("host") {
     options.queue_capacity = 2;
     auto standin = std::make_shared<StandIn>(model, options);
     standin->block_at = {1};  // the first request's prefill holds the worker
-    Scheduler scheduler(StandInExecutor(standin), options);
     Recorder recorder;
+    Scheduler scheduler(StandInExecutor(standin), options);
 
     scheduler.submit({prompt_of(0, 15), 0}, recorder.callback(0));  // the longest prompt that fits: one token
     standin->wait_calls(1);
@@ -650,8 +652,8 @@ TEST_SUITE("host") {
     const replay::DecodeOptions options = small_options();
     Workload work(48, options.max_len, replay_test::rng(), 40);
     auto standin = std::make_shared<StandIn>(work.model, options);
-    Scheduler scheduler(StandInExecutor(standin), options);
     Recorder recorder;
+    Scheduler scheduler(StandInExecutor(standin), options);
     check_exact(run_all(scheduler, recorder, work), work, options.max_len);
 
     const replay::DecodeStats stats = scheduler.stats();
@@ -687,8 +689,8 @@ TEST_SUITE("host") {
       options.steps_per_launch = k;
       auto standin = std::make_shared<StandIn>(work.model, options);
       standin->keep_going_after_eos = k > 2;  // the scheduler must drop what follows an EOS
-      Scheduler scheduler(StandInExecutor(standin), options);
       Recorder recorder;
+      Scheduler scheduler(StandInExecutor(standin), options);
       results[k] = run_all(scheduler, recorder, work);
       check_exact(results[k], work, options.max_len);
       launches[k] = scheduler.stats().launches;
@@ -715,8 +717,8 @@ TEST_SUITE("host") {
       options.static_batch_delay = 2ms;
       auto standin = std::make_shared<StandIn>(work.model, options);
       standin->static_batches = batching == replay::DecodeBatching::static_batches;
-      Scheduler scheduler(StandInExecutor(standin), options);
       Recorder recorder;
+      Scheduler scheduler(StandInExecutor(standin), options);
       results[batching] = run_all(scheduler, recorder, work);
       check_exact(results[batching], work, options.max_len);
       std::lock_guard lock(standin->mutex);
@@ -740,8 +742,8 @@ TEST_SUITE("host") {
     options.max_prefill_tokens = 25;
     auto standin = std::make_shared<StandIn>(model, options);
     standin->block_at = {1};
-    Scheduler scheduler(StandInExecutor(standin), options);
     Recorder recorder;
+    Scheduler scheduler(StandInExecutor(standin), options);
     scheduler.submit({prompt_of(0, 10), 2}, recorder.callback(0));
     standin->wait_calls(1);  // the others queue up behind it
     scheduler.submit({prompt_of(1, 40), 2}, recorder.callback(1));
@@ -771,8 +773,8 @@ TEST_SUITE("host") {
     standin->poison_decode = {44, 52};
     standin->poison_after = 8;
     standin->bad_counts_at_launch = 1;  // never holds 44 or 52, which come later
-    Scheduler scheduler(StandInExecutor(standin), options);
     Recorder recorder;
+    Scheduler scheduler(StandInExecutor(standin), options);
     const auto outcomes = run_all(scheduler, recorder, work);
     std::set<std::size_t> failed_ids;
     std::size_t failed_prefill_calls = 0;
@@ -826,8 +828,8 @@ TEST_SUITE("host") {
     options.max_len = 64;
     auto standin = std::make_shared<StandIn>(model, options);
     standin->block_at = {3};  // the running request's second launch holds the worker
-    Scheduler scheduler(StandInExecutor(standin), options);
     Recorder recorder;
+    Scheduler scheduler(StandInExecutor(standin), options);
     const replay::DecodeHandle running = scheduler.submit({prompt_of(0, 4), 0}, recorder.callback(0));
     const replay::DecodeHandle waiting = scheduler.submit({prompt_of(1, 4), 0}, recorder.callback(1));
     replay::DecodeStream next = scheduler.submit({prompt_of(2, 4), 3});
@@ -867,8 +869,8 @@ TEST_SUITE("host") {
   TEST_CASE("DecodeScheduler: an update callback that throws cancels its request only") {
     auto model = std::make_shared<Model>();
     const replay::DecodeOptions options = small_options();
-    Scheduler scheduler(StandInExecutor(std::make_shared<StandIn>(model, options)), options);
     Recorder recorder;
+    Scheduler scheduler(StandInExecutor(std::make_shared<StandIn>(model, options)), options);
     int calls = 0;
     scheduler.submit({prompt_of(0, 3), 10}, [&](const replay::DecodeUpdate& update) {
       recorder.record(0, update);
@@ -904,8 +906,8 @@ TEST_SUITE("host") {
       }
       auto standin = std::make_shared<StandIn>(work.model, options);
       standin->call_delay = 10us;  // leaves room for submissions and cancellations between steps
-      Scheduler scheduler(StandInExecutor(standin), options);
       Recorder recorder;
+      Scheduler scheduler(StandInExecutor(standin), options);
       std::mutex handles_mutex;
       std::vector<replay::DecodeHandle> handles;
       std::atomic<bool> submitting{true};
@@ -1015,8 +1017,8 @@ TEST_SUITE("host") {
     Workload work(30, options.max_len, replay_test::rng(), 20);
     auto standin = std::make_shared<StandIn>(work.model, options);
     standin->block_at = {2};
-    Scheduler scheduler(StandInExecutor(standin), options);
     Recorder recorder;
+    Scheduler scheduler(StandInExecutor(standin), options);
     for (std::size_t id = 0; id < 30; ++id) {
       scheduler.submit(work.request(id), recorder.callback(id));
     }
