@@ -19,3 +19,4 @@
 #include "replay/shape_router.hpp"
 #include "replay/stream_pipeline.hpp"
 #include "replay/batcher.hpp"
+#include "replay/decode.hpp"

@@ -1,0 +1,378 @@
+#pragma once
+#include <replay/detail/require_cxx20.hpp>
+// The DecodeScheduler's worker loop; included by decode/detail/core.hpp.
+// Each iteration, at a step boundary:
+//   1. running sequences whose cancel() came end, freeing their slots;
+//   2. under the lock: cancelled waiting requests leave the queue, and
+//      waiting requests are admitted into free slots (plan_admission());
+//      with nothing to do the worker sleeps here;
+//   3. the admitted prompts are prefilled (one executor call) and get their
+//      first token;
+//   4. one decode launch runs for every running sequence, in the smallest
+//      batch and context buckets that hold it (plan_launch());
+//   5. each sequence gets its new tokens; those that ended (an EOS token,
+//      max_new_tokens, max_len) get their final update and free their slot.
+// Callbacks run on this thread, outside the lock.
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <iterator>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "replay/decode/batch.hpp"
+#include "replay/decode/policy.hpp"
+#include "replay/decode/stats.hpp"
+#include "replay/decode/status.hpp"
+#include "replay/decode/detail/core.hpp"
+#include "replay/detail/message.hpp"
+
+namespace replay::detail {
+
+template <DecodeExecutor Executor>
+void DecodeCore<Executor>::run() noexcept {
+  try {
+    serve();
+  } catch (...) {
+    // Not the executor's failure (that fails its sequences and the loop goes
+    // on) but the scheduler's own, e.g. out of memory: end everything.
+    try {
+      abandon(concat("the decode scheduler's worker failed (", describe_current_exception(),
+                     "); it ended every request and stopped"));
+    } catch (...) {
+      abandon("the decode scheduler's worker failed; it ended every request and stopped");
+    }
+  }
+}
+
+template <DecodeExecutor Executor>
+void DecodeCore<Executor>::serve() {
+  for (;;) {
+    end_cancelled_running();
+    const Gathered gathered = gather();
+    if (gathered == Gathered::cancel_all) {
+      end_waiting(cancelled_waiting_, DecodeStatus::shut_down,
+                  "the decode scheduler shut down (cancel) before this request ran; it got no token");
+      end_running(DecodeStatus::shut_down,
+                  "the decode scheduler shut down (cancel) before this request ended; it has the tokens so far");
+      return;
+    }
+    end_waiting(cancelled_waiting_, DecodeStatus::cancelled, "cancelled while waiting for a slot; it got no token");
+    if (gathered == Gathered::drained) {
+      return;
+    }
+    // After a cancelling shutdown (possibly the scheduler destroyed from an
+    // update callback of this iteration) the executor is not called again.
+    if (cancel_all_.load(::std::memory_order_relaxed)) {
+      admitted_slots_.clear();
+      continue;
+    }
+    prefill();
+    if (slots_.size() != 0 && !cancel_all_.load(::std::memory_order_relaxed)) {
+      launch();
+    }
+  }
+}
+
+template <DecodeExecutor Executor>
+auto DecodeCore<Executor>::gather() -> Gathered {
+  ::std::unique_lock lock(wakeup_->mutex);
+  for (;;) {
+    if (cancel_all_.load(::std::memory_order_relaxed)) {
+      cancelled_waiting_.insert(cancelled_waiting_.end(), ::std::make_move_iterator(queue_.begin()),
+                                ::std::make_move_iterator(queue_.end()));
+      queue_.clear();
+      stats_.queue_depth = 0;
+      return Gathered::cancel_all;
+    }
+    if (wakeup_->cancel_epoch != seen_cancel_epoch_) {
+      seen_cancel_epoch_ = wakeup_->cancel_epoch;
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        if (it->control->cancel_requested.load(::std::memory_order_acquire)) {
+          cancelled_waiting_.push_back(::std::move(*it));
+          it = queue_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    admit(clock::now());
+    stats_.queue_depth = queue_.size();
+    stats_.active = slots_.size();
+    if (!admitted_slots_.empty() || slots_.size() != 0 || !cancelled_waiting_.empty()) {
+      return Gathered::work;
+    }
+    auto changed = [&] { return stopping_ || wakeup_->cancel_epoch != seen_cancel_epoch_; };
+    if (queue_.empty()) {
+      if (stopping_) {
+        return Gathered::drained;
+      }
+      wakeup_->work.wait(lock, [&] { return changed() || !queue_.empty(); });
+    } else {
+      // Static batches: wait for a full batch or for the oldest request's delay.
+      wakeup_->work.wait_until(lock, queue_.front().submitted + options_.static_batch_delay,
+                               [&] { return changed() || queue_.size() >= options_.max_slots; });
+    }
+  }
+}
+
+template <DecodeExecutor Executor>
+void DecodeCore<Executor>::admit(clock::time_point now) {
+  waiting_prompts_.clear();
+  const ::std::size_t visible = ::std::min(slots_.free(), queue_.size());
+  for (::std::size_t i = 0; i < visible; ++i) {
+    waiting_prompts_.push_back(queue_[i].prompt.size());
+  }
+  const bool oldest_due = stopping_ || (!queue_.empty() && now - queue_.front().submitted >= options_.static_batch_delay);
+  const DecodeAdmissionLimits limits{options_.batching, options_.max_slots, options_.max_prefill_tokens};
+  const ::std::size_t take = plan_admission(waiting_prompts_, slots_.free(), slots_.size(), oldest_due, limits);
+  for (::std::size_t i = 0; i < take; ++i) {
+    DecodeSequence& sequence = queue_.front();
+    sequence.queue_delay = ::std::chrono::duration_cast<::std::chrono::microseconds>(now - sequence.submitted);
+    const double us =
+        static_cast<double>(::std::chrono::duration_cast<::std::chrono::nanoseconds>(now - sequence.submitted).count()) /
+        1000.0;
+    const auto& bounds = DecodeStats::queue_delay_bounds_us;
+    ++stats_.queue_delay_histogram[static_cast<::std::size_t>(::std::lower_bound(bounds.begin(), bounds.end(), us) -
+                                                              bounds.begin())];
+    stats_.queue_delay_sum_us += us;
+    stats_.queue_delay_max_us = ::std::max(stats_.queue_delay_max_us, us);
+    delays_.record(us);
+    ++stats_.admitted;
+    admitted_slots_.push_back(slots_.place(::std::move(sequence)));
+    queue_.pop_front();
+  }
+}
+
+template <DecodeExecutor Executor>
+void DecodeCore<Executor>::end_cancelled_running() {
+  for (::std::size_t slot = 0; slot < slots_.capacity(); ++slot) {
+    if (slots_.occupied(slot) && slots_[slot].control->cancel_requested.load(::std::memory_order_acquire)) {
+      end_slot(slot, DecodeStatus::cancelled, concat("cancelled after ", slots_[slot].tokens.size(), " tokens"));
+    }
+  }
+}
+
+template <DecodeExecutor Executor>
+void DecodeCore<Executor>::end_waiting(::std::vector<DecodeSequence>& ended, DecodeStatus status,
+                                       ::std::string_view message) noexcept {
+  if (ended.empty()) {
+    return;
+  }
+  {
+    ::std::lock_guard lock(wakeup_->mutex);
+    for (::std::size_t i = 0; i < ended.size(); ++i) {
+      count_end(status, true);
+    }
+  }
+  for (DecodeSequence& sequence : ended) {
+    deliver_final(sequence, status, message);
+  }
+  ended.clear();
+}
+
+template <DecodeExecutor Executor>
+void DecodeCore<Executor>::end_running(DecodeStatus status, ::std::string_view message) noexcept {
+  for (::std::size_t slot = 0; slot < slots_.capacity(); ++slot) {
+    if (slots_.occupied(slot)) {
+      end_slot(slot, status, message);
+    }
+  }
+}
+
+template <DecodeExecutor Executor>
+void DecodeCore<Executor>::end_slot(::std::size_t slot, DecodeStatus status, ::std::string_view message) noexcept {
+  DecodeSequence sequence = slots_.take(slot);
+  {
+    ::std::lock_guard lock(wakeup_->mutex);
+    count_end(status, true);
+    stats_.active = slots_.size();
+  }
+  deliver_final(sequence, status, message);
+}
+
+template <DecodeExecutor Executor>
+void DecodeCore<Executor>::prefill() {
+  if (admitted_slots_.empty()) {
+    return;
+  }
+  const ::std::size_t n = admitted_slots_.size();
+  ::std::size_t prompt_tokens = 0;
+  prefill_rows_.clear();
+  for (const ::std::size_t slot : admitted_slots_) {
+    prefill_rows_.push_back({slot, slots_[slot].prompt});
+    prompt_tokens += slots_[slot].prompt.size();
+  }
+  first_tokens_.assign(n, 0);
+  PrefillBatch batch{prefill_rows_, first_tokens_};
+  bool failed = false;
+  ::std::string error;
+  try {
+    executor_.prefill(batch);
+  } catch (...) {
+    failed = true;
+    error = describe_current_exception();
+  }
+  {
+    ::std::lock_guard lock(wakeup_->mutex);
+    ++stats_.prefills;
+    stats_.prefill_tokens += prompt_tokens;
+    if (failed) {
+      ++stats_.failed_prefills;
+    } else {
+      stats_.tokens += n;
+    }
+  }
+  if (failed) {
+    const ::std::string message =
+        concat("the executor's prefill of ", n, n == 1 ? " prompt" : " prompts", " failed: ", error);
+    for (const ::std::size_t slot : admitted_slots_) {
+      end_slot(slot, DecodeStatus::failed, message);
+    }
+  } else {
+    for (::std::size_t i = 0; i < n; ++i) {
+      slots_[admitted_slots_[i]].tokens.push_back(first_tokens_[i]);
+      settle(admitted_slots_[i], is_eos(first_tokens_[i]));
+    }
+  }
+  admitted_slots_.clear();
+}
+
+template <DecodeExecutor Executor>
+void DecodeCore<Executor>::launch() {
+  rows_.clear();
+  for (::std::size_t slot = 0; slot < slots_.capacity(); ++slot) {
+    if (!slots_.occupied(slot)) {
+      continue;
+    }
+    const DecodeSequence& sequence = slots_[slot];
+    // A running sequence has a token left: one with none has ended (settle()).
+    const ::std::size_t left =
+        tokens_left(sequence.prompt.size(), sequence.tokens.size(), sequence.max_new_tokens, options_.max_len);
+    rows_.push_back({slot, sequence.prompt.size() + sequence.tokens.size() - 1, sequence.tokens.back(),
+                     ::std::min(options_.steps_per_launch, left)});
+  }
+  const DecodeLaunchShape shape = plan_launch(rows_, options_.batch_buckets, options_.context_buckets);
+  if (shape.batch_bucket == 0 || shape.context_bucket == 0 || shape.max_steps == 0) {
+    throw ::std::logic_error("replay: DecodeScheduler planned a launch that fits no bucket (a scheduler bug)");
+  }
+  const ::std::size_t n = rows_.size();
+  row_tokens_.assign(n * shape.max_steps, 0);
+  counts_.assign(n, 0);
+  row_hit_eos_.assign(n, false);
+  DecodeBatch batch{rows_, shape.batch_bucket, shape.context_bucket, shape.max_steps, options_.eos_tokens,
+                    row_tokens_, counts_};
+  bool failed = false;
+  ::std::string error;
+  try {
+    executor_.decode(batch);
+    for (::std::size_t r = 0; r < n && !failed; ++r) {
+      if (counts_[r] == 0 || counts_[r] > rows_[r].max_tokens) {
+        failed = true;
+        error = concat("it reported ", counts_[r], " tokens for row ", r, " (slot ", rows_[r].slot, "), expected 1 to ",
+                       rows_[r].max_tokens);
+      }
+    }
+  } catch (...) {
+    failed = true;
+    error = describe_current_exception();
+  }
+  ::std::size_t produced = 0;
+  ::std::size_t steps = 0;
+  if (!failed) {
+    for (::std::size_t r = 0; r < n; ++r) {
+      DecodeSequence& sequence = slots_[rows_[r].slot];
+      for (::std::size_t j = 0; j < counts_[r]; ++j) {
+        const TokenId token = row_tokens_[r * shape.max_steps + j];
+        sequence.tokens.push_back(token);
+        ++produced;
+        if (is_eos(token)) {
+          row_hit_eos_[r] = true;  // what the executor produced after it is dropped
+          break;
+        }
+      }
+      steps = ::std::max(steps, counts_[r]);
+    }
+  }
+  {
+    ::std::lock_guard lock(wakeup_->mutex);
+    ++stats_.launches;
+    stats_.rows += n;
+    stats_.padded_rows += static_cast<::std::uint64_t>(shape.batch_bucket);
+    ++stats_.bucket_launches[bucket_index(options_.batch_buckets, shape.batch_bucket) * options_.context_buckets.size() +
+                             bucket_index(options_.context_buckets, shape.context_bucket)];
+    if (failed) {
+      ++stats_.failed_launches;
+    } else {
+      stats_.steps += steps;
+      stats_.tokens += produced;
+    }
+  }
+  if (failed) {
+    const ::std::string message =
+        concat("the executor's decode launch of ", n, n == 1 ? " sequence" : " sequences", " (batch bucket ",
+               shape.batch_bucket, ", context bucket ", shape.context_bucket, ", up to ", shape.max_steps,
+               shape.max_steps == 1 ? " step" : " steps", ") failed: ", error);
+    for (const DecodeRow& row : rows_) {
+      end_slot(row.slot, DecodeStatus::failed, message);
+    }
+    return;
+  }
+  for (::std::size_t r = 0; r < n; ++r) {
+    settle(rows_[r].slot, row_hit_eos_[r]);
+  }
+}
+
+template <DecodeExecutor Executor>
+void DecodeCore<Executor>::settle(::std::size_t slot, bool hit_eos) {
+  DecodeSequence& sequence = slots_[slot];
+  if (hit_eos) {
+    end_slot(slot, DecodeStatus::eos, {});
+    return;
+  }
+  if (sequence.max_new_tokens != 0 && sequence.tokens.size() >= sequence.max_new_tokens) {
+    end_slot(slot, DecodeStatus::token_limit, {});
+    return;
+  }
+  if (sequence.prompt.size() + sequence.tokens.size() >= options_.max_len) {
+    end_slot(slot, DecodeStatus::context_limit,
+             concat("prompt and tokens reached max_len (", options_.max_len, " positions) after ",
+                    sequence.tokens.size(), " tokens; the sequence was cut there"));
+    return;
+  }
+  const DecodeUpdate update{sequence.control->id,
+                            ::std::span<const TokenId>(sequence.tokens).subspan(sequence.delivered),
+                            DecodeStatus::running, {}, sequence.queue_delay};
+  sequence.delivered = sequence.tokens.size();
+  try {
+    sequence.on_update(update);
+  } catch (...) {
+    end_slot(slot, DecodeStatus::cancelled,
+             concat("the update callback threw (", describe_current_exception(), "); the request was cancelled"));
+  }
+}
+
+template <DecodeExecutor Executor>
+void DecodeCore<Executor>::abandon(::std::string_view message) noexcept {
+  try {
+    {
+      ::std::lock_guard lock(wakeup_->mutex);
+      stopping_ = true;
+      cancel_all_.store(true, ::std::memory_order_relaxed);
+      cancelled_waiting_.insert(cancelled_waiting_.end(), ::std::make_move_iterator(queue_.begin()),
+                                ::std::make_move_iterator(queue_.end()));
+      queue_.clear();
+      stats_.queue_depth = 0;
+    }
+    end_waiting(cancelled_waiting_, DecodeStatus::failed, message);
+    end_running(DecodeStatus::failed, message);
+  } catch (...) {
+    // Out of memory even for this: nothing more can be done.
+  }
+}
+
+}  // namespace replay::detail

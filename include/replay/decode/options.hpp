@@ -1,0 +1,62 @@
+#pragma once
+#include <replay/detail/require_cxx20.hpp>
+// DecodeOptions: the cache's shape, the buckets a launch is padded to, and
+// how a DecodeScheduler admits requests.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "replay/decode/batch.hpp"
+
+namespace replay {
+
+// When waiting requests are admitted into free slots.
+enum class DecodeBatching : ::std::uint8_t {
+  // Every iteration, as slots free up: a sequence joins the running batch as
+  // soon as one ends (continuous, or in-flight, batching).
+  continuous,
+  // Only when no sequence is running: a batch starts when max_slots requests
+  // wait or the oldest has waited static_batch_delay, and runs until every
+  // sequence in it ended (the classic way, kept for comparison).
+  static_batches,
+};
+
+// What shutdown() does with the requests it did not finish.
+enum class DecodeShutdown : ::std::uint8_t {
+  drain,   // serve every accepted request to its end, then stop
+  cancel,  // end every waiting and running request with DecodeStatus::shut_down at the next step boundary
+};
+
+// A DecodeScheduler's cache shape, launch buckets and admission policy.
+struct DecodeOptions {
+  // Cache slots, i.e. sequences decoded at once. 0: the largest batch bucket.
+  ::std::size_t max_slots = 0;
+  // Positions per cache slot: a sequence's prompt and tokens together never
+  // exceed it. At least 2. 0: the largest context bucket.
+  ::std::size_t max_len = 0;
+  // The batch sizes a launch is padded to, strictly ascending and positive;
+  // the largest at least max_slots. Empty: {max_slots}.
+  ::std::vector<::std::int64_t> batch_buckets{};
+  // The context lengths a launch reads up to, strictly ascending and
+  // positive; the largest at least max_len. Empty: {max_len}.
+  ::std::vector<::std::int64_t> context_buckets{};
+  // Decode steps one executor call may run (K steps per launch), at least 1.
+  ::std::size_t steps_per_launch = 1;
+  // Tokens that end a sequence (it keeps them as its last token). Empty:
+  // sequences end at max_new_tokens or max_len only.
+  ::std::vector<TokenId> eos_tokens{};
+  // Most requests waiting for a slot; at capacity submit() refuses with
+  // DecodeStatus::queue_full. At least 1.
+  ::std::size_t queue_capacity = 1024;
+  // Most prompt tokens prefilled in one iteration (so long prompts do not
+  // stall the running sequences for long); 0: no limit. A request is
+  // admitted whatever its length when it is the first of its iteration.
+  ::std::size_t max_prefill_tokens = 0;
+  DecodeBatching batching = DecodeBatching::continuous;
+  // static_batches only: how long the oldest waiting request waits for a
+  // batch to fill before it starts with fewer than max_slots.
+  ::std::chrono::microseconds static_batch_delay{1000};
+};
+
+}  // namespace replay
