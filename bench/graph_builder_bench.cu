@@ -11,9 +11,9 @@
 //                    replay_ms  the same through replay's typed KernelNode::set_args;
 //                    while_ms   one launch: a WHILE node, the test on the GPU,
 //                               its body one fused kernel (sweep_and_test);
-//                    while_sample_kernels_ms
-//                               one launch: a WHILE node whose body is the
-//                               sample's kernels (memset, sweep, test; the
+//                    while_separate_nodes_ms
+//                               one launch: a WHILE node whose body is
+//                               separate nodes (memset, sweep, test; the
 //                               second half-iteration in a nested IF).
 //                  Wall time per solve, from the first call to the result on the host.
 //  bucket_route/<mode>: a stream of requests with random batch sizes 1..64,
@@ -56,7 +56,7 @@ void jacobi_solve(benchmark::State& state) {
   jacobi::RawNodeUpdate raw(d, stream);
   jacobi::ReplayNodeUpdate typed(d);
   jacobi::DeviceLoop loop(d);
-  jacobi::DeviceLoopOfSampleKernels sample_loop(d);
+  jacobi::DeviceLoopOfSeparateNodes separate_loop(d);
 
   bool wrong = false;
   auto timed = [&](auto& solver) {
@@ -70,12 +70,12 @@ void jacobi_solve(benchmark::State& state) {
   (void)timed(raw);  // warm-up
   (void)timed(typed);
   (void)timed(loop);
-  (void)timed(sample_loop);
+  (void)timed(separate_loop);
 
   double raw_ms = 0.0;
   double replay_ms = 0.0;
   double while_ms = 0.0;
-  double while_sample_ms = 0.0;
+  double while_separate_ms = 0.0;
   std::int64_t n = 0;
   for (auto _ : state) {
     // Alternate the order so that neither method 0 variant always runs first.
@@ -88,7 +88,7 @@ void jacobi_solve(benchmark::State& state) {
     }
     const double w = timed(loop);
     while_ms += w;
-    while_sample_ms += timed(sample_loop);
+    while_separate_ms += timed(separate_loop);
     state.SetIterationTime(w / 1e3);
     ++n;
   }
@@ -100,7 +100,7 @@ void jacobi_solve(benchmark::State& state) {
   state.counters["raw_ms"] = raw_ms / per;
   state.counters["replay_ms"] = replay_ms / per;
   state.counters["while_ms"] = while_ms / per;
-  state.counters["while_sample_kernels_ms"] = while_sample_ms / per;
+  state.counters["while_separate_nodes_ms"] = while_separate_ms / per;
   state.counters["iterations"] = cpu.iterations;
 }
 

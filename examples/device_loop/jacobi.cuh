@@ -12,13 +12,13 @@
 //                    arguments swapped through the typed node handle;
 //   DeviceLoop       the whole solve in one launch: a WHILE node whose body,
 //                    one kernel, sweeps and tests convergence on the GPU;
-//   DeviceLoopOfSampleKernels
-//                    the whole solve in one launch, the WHILE body built from
-//                    the sample's own kernels as a user would first write it:
-//                    a memset, the sweep and a one-thread test kernel, with
-//                    the second half-iteration (x_new back into x) in a
-//                    nested IF. Six nodes a pass instead of one: each costs
-//                    the GPU about 2 us a pass, which the fused body saves.
+//   DeviceLoopOfSeparateNodes
+//                    the whole solve in one launch, the WHILE body built as
+//                    separate nodes, as a user would first write it: a
+//                    memset, method 0's sweep and a one-thread test kernel,
+//                    with the second half-iteration (x_new back into x) in a
+//                    nested IF. Six nodes and an IF a pass instead of one
+//                    kernel: what the fused body saves.
 // Shared by examples/device_loop and bench/graph_builder_bench.cu.
 #include <cuda_runtime.h>
 
@@ -158,7 +158,7 @@ __global__ void sweep_and_test(replay::ConditionalHandle keep_going, const float
   }
 }
 
-// The tests of DeviceLoopOfSampleKernels, one thread each: count the
+// The tests of DeviceLoopOfSeparateNodes, one thread each: count the
 // half-iteration; keep going while the residual is above the threshold.
 __device__ inline unsigned count_and_test(const double* residual, int* iterations, float threshold,
                                           int max_iterations) {
@@ -373,13 +373,12 @@ class DeviceLoop {
   replay::GraphExec exec_;
 };
 
-// The whole solve in one graph launch, the WHILE body built from the sample's
-// own kernels: [memset, sweep x -> x_new, test] then IF [memset, sweep x_new
+// The whole solve in one graph launch, the WHILE body built as separate nodes: [memset, sweep x -> x_new, test] then IF [memset, sweep x_new
 // -> x, test]. The same iterations and error as the others; the cost of six
 // nodes a pass instead of one is what the README's Jacobi rows compare.
-class DeviceLoopOfSampleKernels {
+class DeviceLoopOfSeparateNodes {
  public:
-  explicit DeviceLoopOfSampleKernels(DeviceSystem& d) : d_(d), graph_(build(d)), exec_(graph_) {}
+  explicit DeviceLoopOfSeparateNodes(DeviceSystem& d) : d_(d), graph_(build(d)), exec_(graph_) {}
 
   int solve(replay::StreamRef stream) {
     exec_.launch(stream);

@@ -6,9 +6,8 @@
 //   (b) the same through replay's typed node handle,
 //   (c) the whole solve in one launch: a WHILE node, the test on the GPU,
 //       its body one fused kernel (sweep and test);
-//   (d) the same with the body built from the sample's own kernels (a memset,
-//       the sweep, a one-thread test; the second half-iteration in a nested
-//       IF): six nodes a pass, each costing the GPU about 2 us a pass.
+//   (d) the same with the body built as separate nodes (a memset, the
+//       sweep, a one-thread test; the second half-iteration in a nested IF).
 // Exits non-zero when a result is wrong.
 #include <chrono>
 #include <cmath>
@@ -63,8 +62,8 @@ int main() {
       ok &= run("(c) one launch, WHILE node, one fused kernel", loop, d, cpu, stream);
     }
     {
-      jacobi::DeviceLoopOfSampleKernels loop(d);
-      ok &= run("(d) one launch, WHILE node, the sample's kernels", loop, d, cpu, stream);
+      jacobi::DeviceLoopOfSeparateNodes loop(d);
+      ok &= run("(d) one launch, WHILE node, separate nodes", loop, d, cpu, stream);
     }
     std::printf("device_loop: %s\n", ok ? "all results match the CPU reference" : "FAILED");
     return ok ? 0 : 1;
