@@ -4,7 +4,7 @@
 # when they are wrong.
 set -uo pipefail
 status=0
-for ex in dynamic_batch pipeline_throughput device_loop; do
+for ex in dynamic_batch pipeline_throughput device_loop capture_audit; do
   bin=build/gpu/examples/$ex/$ex
   if [ -x "$bin" ]; then
     echo "== $ex"
