@@ -81,30 +81,13 @@ bool skip_when_audit_on(benchmark::State& state) {
   return false;
 }
 
-void capture_audited(benchmark::State& state) {
-  if (skip_without_device(state)) return;
-  const int kernels = static_cast<int>(state.range(0));
-  replay::Stream stream;
-  replay::DeviceBuffer<float> x(kElements);
+// `audited()` against `plain()` (seconds each), alternately; counters
+// plain_us, audited_us (medians) and audited_over_plain (median of the pairs' ratios).
+template <class Audited, class Plain>
+void audited_against_plain(benchmark::State& state, Audited audited, Plain plain) {
   std::vector<double> plain_s;
   std::vector<double> audited_s;
   std::vector<double> ratios;
-  bool clean = true;
-  auto plain = [&] {
-    const auto start = std::chrono::steady_clock::now();
-    replay::Graph graph = replay::capture(stream, [&](replay::StreamRef s) { chain(s, x.data(), kernels); },
-                                          replay::CaptureMode::this_thread, replay::AuditSwitch::off);
-    benchmark::DoNotOptimize(graph.get());
-    return seconds_since(start);
-  };
-  auto audited = [&] {
-    const auto start = std::chrono::steady_clock::now();
-    auto result = replay::audit_capture(stream, [&](replay::StreamRef s) { chain(s, x.data(), kernels); });
-    benchmark::DoNotOptimize(result.graph.get());
-    const double s = seconds_since(start);
-    clean = clean && result.report.clean() && result.report.inventory.kernel_nodes() == static_cast<std::size_t>(kernels);
-    return s;
-  };
   AlternatingPair pair;
   for (auto _ : state) {
     const auto [audited_time, plain_time] = pair(audited, plain);
@@ -113,13 +96,42 @@ void capture_audited(benchmark::State& state) {
     ratios.push_back(plain_time > 0.0 ? audited_time / plain_time : 0.0);
     state.SetIterationTime(0.0);
   }
+  state.counters["plain_us"] = median(plain_s) * 1e6;
+  state.counters["audited_us"] = median(audited_s) * 1e6;
+  state.counters["audited_over_plain"] = median(ratios);
+}
+
+// A plain replay::capture of the chain (audit off), in seconds.
+double plain_capture(replay::StreamRef stream, float* x, int kernels) {
+  const auto start = std::chrono::steady_clock::now();
+  replay::Graph graph = replay::capture(stream, [&](replay::StreamRef s) { chain(s, x, kernels); },
+                                        replay::CaptureMode::this_thread, replay::AuditSwitch::off);
+  benchmark::DoNotOptimize(graph.get());
+  return seconds_since(start);
+}
+
+void capture_audited(benchmark::State& state) {
+  if (skip_without_device(state)) return;
+  const int kernels = static_cast<int>(state.range(0));
+  replay::Stream stream;
+  replay::DeviceBuffer<float> x(kElements);
+  bool clean = true;
+  audited_against_plain(
+      state,
+      [&] {
+        const auto start = std::chrono::steady_clock::now();
+        auto result = replay::audit_capture(stream, [&](replay::StreamRef s) { chain(s, x.data(), kernels); });
+        benchmark::DoNotOptimize(result.graph.get());
+        const double s = seconds_since(start);
+        clean = clean && result.report.clean() &&
+                result.report.inventory.kernel_nodes() == static_cast<std::size_t>(kernels);
+        return s;
+      },
+      [&] { return plain_capture(stream, x.data(), kernels); });
   if (!clean) {
     state.SkipWithError("an audited capture of a clean chain was not reported clean");
     return;
   }
-  state.counters["plain_us"] = median(plain_s) * 1e6;
-  state.counters["audited_us"] = median(audited_s) * 1e6;
-  state.counters["audited_over_plain"] = median(ratios);
   state.counters["kernels"] = kernels;
 }
 
@@ -129,33 +141,15 @@ void capture_subscribed(benchmark::State& state) {
   replay::Stream stream;
   replay::DeviceBuffer<float> x(kElements);
   replay::CaptureAudit audit;
-  std::vector<double> plain_s;
-  std::vector<double> audited_s;
-  std::vector<double> ratios;
-  auto plain = [&] {
-    const auto start = std::chrono::steady_clock::now();
-    replay::Graph graph = replay::capture(stream, [&](replay::StreamRef s) { chain(s, x.data(), kernels); },
-                                          replay::CaptureMode::this_thread, replay::AuditSwitch::off);
-    benchmark::DoNotOptimize(graph.get());
-    return seconds_since(start);
-  };
-  auto audited = [&] {
-    const auto start = std::chrono::steady_clock::now();
-    auto result = audit.capture(stream, [&](replay::StreamRef s) { chain(s, x.data(), kernels); });
-    benchmark::DoNotOptimize(result.graph.get());
-    return seconds_since(start);
-  };
-  AlternatingPair pair;
-  for (auto _ : state) {
-    const auto [audited_time, plain_time] = pair(audited, plain);
-    audited_s.push_back(audited_time);
-    plain_s.push_back(plain_time);
-    ratios.push_back(plain_time > 0.0 ? audited_time / plain_time : 0.0);
-    state.SetIterationTime(0.0);
-  }
-  state.counters["plain_us"] = median(plain_s) * 1e6;
-  state.counters["audited_us"] = median(audited_s) * 1e6;
-  state.counters["audited_over_plain"] = median(ratios);
+  audited_against_plain(
+      state,
+      [&] {
+        const auto start = std::chrono::steady_clock::now();
+        auto result = audit.capture(stream, [&](replay::StreamRef s) { chain(s, x.data(), kernels); });
+        benchmark::DoNotOptimize(result.graph.get());
+        return seconds_since(start);
+      },
+      [&] { return plain_capture(stream, x.data(), kernels); });
   state.counters["kernels"] = kernels;
 }
 
@@ -197,37 +191,44 @@ void launch_subscribed(benchmark::State& state) {
   state.counters["subscribed_over_alone"] = median(ratios);
 }
 
-void capture_off_paired(benchmark::State& state) {
-  if (skip_without_device(state) || skip_when_audit_on(state)) return;
-  const int kernels = static_cast<int>(state.range(0));
-  replay::Stream stream;
-  replay::DeviceBuffer<float> x(kElements);
-  const int burst = kernels == 1 ? 8 : 1;
+// `run()` (seconds for `per_run` operations) with the audit linked but off,
+// and with its hook removed, alternately; counters linked_ns, absent_ns
+// (per operation, medians) and linked_over_absent (median of the pairs' ratios).
+template <class Run>
+void linked_against_absent(benchmark::State& state, int per_run, Run run) {
   std::vector<double> ratios;
   std::vector<double> linked_s;
   std::vector<double> absent_s;
-  auto captures = [&] {
-    const auto start = std::chrono::steady_clock::now();
-    for (int b = 0; b < burst; ++b) {
-      replay::Graph graph = replay::capture(stream, [&](replay::StreamRef s) { chain(s, x.data(), kernels); });
-      benchmark::DoNotOptimize(graph.get());
-    }
-    return seconds_since(start);
-  };
   AlternatingPair pair;
   for (auto _ : state) {
-    const auto [linked_time, absent_time] = pair(captures, [&] {
+    const auto [linked_time, absent_time] = pair(run, [&] {
       const WithoutAuditHook without;
-      return captures();
+      return run();
     });
     linked_s.push_back(linked_time);
     absent_s.push_back(absent_time);
     ratios.push_back(absent_time > 0.0 ? linked_time / absent_time : 0.0);
     state.SetIterationTime(0.0);
   }
-  state.counters["linked_ns"] = median(linked_s) / burst * 1e9;
-  state.counters["absent_ns"] = median(absent_s) / burst * 1e9;
+  state.counters["linked_ns"] = median(linked_s) / per_run * 1e9;
+  state.counters["absent_ns"] = median(absent_s) / per_run * 1e9;
   state.counters["linked_over_absent"] = median(ratios);
+}
+
+void capture_off_paired(benchmark::State& state) {
+  if (skip_without_device(state) || skip_when_audit_on(state)) return;
+  const int kernels = static_cast<int>(state.range(0));
+  replay::Stream stream;
+  replay::DeviceBuffer<float> x(kElements);
+  const int burst = kernels == 1 ? 8 : 1;
+  linked_against_absent(state, burst, [&] {
+    const auto start = std::chrono::steady_clock::now();
+    for (int b = 0; b < burst; ++b) {
+      replay::Graph graph = replay::capture(stream, [&](replay::StreamRef s) { chain(s, x.data(), kernels); });
+      benchmark::DoNotOptimize(graph.get());
+    }
+    return seconds_since(start);
+  });
   state.counters["kernels"] = kernels;
 }
 
@@ -240,10 +241,7 @@ void launch_off_paired(benchmark::State& state) {
   const replay::GraphExec exec(graph, replay::InstantiateFlags::upload, stream);
   stream.synchronize();
   constexpr int burst = 8;
-  std::vector<double> ratios;
-  std::vector<double> linked_s;
-  std::vector<double> absent_s;
-  auto launches = [&] {
+  linked_against_absent(state, burst, [&] {
     const auto start = std::chrono::steady_clock::now();
     for (int b = 0; b < burst; ++b) {
       exec.launch(stream);
@@ -251,21 +249,7 @@ void launch_off_paired(benchmark::State& state) {
     const double s = seconds_since(start);
     stream.synchronize();
     return s;
-  };
-  AlternatingPair pair;
-  for (auto _ : state) {
-    const auto [linked_time, absent_time] = pair(launches, [&] {
-      const WithoutAuditHook without;
-      return launches();
-    });
-    linked_s.push_back(linked_time);
-    absent_s.push_back(absent_time);
-    ratios.push_back(absent_time > 0.0 ? linked_time / absent_time : 0.0);
-    state.SetIterationTime(0.0);
-  }
-  state.counters["linked_ns"] = median(linked_s) / burst * 1e9;
-  state.counters["absent_ns"] = median(absent_s) / burst * 1e9;
-  state.counters["linked_over_absent"] = median(ratios);
+  });
   state.counters["kernels"] = kernels;
 }
 

@@ -7,6 +7,7 @@
 
 namespace replay {
 
+// Whether a capture is audited (see docs/audit.md).
 enum class AuditSwitch : unsigned char {
   // Audited when REPLAY_AUDIT=1 is set (read once per process). The audit
   // then only reports: when it cannot subscribe (a profiler holds CUPTI), it

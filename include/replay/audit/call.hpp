@@ -46,32 +46,51 @@ enum class AuditStreamState : unsigned char {
 
 // One frame of a call's stack, resolved when the report was made.
 struct AuditFrame {
-  ::std::uintptr_t address = 0;  // the return address
-  ::std::string object;          // the shared object or executable
-  ::std::string function;        // demangled; empty when unknown
-  ::std::string file;            // empty when there is no line information
+  // The return address
+  ::std::uintptr_t address = 0;
+  // The shared object or executable
+  ::std::string object;
+  // Demangled; empty when unknown
+  ::std::string function;
+  // Empty when there is no line information
+  ::std::string file;
+  // The line in `file`; 0 when unknown.
   unsigned line = 0;
 };
 
 // One CUDA runtime or driver API call made while the audited capture was open.
 struct AuditedCall {
-  ::std::uint64_t sequence = 0;  // order in which the calls began, over all threads
-  ::std::string api;             // as CUPTI names it, e.g. "cudaStreamSynchronize", "cuLaunchKernel_ptsz"
-  bool driver_api = false;       // a driver (cu*) call rather than a runtime (cuda*) one
+  // Order in which the calls began, over all threads
+  ::std::uint64_t sequence = 0;
+  // As CUPTI names it, e.g. "cudaStreamSynchronize", "cuLaunchKernel_ptsz"
+  ::std::string api;
+  // A driver (cu*) call rather than a runtime (cuda*) one
+  bool driver_api = false;
   // Made by the CUDA runtime inside another call of this thread (a driver
   // call inside a runtime call): listed, never a finding of its own.
   bool nested = false;
-  bool returned = false;         // false: still running when the capture ended
-  int status = 0;                // cudaError_t or CUresult (they share capture error numbers)
-  ::std::uint64_t thread = 0;    // the OS thread id (gettid)
-  bool capturing_thread = false; // made by the thread that owns the audited capture
+  // False: still running when the capture ended
+  bool returned = false;
+  // CudaError_t or CUresult (they share capture error numbers)
+  int status = 0;
+  // The OS thread id (gettid)
+  ::std::uint64_t thread = 0;
+  // Made by the thread that owns the audited capture
+  bool capturing_thread = false;
+  // What the call does, from its name.
   AuditCallKind kind = AuditCallKind::other;
+  // Its stream's capture state when it began.
   AuditStreamState stream_state = AuditStreamState::none;
-  ::std::uintptr_t stream = 0;   // the stream handle as passed (0: none or the default stream)
-  ::std::string kernel;          // for launches: the kernel's (mangled) name
-  ::std::string op;              // with libtorch: the aten operator running on this thread, if any
-  int graph_nodes = 0;           // nodes CUDA reported adding to the audited capture's graph during the call
-  ::std::vector<::std::uintptr_t> stack;  // return addresses, innermost first (symbolized on demand)
+  // The stream handle as passed (0: none or the default stream)
+  ::std::uintptr_t stream = 0;
+  // For launches: the kernel's (mangled) name
+  ::std::string kernel;
+  // With libtorch: the aten operator running on this thread, if any
+  ::std::string op;
+  // Nodes CUDA reported adding to the audited capture's graph during the call
+  int graph_nodes = 0;
+  // Return addresses, innermost first (symbolized on demand)
+  ::std::vector<::std::uintptr_t> stack;
 };
 
 }  // namespace replay

@@ -31,8 +31,11 @@ namespace replay {
 // What audit_capture() returns: the graph (empty when the capture failed),
 // the report, and what the work threw, if it threw.
 struct AuditedCapture {
+  // The captured graph; empty when the capture failed.
   Graph graph;
+  // What the audit found.
   AuditReport report;
+  // What the captured work threw, if it threw.
   ::std::exception_ptr work_error;
 
   // Rethrows what the captured work threw, if anything.
@@ -52,6 +55,8 @@ struct AuditedCapture {
 // audited capture is open, and a few on every call while a CaptureAudit lives.
 class CaptureAudit {
  public:
+  // Subscribes (or shares the subscription of a CaptureAudit alive); throws
+  // audit_unavailable_error when CUPTI cannot be had.
   explicit CaptureAudit(::std::source_location where = ::std::source_location::current()) : lease_(where) {}
   CaptureAudit(const CaptureAudit&) = delete;
   CaptureAudit& operator=(const CaptureAudit&) = delete;
@@ -67,7 +72,8 @@ class CaptureAudit {
                                        ::std::source_location where = ::std::source_location::current()) {
     detail::check_capture_work<Work>();
     AuditedCapture out;
-    CaptureScope scope(stream, mode, AuditSwitch::off, where);  // audited here, not again by the hook
+    // Audited here, not again by the hook
+    CaptureScope scope(stream, mode, AuditSwitch::off, where);
     detail::audit::Session session(stream.get(), mode, where);
     ::std::string work_error;
     try {

@@ -18,6 +18,7 @@ namespace replay {
 // the process) the audit cannot subscribe, and says so with this error.
 class audit_unavailable_error : public ::std::runtime_error {
  public:
+  // `reason`: why (CUPTI's answer, and what to do about it).
   audit_unavailable_error(::std::string_view reason, ::std::source_location where = ::std::source_location::current())
       : ::std::runtime_error(detail::concat("replay: the capture audit is unavailable: ", reason, " (at ",
                                             replay::to_string(where), ")")),

@@ -20,31 +20,49 @@
 
 namespace replay {
 
+// What kind of finding an AuditFinding is.
 enum class AuditFindingKind : unsigned char {
   breaking_call,  // the call that broke the capture (returned a capture error, or most likely invalidated it)
   escaped_work,   // work of the capturing thread that ran eagerly outside the capture and is not in the graph
   unsafe_call,    // a call that did not break this capture but would in another mode or thread arrangement
 };
 
+// One finding of the audit: the call (or the work) it is about, its thread,
+// stream and user frame, and what it means.
 struct AuditFinding {
+  // Breaking call, escaped work or unsafe call.
   AuditFindingKind kind = AuditFindingKind::breaking_call;
-  ::std::string api;             // the call, as CUPTI names it
-  int status = 0;                // its return code
-  ::std::string status_name;     // "cudaErrorStreamCaptureUnsupported"; "cudaSuccess" for escaped work
-  ::std::string kernel;          // launches: the kernel's demangled name
-  ::std::uint64_t thread = 0;    // OS thread id
+  // The call, as CUPTI names it
+  ::std::string api;
+  // Its return code
+  int status = 0;
+  // "cudaErrorStreamCaptureUnsupported"; "cudaSuccess" for escaped work
+  ::std::string status_name;
+  // Launches: the kernel's demangled name
+  ::std::string kernel;
+  // OS thread id
+  ::std::uint64_t thread = 0;
+  // Made by the thread that began the capture.
   bool capturing_thread = false;
+  // The call's stream as it stood when the call began.
   AuditStreamState stream_state = AuditStreamState::none;
+  // The stream handle as passed (0: none or the default stream).
   ::std::uintptr_t stream = 0;
-  ::std::optional<AuditFrame> frame;  // the user's frame (CUDA, CUPTI, replay and std frames skipped)
-  ::std::vector<AuditFrame> frames;   // the whole resolved stack, innermost first
-  ::std::string op;              // with libtorch: the aten operator that was running
+  // The user's frame (CUDA, CUPTI, replay and std frames skipped)
+  ::std::optional<AuditFrame> frame;
+  // The whole resolved stack, innermost first
+  ::std::vector<AuditFrame> frames;
+  // With libtorch: the aten operator that was running
+  ::std::string op;
   // A breaking call found by elimination (no call returned the first capture
   // error; this is the last unsafe call before the capture was seen invalidated).
   bool inferred = false;
-  ::std::string summary;         // what happened, in one sentence
-  ::std::string advice;          // what to do
-  ::std::optional<::std::size_t> call;  // index into AuditReport::calls
+  // What happened, in one sentence
+  ::std::string summary;
+  // What to do
+  ::std::string advice;
+  // Index into AuditReport::calls
+  ::std::optional<::std::size_t> call;
 
   // "cudaStreamSynchronize returned cudaErrorStreamCaptureUnsupported on the
   // capturing thread at model.cu:42 (in f()): <advice>"
@@ -60,20 +78,32 @@ struct AuditFinding {
 
 // One kernel (by name) in the inventory.
 struct AuditInventoryEntry {
-  ::std::string kernel;          // demangled
-  ::std::size_t launched = 0;    // successful launches recorded on the capture's streams
-  ::std::size_t in_graph = 0;    // kernel nodes of the graph (child graphs included)
+  // Demangled
+  ::std::string kernel;
+  // Successful launches recorded on the capture's streams
+  ::std::size_t launched = 0;
+  // Kernel nodes of the graph (child graphs included)
+  ::std::size_t in_graph = 0;
 };
 
+// The work seen on the capture's streams against the graph's nodes.
 struct AuditInventory {
-  bool checked = false;          // false when there was no graph to compare with
+  // False when there was no graph to compare with
+  bool checked = false;
+  // Every kernel launched or in the graph, by demangled name.
   ::std::vector<AuditInventoryEntry> kernels;
-  ::std::size_t copies_launched = 0;   // stream-ordered copies on the capture's streams
+  // Stream-ordered copies on the capture's streams
+  ::std::size_t copies_launched = 0;
+  // Copy nodes of the graph.
   ::std::size_t copy_nodes = 0;
+  // Stream-ordered memsets on the capture's streams.
   ::std::size_t memsets_launched = 0;
+  // Memset nodes of the graph.
   ::std::size_t memset_nodes = 0;
-  ::std::size_t other_nodes = 0;       // host, event, graph memory and other nodes (not compared)
+  // Host, event, graph memory and other nodes (not compared)
+  ::std::size_t other_nodes = 0;
 
+  // Every kernel as often in the graph as launched, copies and memsets alike.
   bool matches() const noexcept {
     if (!checked) {
       return true;
@@ -85,6 +115,7 @@ struct AuditInventory {
     }
     return copies_launched == copy_nodes && memsets_launched == memset_nodes;
   }
+  // Kernel nodes of the graph.
   ::std::size_t kernel_nodes() const noexcept {
     ::std::size_t n = 0;
     for (const AuditInventoryEntry& entry : kernels) {
@@ -92,6 +123,7 @@ struct AuditInventory {
     }
     return n;
   }
+  // Kernel launches seen on the capture's streams.
   ::std::size_t kernel_launches() const noexcept {
     ::std::size_t n = 0;
     for (const AuditInventoryEntry& entry : kernels) {
@@ -101,21 +133,34 @@ struct AuditInventory {
   }
 };
 
+// What the audit found for one capture (see docs/audit.md).
 struct AuditReport {
-  ::std::vector<AuditedCall> calls;   // every call made while the capture was open, in the order they began
+  // Every call made while the capture was open, in the order they began
+  ::std::vector<AuditedCall> calls;
+  // The call that broke the capture, if one did.
   ::std::optional<AuditFinding> breaking;
+  // Work of the capturing thread that ran outside the capture.
   ::std::vector<AuditFinding> escaped;
+  // Calls that did not break this capture but break others.
   ::std::vector<AuditFinding> unsafe;
+  // Launches, copies and memsets on the capture's streams against the graph.
   AuditInventory inventory;
-  ::std::string begun_at;             // where the capture was begun ("file:line (function)")
+  // Where the capture was begun ("file:line (function)")
+  ::std::string begun_at;
+  // The OS thread id of the thread that began the capture.
   ::std::uint64_t capturing_thread = 0;
+  // The capture's mode.
   CaptureMode mode = CaptureMode::this_thread;
-  int end_status = 0;                 // what cudaStreamEndCapture returned
+  // What cudaStreamEndCapture returned
+  int end_status = 0;
+  // A graph came out of the capture.
   bool graph_made = false;
   // The capture was invalidated, whether or not the breaking call is known.
   bool invalidated = false;
-  ::std::string work_error;           // what the captured work threw, if it threw
-  ::std::vector<::std::string> notes; // limits of this report (no line information, ...)
+  // What the captured work threw, if it threw
+  ::std::string work_error;
+  // Limits of this report (no line information, ...)
+  ::std::vector<::std::string> notes;
 
   // No breaking call, no escaped work, no unsafe call, the inventory
   // matches and the capture ended successfully.
@@ -196,6 +241,7 @@ struct AuditReport {
     return out;
   }
 
+  // The whole report as one JSON object (the calls included).
   ::std::string to_json() const {
     using detail::audit::JsonObject;
     using detail::audit::json_array;
@@ -260,6 +306,7 @@ struct AuditReport {
     return end_status < 0 ? "(not known)" : ::cudaGetErrorName(static_cast<::cudaError_t>(end_status));
   }
 
+  // "CaptureMode::this_thread"...
   static const char* mode_name(CaptureMode m) noexcept {
     switch (m) {
       case CaptureMode::this_thread: return "CaptureMode::this_thread";
@@ -268,6 +315,7 @@ struct AuditReport {
     }
     return "unknown mode";
   }
+  // "kernel_launch", "sync_copy"...
   static const char* kind_name(AuditCallKind kind) noexcept {
     switch (kind) {
       case AuditCallKind::other: return "other";
@@ -292,6 +340,7 @@ struct AuditReport {
     }
     return "other";
   }
+  // "legacy", "this_capture"...
   static const char* stream_state_name(AuditStreamState state) noexcept {
     switch (state) {
       case AuditStreamState::none: return "none";
@@ -332,7 +381,8 @@ struct AuditReport {
   static ::std::string frame_json(const AuditFrame& f) {
     ::std::string out;
     {
-      detail::audit::JsonObject frame(out);  // closes the object when it goes
+      // Closes the object when it goes
+      detail::audit::JsonObject frame(out);
       frame.number("address", static_cast<::std::uint64_t>(f.address))
           .text("object", f.object)
           .text("function", f.function)
@@ -344,7 +394,8 @@ struct AuditReport {
   static ::std::string finding_json(const AuditFinding& f) {
     ::std::string out;
     {
-      detail::audit::JsonObject finding(out);  // closes the object when it goes
+      // Closes the object when it goes
+      detail::audit::JsonObject finding(out);
       finding
           .text("kind", f.kind == AuditFindingKind::breaking_call ? "breaking_call"
                         : f.kind == AuditFindingKind::escaped_work ? "escaped_work"

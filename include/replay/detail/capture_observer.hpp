@@ -53,6 +53,15 @@ inline bool install_capture_observer(CaptureObserver observer) noexcept {
   return true;
 }
 
+// The name of the operator running on the calling thread, or null: set by
+// a framework adapter (the libtorch adapter tracks aten operators while an
+// audited capture runs) and read by the audit for each call it records.
+using OperatorNameSource = const char* (*)() noexcept;
+inline ::std::atomic<OperatorNameSource>& operator_name_source() noexcept {
+  static ::std::atomic<OperatorNameSource> source{nullptr};
+  return source;
+}
+
 // REPLAY_AUDIT=1 (or on, true, yes), read once.
 inline bool audit_requested_by_environment() noexcept {
   static const bool requested = [] {

@@ -21,6 +21,20 @@ struct ApiName {
   bool per_thread = false;     // a _ptsz / _ptds entry: stream 0 means the per-thread default stream
 };
 
+// The name without a trailing version suffix (_v followed by digits only).
+constexpr ::std::string_view without_version(::std::string_view name) noexcept {
+  const auto v = name.rfind("_v");
+  if (v == ::std::string_view::npos || v + 2 >= name.size()) {
+    return name;
+  }
+  for (::std::size_t i = v + 2; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') {
+      return name;
+    }
+  }
+  return name.substr(0, v);
+}
+
 // "cudaLaunchKernel_ptsz_v7000" -> {"cudaLaunchKernel", per_thread}; "cuMemcpyHtoD_v2" -> {"cuMemcpyHtoD"};
 // "__cudaLaunchKernel" (what <<<>>> calls since CUDA 13) -> {"cudaLaunchKernel"}.
 constexpr ApiName split_api_name(::std::string_view name) noexcept {
@@ -28,16 +42,7 @@ constexpr ApiName split_api_name(::std::string_view name) noexcept {
   while (name.starts_with('_')) {
     name.remove_prefix(1);
   }
-  // A version suffix: _v followed by digits only, at the end.
-  if (const auto v = name.rfind("_v"); v != ::std::string_view::npos && v + 2 < name.size()) {
-    bool digits = true;
-    for (::std::size_t i = v + 2; i < name.size(); ++i) {
-      digits = digits && name[i] >= '0' && name[i] <= '9';
-    }
-    if (digits) {
-      name = name.substr(0, v);
-    }
-  }
+  name = without_version(name);
   for (const ::std::string_view suffix : {::std::string_view("_ptsz"), ::std::string_view("_ptds")}) {
     if (name.ends_with(suffix)) {
       name.remove_suffix(suffix.size());
@@ -45,16 +50,7 @@ constexpr ApiName split_api_name(::std::string_view name) noexcept {
     }
   }
   // The version may also come before the per-thread suffix (cuMemcpyHtoDAsync_v2_ptsz).
-  if (const auto v = name.rfind("_v"); v != ::std::string_view::npos && v + 2 < name.size()) {
-    bool digits = true;
-    for (::std::size_t i = v + 2; i < name.size(); ++i) {
-      digits = digits && name[i] >= '0' && name[i] <= '9';
-    }
-    if (digits) {
-      name = name.substr(0, v);
-    }
-  }
-  out.base = name;
+  out.base = without_version(name);
   return out;
 }
 
@@ -168,18 +164,9 @@ constexpr bool is_unsafe(AuditCallKind kind) noexcept {
 }
 
 // Of those, the ones another thread's call breaks a CaptureMode::global
-// capture with (a synchronization of that thread's own stream does not).
+// capture with (a synchronization of that thread's own stream or event does not).
 constexpr bool is_unsafe_from_any_thread(AuditCallKind kind) noexcept {
-  switch (kind) {
-    case AuditCallKind::device_sync:
-    case AuditCallKind::allocation:
-    case AuditCallKind::free:
-    case AuditCallKind::sync_copy:
-    case AuditCallKind::sync_memset:
-      return true;
-    default:
-      return false;
-  }
+  return is_unsafe(kind) && kind != AuditCallKind::stream_sync && kind != AuditCallKind::event_sync;
 }
 
 // True for a return code that a broken or refused capture gives (runtime

@@ -16,7 +16,10 @@
 
 namespace replay::detail::audit {
 
-enum class FrameOwner : unsigned char { cuda, replay, standard_library, user, unknown };
+// cuda: CUDA, CUPTI and NVIDIA's libraries (cuBLAS, cuDNN, NCCL...);
+// framework: libtorch (its operators are named separately, from
+// RecordFunction), so that the user's frame is the user's code that called it.
+enum class FrameOwner : unsigned char { cuda, replay, standard_library, framework, user, unknown };
 
 // The file name of a path ("/usr/lib/libcuda.so.1" -> "libcuda.so.1").
 constexpr ::std::string_view base_name(::std::string_view path) noexcept {
@@ -70,9 +73,15 @@ constexpr FrameOwner frame_owner(const AuditFrame& frame, ::std::span<const ::st
   // CUDA's and CUPTI's libraries, the runtime linked statically (its
   // functions have names but no line information), the launch code nvcc
   // generates and CUDA's own headers.
-  if (object.starts_with("libcuda.") || object.starts_with("libcudart") || object.starts_with("libcupti") ||
-      object.starts_with("libnvidia-") || object.starts_with("libcudadebugger")) {
-    return FrameOwner::cuda;
+  for (const ::std::string_view library : {"libcuda.", "libcudart", "libcupti", "libnvidia-", "libcudadebugger",
+                                            "libcublas", "libcudnn", "libnccl", "libcufft", "libcurand",
+                                            "libcusparse", "libcusolver", "libnvrtc", "libnvJitLink", "libnvshmem"}) {
+    if (object.starts_with(library)) {
+      return FrameOwner::cuda;
+    }
+  }
+  if (object.starts_with("libtorch") || object.starts_with("libc10") || object.starts_with("libcaffe2")) {
+    return FrameOwner::framework;
   }
   // By name only where there is no line information (CUDA's code has
   // none), so that a user's cudaHelper() with line information stays the user's.

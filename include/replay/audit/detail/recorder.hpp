@@ -33,6 +33,7 @@
 #include "replay/audit/detail/stream_params.hpp"
 #include "replay/audit/detail/symbolize.hpp"
 #include "replay/audit/errors.hpp"
+#include "replay/detail/capture_observer.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 
@@ -69,10 +70,6 @@ struct CaptureState {
 // The driver's cuStreamGetCaptureInfo as of CUDA 12.0 (the _v2 signature).
 using CaptureInfoFn = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*, const CUgraphNode**,
                                    ::std::size_t*);
-
-// The name of the aten operator running on this thread (installed by the
-// libtorch bridge while an audit runs inside a GraphedCallable), or null.
-using OperatorNameFn = const char* (*)() noexcept;
 
 // A driver function from the runtime's entry-point query, or null (older
 // driver, no driver): never throws, leaves no error behind.
@@ -244,8 +241,6 @@ class Recorder {
     return out;
   }
 
-  void set_operator_name_source(OperatorNameFn fn) noexcept { operator_name_.store(fn, ::std::memory_order_release); }
-
  private:
   Recorder() = default;
 
@@ -327,7 +322,8 @@ class Recorder {
       if (info.symbolName != nullptr) {
         call.kernel = info.symbolName;
       }
-      if (const OperatorNameFn op = operator_name_.load(::std::memory_order_acquire); op != nullptr) {
+      // The aten operator running, where the libtorch adapter tracks them.
+      if (const OperatorNameSource op = operator_name_source().load(::std::memory_order_acquire); op != nullptr) {
         if (const char* name = op(); name != nullptr) {
           call.op = name;
         }
@@ -411,7 +407,6 @@ class Recorder {
   int sessions_ = 0;
   ::std::atomic<int> recording_{0};
   ::std::atomic<::std::uint32_t> epoch_{0};
-  ::std::atomic<OperatorNameFn> operator_name_{nullptr};
   ::std::atomic<CaptureInfoFn> capture_info_{nullptr};
   ::std::vector<RawCall> log_;
   ::std::uint32_t generation_ = 0;

@@ -87,6 +87,7 @@ inline void GraphedCallable::init(TensorFunction fn, ::std::vector<::at::Tensor>
   router_options.oversize = options.oversize;
   router_options.warmup_runs = options.warmup_runs;
   router_options.max_graphs = options.max_graphs;
+  router_options.audit = options.audit;
   detail::GraphedState* self = &s;
   router_options.on_capture_failure = [self](const ::std::int64_t& batch, ::std::string_view reason) {
     self->on_failure(batch, reason);
