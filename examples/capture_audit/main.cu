@@ -13,10 +13,17 @@
 // switched on (what REPLAY_AUDIT=1 does for every capture in the program):
 // the exception carries the audit's verdict.
 //
+// `capture_audit --from-environment` instead captures the broken model with
+// plain replay::capture, its switch left at the default: run it with
+// REPLAY_AUDIT=1 and the error names the synchronization, without it only
+// the invalidated capture.
+//
 // Exits non-zero if the audit does not report what was planted.
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
+#include <string_view>
 
 #include "replay/audit.hpp"
 #include "replay/replay.hpp"
@@ -65,8 +72,37 @@ void expect(bool ok, const char* what) {
 
 }  // namespace
 
-int main() {
+// The broken model through plain replay::capture, audited only if REPLAY_AUDIT says so.
+int from_environment() {
+  const char* set = std::getenv("REPLAY_AUDIT");
+  const bool audited = set != nullptr && std::string_view(set) == "1";
+  replay::Stream stream;
+  replay::DeviceBuffer<float> x(kN);
   try {
+    (void)replay::capture(stream, [&](replay::StreamRef s) {
+      model(s, x.data());
+      normalize(s, x.data());
+    });
+    std::fputs("capture_audit: FAILED: the broken capture did not throw\n", stderr);
+    return 1;
+  } catch (const replay::cuda_error& e) {
+    (void)cudaGetLastError();
+    std::printf("REPLAY_AUDIT=%s: cuda_error: %s\n", set != nullptr ? set : "(unset)", e.what());
+    const bool has_verdict = std::string(e.what()).find("capture audit: cudaStreamSynchronize") != std::string::npos;
+    if (has_verdict != audited) {
+      std::fprintf(stderr, "capture_audit: FAILED: the error %s the audit's verdict\n",
+                   has_verdict ? "carries, unasked," : "lacks");
+      return 1;
+    }
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    if (argc > 1 && std::string_view(argv[1]) == "--from-environment") {
+      return from_environment();
+    }
     replay::Stream stream;
     replay::DeviceBuffer<float> x(kN);
     x.fill(1.0F, stream);

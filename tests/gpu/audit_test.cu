@@ -75,7 +75,9 @@ std::string explain(const replay::AuditReport& report) {
                                   c.returned ? audit::status_name(c.status, c.driver_api) : std::string("(running)"),
                                   " tid ", c.thread, c.capturing_thread ? " (capturing)" : "", " ",
                                   replay::AuditReport::stream_state_name(c.stream_state), " ",
-                                  audit::hex(c.stream), c.kernel.empty() ? "" : " kernel ", c.kernel, "\n");
+                                  audit::hex(c.stream), c.kernel.empty() ? "" : " kernel ", c.kernel,
+                                  c.graph_nodes > 0 ? " nodes " : "", c.graph_nodes > 0 ? std::to_string(c.graph_nodes) : "",
+                                  "\n");
   }
   return out;
 }

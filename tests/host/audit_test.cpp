@@ -308,6 +308,38 @@ TEST_SUITE("host") {
     CHECK_FALSE(audit::make_inventory(calls, graph).matches());
   }
 
+  TEST_CASE("audit: where CUDA reports graph nodes, work of unknown stream that made none went outside") {
+    std::vector<AuditedCall> calls{
+        call("__cudaLaunchKernel", 0, kCapturing, AuditStreamState::unknown, "in()"),
+        call("__cudaLaunchKernel", 0, kCapturing, AuditStreamState::unknown, "out()"),
+        call("cudaStreamSynchronize", 0, kCapturing, AuditStreamState::unknown),
+    };
+    calls[0].graph_nodes = 1;
+    std::vector<AuditedCall> without_reports = calls;
+    without_reports[0].graph_nodes = 0;
+    audit::apply_node_evidence(calls);
+    CHECK(calls[0].stream_state == AuditStreamState::unknown);  // promoted by to_audited_call, not here
+    CHECK(calls[1].stream_state == AuditStreamState::outside);
+    CHECK(calls[2].stream_state == AuditStreamState::unknown);  // not work
+    CHECK(audit::classify(calls, facts()).escaped == std::vector<std::size_t>{1});
+    audit::apply_node_evidence(without_reports);  // no node was reported at all: nothing is concluded
+    CHECK(without_reports[1].stream_state == AuditStreamState::unknown);
+
+    // A launch whose stream seemed to be the legacy one but that added a node
+    // to the audited graph went into it.
+    std::vector<std::uintptr_t> streams{0x10};
+    audit::RawCall raw;
+    raw.name = "__cudaLaunchKernel";
+    raw.returned = true;
+    raw.thread = kCapturing;
+    raw.stream = audit::StreamArgument{true, 0};
+    raw.legacy_stream = true;
+    raw.graph_nodes = 1;
+    raw.node_graph = 0xabc;
+    CHECK(audit::to_audited_call(raw, 7, kCapturing, streams, 0xabc).stream_state == AuditStreamState::this_capture);
+    CHECK(audit::to_audited_call(raw, 7, kCapturing, streams, 0xdef).stream_state == AuditStreamState::legacy);
+  }
+
   TEST_CASE("audit: JSON strings escape quotes, backslashes and control characters and keep UTF-8") {
     CHECK(audit::json_string("plain") == "\"plain\"");
     CHECK(audit::json_string("a\"b\\c") == "\"a\\\"b\\\\c\"");

@@ -41,6 +41,7 @@ enum class AuditStreamState : unsigned char {
   this_capture,     // a stream of the audited capture (its origin, or one forked from it)
   this_capture_invalidated,  // a stream of the audited capture, which was already invalidated
   other_capture,    // a stream capturing into another graph
+  outside,          // a stream whose handle could not be read, and the work added nothing to the graph
   unknown,          // the stream's state could not be read
 };
 

@@ -349,6 +349,7 @@ struct AuditReport {
       case AuditStreamState::this_capture: return "this_capture";
       case AuditStreamState::this_capture_invalidated: return "this_capture_invalidated";
       case AuditStreamState::other_capture: return "other_capture";
+      case AuditStreamState::outside: return "outside";
       case AuditStreamState::unknown: return "unknown";
     }
     return "unknown";

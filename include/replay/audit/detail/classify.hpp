@@ -45,7 +45,32 @@ inline bool succeeded_call(const AuditedCall& call) noexcept { return call.retur
 // another capture's graph), not into this one.
 inline bool outside_capture(AuditStreamState state) noexcept {
   return state == AuditStreamState::legacy || state == AuditStreamState::not_capturing ||
-         state == AuditStreamState::other_capture;
+         state == AuditStreamState::other_capture || state == AuditStreamState::outside;
+}
+
+// Stream-ordered work that a capture turns into graph nodes.
+inline bool makes_nodes(AuditCallKind kind) noexcept {
+  return kind == AuditCallKind::kernel_launch || kind == AuditCallKind::copy || kind == AuditCallKind::memset ||
+         kind == AuditCallKind::host_launch || kind == AuditCallKind::graph_launch;
+}
+
+// Where CUDA reported graph nodes created by calls of this capture (so its
+// reports work), a successful launch, copy or memset whose stream could not
+// be read and that created no node in the graph went outside the capture.
+inline void apply_node_evidence(::std::vector<AuditedCall>& calls) {
+  bool reported = false;
+  for (const AuditedCall& call : calls) {
+    reported = reported || call.graph_nodes > 0;
+  }
+  if (!reported) {
+    return;
+  }
+  for (AuditedCall& call : calls) {
+    if (!call.nested && succeeded_call(call) && makes_nodes(call.kind) && call.graph_nodes == 0 &&
+        (call.stream_state == AuditStreamState::none || call.stream_state == AuditStreamState::unknown)) {
+      call.stream_state = AuditStreamState::outside;
+    }
+  }
 }
 
 // A call that a capture refuses: on the capturing thread any unsafe kind;
@@ -142,6 +167,8 @@ inline ::std::string describe_stream(const AuditedCall& call) {
                               : concat("stream ", hex(call.stream), " (not capturing)");
     case AuditStreamState::other_capture:
       return concat("stream ", hex(call.stream), " (capturing into another graph)");
+    case AuditStreamState::outside:
+      return "a stream outside the capture (its handle could not be read; the work added no node to the graph)";
     case AuditStreamState::this_capture:
     case AuditStreamState::this_capture_invalidated:
       return concat("stream ", hex(call.stream), " of this capture");

@@ -55,6 +55,40 @@ inline ::std::string kernel_node_name(::cudaGraphNode_t node) {
   return {};
 }
 
+// The (demangled) name of a launched kernel that CUPTI did not name, or "".
+inline ::std::string kernel_name(const KernelHandle& handle) {
+  const OwnCalls own;
+  const char* name = nullptr;
+  switch (handle.kind) {
+    case KernelHandle::Kind::host_function:
+#if CUDART_VERSION >= 12030
+      if (succeeded(::cudaFuncGetName(&name, handle.value)) && name != nullptr) {
+        return demangle(name);
+      }
+#endif
+      return {};
+    case KernelHandle::Kind::library_kernel: {
+      static const auto get = reinterpret_cast<KernelGetNameFn>(find_driver_function("cuKernelGetName", 12030));
+      if (get != nullptr && get(&name, static_cast<CUkernel>(const_cast<void*>(handle.value))) == CUDA_SUCCESS &&
+          name != nullptr) {
+        return demangle(name);
+      }
+      return {};
+    }
+    case KernelHandle::Kind::function: {
+      static const auto get = reinterpret_cast<FuncGetNameFn>(find_driver_function("cuFuncGetName", 12030));
+      if (get != nullptr && get(&name, static_cast<CUfunction>(const_cast<void*>(handle.value))) == CUDA_SUCCESS &&
+          name != nullptr) {
+        return demangle(name);
+      }
+      return {};
+    }
+    case KernelHandle::Kind::none:
+      break;
+  }
+  return {};
+}
+
 inline void read_graph(::cudaGraph_t graph, GraphContents& out, int depth = 0) {
   ::std::size_t count = 0;
   if (graph == nullptr || depth > 16 || !succeeded(::cudaGraphGetNodes(graph, nullptr, &count)) || count == 0) {

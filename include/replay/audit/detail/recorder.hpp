@@ -54,6 +54,7 @@ struct RawCall {
   int capture_status = -1;      // CUstreamCaptureStatus at entry; -1: not read
   ::std::uint64_t capture_id = 0;
   ::std::string kernel;         // mangled, as CUPTI gives it
+  KernelHandle kernel_handle;   // to name it when CUPTI gives no name
   ::std::string op;             // the aten operator running (libtorch), if any
   int graph_nodes = 0;          // graph nodes CUDA reported created during the call...
   ::std::uintptr_t node_graph = 0;  // ...in this graph (the last one)
@@ -67,9 +68,12 @@ struct CaptureState {
   ::std::uintptr_t graph = 0;  // the graph being captured into
 };
 
-// The driver's cuStreamGetCaptureInfo as of CUDA 12.0 (the _v2 signature).
+// The driver's cuStreamGetCaptureInfo: _v2 (6 parameters) as of CUDA 12.0,
+// _v3 (7: edge data before the count) from 12.3, which is what the entry-point
+// query of a CUDA 12.4 runtime gives. Called with 7 arguments, the last three
+// null: right for both (a 6-parameter callee ignores the seventh).
 using CaptureInfoFn = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*, const CUgraphNode**,
-                                   ::std::size_t*);
+                                   const void*, ::std::size_t*);
 
 // A driver function from the runtime's entry-point query, or null (older
 // driver, no driver): never throws, leaves no error behind.
@@ -232,7 +236,8 @@ class Recorder {
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     cuuint64_t id = 0;
     CUgraph graph = nullptr;
-    if (capture_info(reinterpret_cast<CUstream>(stream), &status, &id, &graph, nullptr, nullptr) != CUDA_SUCCESS) {
+    if (capture_info(reinterpret_cast<CUstream>(stream), &status, &id, &graph, nullptr, nullptr, nullptr) !=
+        CUDA_SUCCESS) {
       return out;
     }
     out.status = static_cast<int>(status);
@@ -321,6 +326,8 @@ class Recorder {
       }
       if (info.symbolName != nullptr) {
         call.kernel = info.symbolName;
+      } else {
+        call.kernel_handle = launch_kernel_handle(runtime, cbid, info.functionParams);
       }
       // The aten operator running, where the libtorch adapter tracks them.
       if (const OperatorNameSource op = operator_name_source().load(::std::memory_order_acquire); op != nullptr) {

@@ -79,7 +79,11 @@ class Session {
     ::std::vector<::std::uintptr_t> capture_streams{reinterpret_cast<::std::uintptr_t>(origin_)};
     for (const RawCall& raw : raw_) {
       input.calls.push_back(to_audited_call(raw, capture_id_, thread_, capture_streams, capture_graph_));
+      if (input.calls.back().kernel.empty() && raw.kernel_handle.kind != KernelHandle::Kind::none) {
+        input.calls.back().kernel = kernel_name(raw.kernel_handle);
+      }
     }
+    apply_node_evidence(input.calls);
     input.facts = CaptureFacts{thread_, mode_, end_status};
     if (graph != nullptr) {
       input.graph = graph_contents(graph);

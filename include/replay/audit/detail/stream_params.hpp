@@ -177,6 +177,7 @@ struct LaunchKernel {  // cuLaunchKernel, cuLaunchCooperativeKernel
 };
 struct LaunchKernelEx {
   const CUlaunchConfig* config;
+  CUfunction f;
 };
 static_assert(offsetof(LaunchKernel, hStream) == 40 && offsetof(MemsetAsync, hStream) == 24 &&
               offsetof(Memset2DAsync, hStream) == 40 && offsetof(MemcpyPeerAsync, hStream) == 40);
@@ -240,6 +241,52 @@ inline StreamArgument driver_stream_argument(CUpti_CallbackId cbid, const void* 
     case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync: return stream_argument<driver_params::StreamSecond>(block);
     case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync_ptsz: return stream_argument<driver_params::StreamSecond>(block);
     default: return {};
+  }
+}
+
+// The kernel a launch names, for when CUPTI gives no symbol name: a host
+// function (runtime), a CUkernel (<<<>>> since CUDA 13) or a CUfunction (driver).
+struct KernelHandle {
+  enum class Kind : unsigned char { none, host_function, library_kernel, function } kind = Kind::none;
+  const void* value = nullptr;
+};
+
+inline KernelHandle launch_kernel_handle(bool runtime, CUpti_CallbackId cbid, const void* block) noexcept {
+  using Kind = KernelHandle::Kind;
+  if (block == nullptr) {
+    return {};
+  }
+  if (runtime) {
+    switch (cbid) {
+      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000:
+      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000:
+        return {Kind::host_function, static_cast<const cudaLaunchKernel_v7000_params*>(block)->func};
+      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060:
+      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060:
+        return {Kind::host_function, static_cast<const cudaLaunchKernelExC_v11060_params*>(block)->func};
+      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000:
+      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000:
+        return {Kind::host_function, static_cast<const cudaLaunchCooperativeKernel_v9000_params*>(block)->func};
+#if CUPTI_API_VERSION >= 130000
+      case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000:
+      case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000:
+        return {Kind::library_kernel, static_cast<const KernelHandleLaunchParams*>(block)->kernel};
+#endif
+      default:
+        return {};
+    }
+  }
+  switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz:
+      return {Kind::function, static_cast<const driver_params::LaunchKernel*>(block)->f};
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz:
+      return {Kind::function, static_cast<const driver_params::LaunchKernelEx*>(block)->f};
+    default:
+      return {};
   }
 }
 
