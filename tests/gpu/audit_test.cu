@@ -13,6 +13,7 @@
 
 #include <cupti_callbacks.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "replay/audit/call.hpp"
+#include "replay/audit/detail/frames.hpp"
 
 extern char** environ;  // NOLINT: POSIX
 
@@ -236,7 +237,7 @@ class Symbolizer {
         }
         Entry& entry = cache_[address];
         entry.where = locate(address);
-        if (!entry.where.object.empty()) {
+        if (!entry.where.object.empty() && worth_reading(entry.where.object)) {
           wanted[entry.where.object].push_back(address);
         }
       }
@@ -284,6 +285,15 @@ class Symbolizer {
     ObjectAddress where;
     ::std::vector<SourceLine> lines;
   };
+
+  // Objects whose frames are never the user's (CUDA's and NVIDIA's
+  // libraries, libtorch, the C and C++ runtime) keep their dladdr names:
+  // reading their symbol tables (a gigabyte for libtorch_cuda) buys nothing.
+  static bool worth_reading(const ::std::string& object) {
+    const AuditFrame frame{0, object, {}, {}, 0};
+    const FrameOwner owner = frame_owner(frame);
+    return owner != FrameOwner::cuda && owner != FrameOwner::framework && owner != FrameOwner::standard_library;
+  }
 
   // A return address points after the call: one byte back is inside the
   // call instruction, whose line is the caller's line. Frame 0 (the
