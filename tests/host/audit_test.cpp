@@ -145,6 +145,21 @@ TEST_SUITE("host") {
     CHECK(audit::first_user_frame(frames).value_or(0) == 3);
   }
 
+  TEST_CASE("audit: libtorch's frames, its headers' inlined ones included, are skipped for the user's") {
+    const std::vector<AuditFrame> frames{
+        frame("/usr/lib/x86_64-linux-gnu/libcuda.so.1", ""),
+        frame("/site-packages/torch/lib/libtorch_cuda.so", "at::native::_local_scalar_dense_cuda(at::Tensor const&)"),
+        frame("/site-packages/torch/lib/libtorch_cpu.so", "at::_ops::item::call(at::Tensor const&)"),
+        frame("/app/test", "at::Tensor::item() const", "/site-packages/torch/include/ATen/core/TensorBody.h", 300),
+        frame("/app/test", "app::model(at::Tensor const&)", "/src/app/model.cpp", 12),
+    };
+    const auto user = audit::first_user_frame(frames);
+    REQUIRE(user.has_value());
+    CHECK(*user == 4);
+    CHECK(audit::frame_owner(frames[1]) == audit::FrameOwner::framework);
+    CHECK(audit::frame_owner(frames[3]) == audit::FrameOwner::framework);
+  }
+
   TEST_CASE("audit: a user's function named like a CUDA call keeps its frame when it has line information") {
     const std::vector<AuditFrame> frames{
         frame("/usr/lib/x86_64-linux-gnu/libcuda.so.1", ""),

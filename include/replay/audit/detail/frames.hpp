@@ -80,7 +80,9 @@ constexpr FrameOwner frame_owner(const AuditFrame& frame, ::std::span<const ::st
       return FrameOwner::cuda;
     }
   }
-  if (object.starts_with("libtorch") || object.starts_with("libc10") || object.starts_with("libcaffe2")) {
+  if (object.starts_with("libtorch") || object.starts_with("libc10") || object.starts_with("libcaffe2") ||
+      contains_path(file, "/ATen/") || contains_path(file, "/c10/") || contains_path(file, "/torch/csrc/") ||
+      contains_path(file, "/torch/include/")) {
     return FrameOwner::framework;
   }
   // By name only where there is no line information (CUDA's code has
