@@ -28,6 +28,8 @@ endif()
 set(_replay_torch_header_regex "/replay/(torch\\.hpp|torch/.*|detail/torch[^/]*)$")
 # The NCCL headers go with the nccl component only.
 set(_replay_nccl_header_regex "/replay/(nccl\\.hpp|nccl/.*)$")
+# The capture audit's headers go with the audit component only.
+set(_replay_audit_header_regex "/replay/(audit\\.hpp|audit/.*)$")
 
 install(TARGETS replay EXPORT replayTargets)
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/"
@@ -37,7 +39,8 @@ install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/"
           PATTERN "*.hpp"
           PATTERN "*.cuh"
           REGEX "${_replay_torch_header_regex}" EXCLUDE
-          REGEX "${_replay_nccl_header_regex}" EXCLUDE)
+          REGEX "${_replay_nccl_header_regex}" EXCLUDE
+          REGEX "${_replay_audit_header_regex}" EXCLUDE)
 install(EXPORT replayTargets
         NAMESPACE replay::
         DESTINATION "${REPLAY_INSTALL_CMAKEDIR}"
@@ -78,6 +81,23 @@ if(TARGET replay_nccl)
   install(FILES "${PROJECT_SOURCE_DIR}/cmake/ReplayFindNccl.cmake"
           DESTINATION "${REPLAY_INSTALL_CMAKEDIR}" RENAME replayFindNccl.cmake
           COMPONENT replay_Nccl)
+endif()
+
+# replay_audit (cmake/ReplayAudit.cmake, when the toolkit has CUPTI): its own
+# export set; replayConfig.cmake loads it for the audit component, where the
+# consumer's FindCUDAToolkit defines CUDA::cupti.
+if(TARGET replay_audit)
+  set_target_properties(replay_audit PROPERTIES EXPORT_NAME audit)  # replay::audit
+  install(TARGETS replay_audit EXPORT replayAuditTargets)
+  install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/"
+          DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
+          COMPONENT replay_Audit
+          FILES_MATCHING
+            REGEX "${_replay_audit_header_regex}")
+  install(EXPORT replayAuditTargets
+          NAMESPACE replay::
+          DESTINATION "${REPLAY_INSTALL_CMAKEDIR}"
+          COMPONENT replay_Audit)
 endif()
 
 configure_package_config_file(

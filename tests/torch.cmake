@@ -2,7 +2,19 @@
 # (cmake/ReplayTorch.cmake). Compiled by the host C++ compiler: libtorch code
 # is not meant for nvcc. The ResNet-50 definition is shared with the example.
 if(TARGET replay_torch)
-  replay_add_test(NAME torch SOURCES gpu/torch_test.cpp SUITES host gpu LIBRARIES replay::torch)
+  # With the capture audit (CUPTI): also its case inside a GraphedCallable.
+  set(_replay_torch_test_sources gpu/torch_test.cpp)
+  set(_replay_torch_test_libraries replay::torch)
+  if(TARGET replay_audit)
+    list(APPEND _replay_torch_test_sources gpu/torch_audit_test.cpp)
+    list(APPEND _replay_torch_test_libraries replay::audit)
+  endif()
+  replay_add_test(NAME torch SOURCES ${_replay_torch_test_sources} SUITES host gpu
+                  LIBRARIES ${_replay_torch_test_libraries})
+  if(TARGET replay_audit)
+    # Source lines for the audit's frames.
+    set_source_files_properties(gpu/torch_audit_test.cpp PROPERTIES COMPILE_OPTIONS "-g;-fno-optimize-sibling-calls")
+  endif()
   target_include_directories(test_torch PRIVATE ${PROJECT_SOURCE_DIR}/examples/torch_resnet)
   # The test main links replay::replay too: one runtime, libtorch's shared one.
   set_target_properties(test_torch PROPERTIES CUDA_RUNTIME_LIBRARY Shared)

@@ -5,18 +5,24 @@
 // partial graph and leaves the stream usable for the next capture or eager
 // work. When a capture was broken, finish() throws a cuda_error that says the
 // capture was invalidated, names the likely causes and, where the breaking
-// call went through replay::check, which call it was and where.
+// call went through replay::check, which call it was and where. With the
+// capture audit switched on (AuditSwitch, or REPLAY_AUDIT=1, and
+// replay/audit.hpp in the program) the error carries the audit's verdict:
+// the call that broke the capture, its thread and its source line.
 #include <replay/detail/require_cxx20.hpp>
 
 #include <cuda_runtime_api.h>
 
 #include <concepts>
 #include <functional>
+#include <memory>
 #include <source_location>
 #include <string>
 #include <utility>
 
+#include "replay/audit_switch.hpp"
 #include "replay/detail/capture_coordinator.hpp"
+#include "replay/detail/capture_observer.hpp"
 #include "replay/detail/capture_state.hpp"
 #include "replay/detail/deferred_free.hpp"
 #include "replay/detail/message.hpp"
@@ -43,8 +49,16 @@ class CaptureScope {
   // Begins capturing `stream` into a new graph.
   explicit CaptureScope(StreamRef stream, CaptureMode mode = CaptureMode::this_thread,
                         ::std::source_location where = ::std::source_location::current())
+      : CaptureScope(stream, mode, AuditSwitch::from_environment, where) {}
+
+  // The same, audited or not as `audit` says (see AuditSwitch). An audit
+  // asked for with AuditSwitch::on that cannot subscribe throws
+  // audit_unavailable_error before the capture begins.
+  CaptureScope(StreamRef stream, CaptureMode mode, AuditSwitch audit,
+               ::std::source_location where = ::std::source_location::current())
       : stream_(stream), mode_(mode), begun_at_(where) {
     refuse_bad_stream(where);
+    observation_ = detail::observe_capture(audit, where);
     // Counted open before it begins, so that synchronize_device() never runs inside it.
     token_.acquire(detail::device_of(stream_.get(), where));
     begin(::cudaStreamBeginCapture(stream_.get(), static_cast<::cudaStreamCaptureMode>(mode_)),
@@ -59,6 +73,7 @@ class CaptureScope {
                ::std::source_location where = ::std::source_location::current())
       : stream_(stream), mode_(mode), begun_at_(where), into_(::std::move(into)) {
     refuse_bad_stream(where);
+    observation_ = detail::observe_capture(AuditSwitch::from_environment, where);
     // Counted open before it begins, so that synchronize_device() never runs inside it.
     token_.acquire(detail::device_of(stream_.get(), where));
     begin(::cudaStreamBeginCaptureToGraph(stream_.get(), into_.handle(where), nullptr, nullptr, 0,
@@ -84,14 +99,21 @@ class CaptureScope {
       throw usage_error("CaptureScope::finish() called on a scope that has already ended", where);
     }
     ::cudaGraph_t captured = nullptr;
+    if (observation_) {
+      observation_->stop();
+    }
     const ::cudaError_t status = ::cudaStreamEndCapture(stream_.get(), &captured);
     const detail::CaptureBreak broken = detail::capture_break();
     const int freed = detail::frees_during_capture();
+    const ::std::string verdict =
+        observation_ ? observation_->end(static_cast<int>(status), status == ::cudaSuccess ? captured : nullptr)
+                     : ::std::string();
     close();
     if (status != ::cudaSuccess) {
       discard(captured);
       detail::clear_error_slot(status);  // the failure is reported by the exception below
-      throw cuda_error(status, "cudaStreamEndCapture", where, describe_break(broken));
+      throw cuda_error(status, "cudaStreamEndCapture", where,
+                       verdict.empty() ? describe_break(broken) : detail::concat(describe_break(broken), "; ", verdict));
     }
     if (freed != freed_at_open_) {
       // The graph may read or write memory that is freed now that the
@@ -117,6 +139,9 @@ class CaptureScope {
       return;
     }
     ::cudaGraph_t captured = nullptr;
+    if (observation_) {
+      observation_->stop();
+    }
     const ::cudaError_t status = ::cudaStreamEndCapture(stream_.get(), &captured);
     close();
     discard(captured);
@@ -150,6 +175,9 @@ class CaptureScope {
       check(status, api, where);
     }
     open();
+    if (observation_) {
+      observation_->begin(stream_.get(), static_cast<int>(mode_), where);
+    }
   }
   void open() noexcept {
     active_ = true;
@@ -163,6 +191,7 @@ class CaptureScope {
   }
   void close() noexcept {
     active_ = false;
+    observation_.reset();
     if (mode_ == CaptureMode::relaxed) {
       --detail::open_relaxed_capture_scopes();
     }
@@ -192,6 +221,7 @@ class CaptureScope {
   ::std::source_location begun_at_;
   Graph into_;  // empty unless capturing into a given graph
   detail::CaptureToken token_;  // released when the capture ends (or if beginning it throws)
+  ::std::unique_ptr<detail::CaptureObservation> observation_;  // the audit's, when the capture is audited
   int freed_at_open_ = 0;       // detail::frees_during_capture() when it began
   bool active_ = false;
 };
@@ -204,6 +234,18 @@ template <class Work>
                             ::std::source_location where = ::std::source_location::current()) {
   detail::check_capture_work<Work>();  // work(replay::StreamRef), with a plain message otherwise
   CaptureScope scope(stream, mode, where);
+  ::std::invoke(work, stream);
+  return scope.finish(where);
+}
+
+// The same, audited or not as `audit` says: with the audit on, a capture
+// that breaks throws a cuda_error that names the breaking call, its thread
+// and its line, and one with escaped work says so on stderr.
+template <class Work>
+[[nodiscard]] Graph capture(StreamRef stream, Work&& work, CaptureMode mode, AuditSwitch audit,
+                            ::std::source_location where = ::std::source_location::current()) {
+  detail::check_capture_work<Work>();
+  CaptureScope scope(stream, mode, audit, where);
   ::std::invoke(work, stream);
   return scope.finish(where);
 }

@@ -4,12 +4,15 @@
 # when they are wrong.
 set -uo pipefail
 status=0
-for ex in dynamic_batch pipeline_throughput device_loop; do
+for ex in dynamic_batch pipeline_throughput device_loop capture_audit; do
   bin=build/gpu/examples/$ex/$ex
   if [ -x "$bin" ]; then
     echo "== $ex"
     args=(); [ "$ex" = pipeline_throughput ] && args=(16 8 4)
     "$bin" "${args[@]}" || { echo "$ex FAILED"; status=1; }
+    if [ "$ex" = capture_audit ]; then  # REPLAY_AUDIT=1 audits a capture that does not ask for it
+      REPLAY_AUDIT=1 "$bin" --from-environment || { echo "$ex --from-environment FAILED"; status=1; }
+    fi
   else
     echo "== $ex: not built"; status=1
   fi

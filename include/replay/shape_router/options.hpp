@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "replay/audit_switch.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 
@@ -109,6 +110,11 @@ struct ShapeRouterOptions {
   ::std::uint32_t capture_threads = 1;
   // Which streams may run the router outside a lease (see StreamSharing).
   StreamSharing stream_sharing = StreamSharing::lease_required;
+  // Audits the router's captures (replay/audit.hpp and replay::audit in the
+  // program): a failed capture's reason, given to on_capture_failure, then
+  // names the call that broke it, its thread and its source line. By
+  // default it follows the environment variable REPLAY_AUDIT.
+  AuditSwitch audit = AuditSwitch::from_environment;
 
   static ShapeRouterOptions exact() { return {}; }
   // Buckets for a key of rank 1, or the same buckets for every dimension.

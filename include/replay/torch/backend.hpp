@@ -17,6 +17,7 @@
 #include "replay/capture_scope.hpp"
 #include "replay/device.hpp"
 #include "replay/detail/capture_coordinator.hpp"
+#include "replay/detail/capture_observer.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/event.hpp"
@@ -24,6 +25,7 @@
 #include "replay/stream_ref.hpp"
 #include "replay/torch/capture_context.hpp"
 #include "replay/torch/detail/capture.hpp"
+#include "replay/torch/detail/operator_names.hpp"
 #include "replay/torch/errors.hpp"
 
 namespace replay {
@@ -91,6 +93,11 @@ class TorchGraphBackend {
     } else {
       generators_shared.lock();
     }
+    // The capture audit, when switched on (GraphedOptions::audit, the
+    // router's switch, or REPLAY_AUDIT=1): recording from capture_begin to
+    // capture_end, its verdict added to a failure's message.
+    ::std::unique_ptr<detail::CaptureObservation> observation =
+        detail::observe_capture(AuditSwitch::from_environment, where);
     TorchGraphExec exec;
     exec.graph = ::std::make_unique<detail::TorchCudaGraph>();
     const int uses_before = detail::TorchCudaGraph::pool_use_count(device, ctx.pool());
@@ -131,18 +138,42 @@ class TorchGraphBackend {
           exec.graph->leave_capture_mode_except(keep);
         }
       }
+      ::std::optional<detail::OperatorTracking> operators;
+      if (observation) {
+        operators.emplace();  // each finding names the aten operator that was running
+        observation->begin(side.get(), static_cast<int>(ctx.mode()), where);
+      }
       ::std::invoke(issue, side);
+      if (observation) {
+        observation->stop();
+      }
       exec.graph->capture_end();
     } catch (...) {
       const bool interrupted = detail::capture_was_interrupted();
+      if (observation) {
+        observation->stop();
+      }
       exec.graph->abandon_capture(device, ctx.pool(), uses_before, side.get());
       (void)ctx.take_outputs();
       ::std::string message = detail::concat("replay: ", detail::describe_capture_failure(), " (capture begun at ",
                                              replay::to_string(where), ")");
+      if (observation) {
+        // The end status is not known here (capture_end may not have run).
+        if (const ::std::string verdict = observation->end(-1, nullptr); !verdict.empty()) {
+          message += "; ";
+          message += verdict;
+        }
+      }
       if (interrupted) {
         throw capture_interrupted_error(message);
       }
       throw capture_failed_error(message);
+    }
+    if (observation) {
+      // Reports escaped work of a capture that succeeded (the graph itself
+      // is kept by CUDAGraph only as its executable: no inventory here).
+      (void)observation->end(::cudaSuccess, nullptr);
+      observation.reset();
     }
     generators_exclusive = {};
     generators_shared = {};

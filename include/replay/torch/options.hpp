@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "replay/audit_switch.hpp"
 #include "replay/capture_scope.hpp"
 #include "replay/flags.hpp"
 #include "replay/shape_router/options.hpp"
@@ -73,6 +74,11 @@ struct GraphedOptions {
   // Told after each bucket the constructor (or capture_all()) captured:
   // (done, total, bucket). Must not call back into the GraphedCallable.
   CaptureProgress<::std::int64_t> on_capture_progress;
+  // Audits the captures (replay/audit.hpp and replay::audit in the program):
+  // a failed capture's reason (on_capture_failure, the fallback message,
+  // capture_failed_error) then names the call that broke it, its line, and
+  // the aten operator that was running. By default it follows REPLAY_AUDIT.
+  AuditSwitch audit = AuditSwitch::from_environment;
 };
 
 }  // namespace replay

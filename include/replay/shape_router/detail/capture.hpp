@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "replay/shape_router/router.hpp"
+#include "replay/detail/capture_observer.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/shape_router/detail/records.hpp"
 #include "replay/shape_router/detail/keys.hpp"
@@ -293,6 +294,8 @@ template <RouterKey Key, GraphBackend Backend>
 inline auto ShapeRouter<Key, Backend>::attempt_capture(const Key& shape, GraphSlot* graph, stream_type stream,
                                                        const ::std::source_location& where) -> Attempt {
   const detail::ActiveRouterScope active(this);
+  // The backend's captures on this thread follow the router's audit switch.
+  const detail::AuditRequestScope audit(options_.audit);
   Attempt attempt;
   auto issue = [&](stream_type s) { work_(shape, s); };
   auto backoff = options_.retry_backoff;

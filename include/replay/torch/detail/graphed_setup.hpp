@@ -90,6 +90,7 @@ inline void GraphedCallable::init(TensorFunction fn, ::std::vector<::at::Tensor>
   // Calls on any stream: run() orders whole calls itself (its mutex, and the
   // `done` event a call on a new stream waits for), copies included.
   router_options.stream_sharing = StreamSharing::caller_ordered;
+  router_options.audit = options.audit;
   detail::GraphedState* self = &s;
   router_options.on_capture_failure = [self](const ::std::int64_t& batch, ::std::string_view reason) {
     self->on_failure(batch, reason);

@@ -1,0 +1,162 @@
+#pragma once
+// Whose code a stack frame is (CUDA's, CUPTI's, replay's, the standard
+// library's, or the user's) and which frame of a call's stack is the
+// user's: the first one, from the innermost out, that is none of the
+// others. Pure functions over resolved frames, tested on the CPU.
+#include <replay/detail/require_cxx20.hpp>
+
+#include <cstddef>
+#include <cstdio>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "replay/audit/call.hpp"
+
+namespace replay::detail::audit {
+
+// cuda: CUDA, CUPTI and NVIDIA's libraries (cuBLAS, cuDNN, NCCL...);
+// framework: libtorch (its operators are named separately, from
+// RecordFunction), so that the user's frame is the user's code that called it.
+enum class FrameOwner : unsigned char { cuda, replay, standard_library, framework, user, unknown };
+
+// The file name of a path ("/usr/lib/libcuda.so.1" -> "libcuda.so.1").
+constexpr ::std::string_view base_name(::std::string_view path) noexcept {
+  const auto slash = path.rfind('/');
+  return slash == ::std::string_view::npos ? path : path.substr(slash + 1);
+}
+
+constexpr bool contains_path(::std::string_view path, ::std::string_view part) noexcept {
+  return path.find(part) != ::std::string_view::npos;
+}
+
+// True when a demangled function name's qualified name begins with `scope`
+// ("replay::", "std::"), also after a return type ("void replay::f<int>(int)"),
+// but not when the scope only appears in template or function arguments
+// ("replay_test::f()::{lambda(replay::StreamRef)#1}::operator()").
+constexpr bool in_scope(::std::string_view function, ::std::string_view scope) noexcept {
+  if (function.starts_with(scope)) {
+    return true;
+  }
+  int depth = 0;  // of <>, () and {}
+  for (::std::size_t i = 0; i < function.size(); ++i) {
+    const char c = function[i];
+    if (c == '<' || c == '(' || c == '{') {
+      ++depth;
+    } else if ((c == '>' || c == ')' || c == '}') && depth > 0) {
+      --depth;
+    } else if (c == ' ' && depth == 0 && function.substr(i + 1).starts_with(scope)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Kernel names (demangled) whose host-side launch stubs are CUDA's code, not the user's.
+constexpr bool is_launch_stub(::std::string_view function, ::std::span<const ::std::string> kernels) noexcept {
+  if (function.starts_with("__device_stub__")) {
+    return true;
+  }
+  for (const ::std::string& kernel : kernels) {
+    if (!kernel.empty() && function == kernel) {
+      return true;
+    }
+  }
+  return false;
+}
+
+constexpr FrameOwner frame_owner(const AuditFrame& frame, ::std::span<const ::std::string> kernels = {}) noexcept {
+  const ::std::string_view object = base_name(frame.object);
+  const ::std::string_view function = frame.function;
+  const ::std::string_view file = frame.file;
+  // CUDA's and CUPTI's libraries, the runtime linked statically (its
+  // functions have names but no line information), the launch code nvcc
+  // generates and CUDA's own headers.
+  for (const ::std::string_view library : {"libcuda.", "libcudart", "libcupti", "libnvidia-", "libcudadebugger",
+                                            "libcublas", "libcudnn", "libnccl", "libcufft", "libcurand",
+                                            "libcusparse", "libcusolver", "libnvrtc", "libnvJitLink", "libnvshmem"}) {
+    if (object.starts_with(library)) {
+      return FrameOwner::cuda;
+    }
+  }
+  if (object.starts_with("libtorch") || object.starts_with("libc10") || object.starts_with("libcaffe2") ||
+      contains_path(file, "/ATen/") || contains_path(file, "/c10/") || contains_path(file, "/torch/csrc/") ||
+      contains_path(file, "/torch/include/")) {
+    return FrameOwner::framework;
+  }
+  // By name only where there is no line information (CUDA's code has
+  // none), so that a user's cudaHelper() with line information stays the user's.
+  const bool upper_after_cuda = function.size() > 4 && function.starts_with("cuda") && function[4] >= 'A' &&
+                                function[4] <= 'Z';
+  const bool upper_after_cu = function.size() > 2 && function.starts_with("cu") && function[2] >= 'A' &&
+                              function[2] <= 'Z';
+  if (is_launch_stub(function, kernels) ||
+      (file.empty() && (upper_after_cuda || upper_after_cu || function.starts_with("__cuda") ||
+                        function.starts_with("__cudart") || function.starts_with("libcudart") ||
+                        in_scope(function, "cudart::")))) {
+    return FrameOwner::cuda;
+  }
+  if (file.ends_with(".stub.c") || contains_path(file, "/crt/host_runtime.h") ||
+      contains_path(file, "/cuda_runtime.h") || contains_path(file, "/crt/device_functions.h")) {
+    return FrameOwner::cuda;
+  }
+  if (contains_path(file, "/include/replay/") || in_scope(function, "replay::")) {
+    return FrameOwner::replay;
+  }
+  if (contains_path(file, "/include/c++/") || contains_path(file, "/bits/") || in_scope(function, "std::") ||
+      in_scope(function, "__gnu_cxx::") || object.starts_with("libstdc++") || object.starts_with("libc.so") ||
+      object.starts_with("libc-") || object.starts_with("libpthread") || object.starts_with("libgcc_s") ||
+      object.starts_with("ld-linux") || function == "start_thread" || function == "clone" ||
+      function == "clone3" || function.starts_with("__libc_start")) {
+    return FrameOwner::standard_library;
+  }
+  if ((function.empty() || function == "??") && (file.empty() || file.starts_with("??"))) {
+    return FrameOwner::unknown;
+  }
+  return FrameOwner::user;
+}
+
+// The user's frame: the first (innermost) frame that is the user's. Where no
+// frame has a name or line (no symbols at all), the first unknown frame
+// outside CUDA's code, which is then the best guess.
+inline ::std::optional<::std::size_t> first_user_frame(::std::span<const AuditFrame> frames,
+                                                       ::std::span<const ::std::string> kernels = {}) {
+  ::std::optional<::std::size_t> last_cuda;
+  for (::std::size_t i = 0; i < frames.size(); ++i) {
+    const FrameOwner owner = frame_owner(frames[i], kernels);
+    if (owner == FrameOwner::user) {
+      return i;
+    }
+    if (owner == FrameOwner::cuda) {
+      last_cuda = i;
+    }
+  }
+  for (::std::size_t i = last_cuda ? *last_cuda + 1 : 0; i < frames.size(); ++i) {
+    if (frame_owner(frames[i], kernels) == FrameOwner::unknown) {
+      return i;
+    }
+  }
+  return ::std::nullopt;
+}
+
+// "file.cu:42 (in f(int))", "libfoo.so [0x7f12...] (in f)", or "an unknown frame".
+inline ::std::string describe_frame(const AuditFrame& frame) {
+  ::std::string out;
+  if (!frame.file.empty() && frame.line != 0) {
+    out = frame.file + ":" + ::std::to_string(frame.line);
+  } else if (!frame.object.empty()) {
+    out = ::std::string(base_name(frame.object));
+    char address[32];
+    (void)::std::snprintf(address, sizeof address, " [0x%zx]", static_cast<::std::size_t>(frame.address));
+    out += address;
+  } else {
+    out = "an unknown frame";
+  }
+  if (!frame.function.empty() && frame.function != "??") {
+    out += " (in " + frame.function + ")";
+  }
+  return out;
+}
+
+}  // namespace replay::detail::audit
