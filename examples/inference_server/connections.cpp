@@ -133,10 +133,14 @@ void ConnectionServer::drain() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   if (!serve_returned_.load(std::memory_order_acquire)) {
-    assert(!stop_called_ && "httplib::Server::stop() is called once");
-    stop_called_ = true;
-    stop();
+    stop_listening();
   }
+}
+
+void ConnectionServer::stop_listening() {
+  [[maybe_unused]] const bool again = stop_called_.exchange(true);
+  assert(!again && "httplib::Server::stop() is called once");
+  httplib::Server::stop();
 }
 
 void ConnectionServer::start_threads() {

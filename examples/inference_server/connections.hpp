@@ -103,6 +103,9 @@ class ConnectionServer final : public httplib::Server {
   bool serve();
   // Begins the drain, from any thread; idempotent.
   void drain();
+  // httplib's stop() asserts (in debug builds) when called again while the
+  // server runs: only drain() calls it, once (stop_listening()).
+  void stop() = delete;
   bool draining() const { return draining_.load(std::memory_order_acquire); }
 
   const ConnectionLimits& limits() const { return limits_; }
@@ -116,6 +119,7 @@ class ConnectionServer final : public httplib::Server {
   bool process_and_close_socket(socket_t sock) override;  // on the acceptor: admits
   void start_threads();
   void mark_draining();
+  void stop_listening();
   void finish_drain();  // the acceptor stopped: serve what was accepted, then stop the threads
   void work();
   void front_desk();
@@ -157,7 +161,7 @@ class ConnectionServer final : public httplib::Server {
   std::atomic<bool> draining_{false};
   std::atomic<bool> drain_called_{false};
   std::atomic<bool> serve_returned_{false};
-  bool stop_called_ = false;
+  std::atomic<bool> stop_called_{false};
 };
 
 }  // namespace inference_server

@@ -12,8 +12,9 @@ registers one entry per group):
   input      every malformed input gets 400 (or 405/404/411/501) with a message
              naming the fault, and every answer is counted
   limits     bodies refused before they are read (413), peak memory under 8
-             concurrent 64 MiB bodies, 504 and a released HTTP thread when a
-             batch outlives its deadline, /readyz while loading and after
+             concurrent 64 MiB bodies, an exception while answering (a 500
+             with its message, counted), 504 and a released HTTP thread when
+             a batch outlives its deadline, /readyz while loading and after
              repeated executor failures
   slow       clients that send a byte at a time, more of them than threads:
              /healthz answers within a second, a request beyond capacity gets
@@ -30,6 +31,7 @@ import argparse
 import http.client
 import json
 import re
+import resource
 import signal
 import socket
 import struct
@@ -516,6 +518,25 @@ def group_limits(binary):
         check(status == 200, "the server still answers after the huge bodies")
     finally:
         server.stop("limits server")
+        server.kill()
+
+    # An exception while answering (std::bad_alloc: the address space is capped just above what the
+    # server holds plus one copy of the body) is a 500 with its message, counted; the server goes on.
+    server = Server(binary, "--threads", "2", "--max-body-bytes", str(256 << 20))
+    port = server.port
+    try:
+        body = raw_body(row_for(1)) * (96 << 20 >> 8)  # 96 MiB of whole rows
+        room = server.memory_kib("VmSize") * 1024 + len(body) * 3 // 2
+        resource.prlimit(server.proc.pid, resource.RLIMIT_AS, (room, resource.RLIM_INFINITY))  # the soft limit
+        status, _, answer = request(port, "POST", "/v1/infer", body, {"Content-Type": "application/octet-stream"})
+        check(status == 500 and "out of memory" in message_of(answer),
+              f"std::bad_alloc while answering: 500 with a message ({status} {answer[:200]!r})")
+        resource.prlimit(server.proc.pid, resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        s = stats(port)
+        check(s["http"] == {"500": 1}, f"...counted ({s['http']})")
+        check(infer_raw(port, row_for(1))[0] == 200, "the server answers after it")
+    finally:
+        server.stop("out-of-memory server")
         server.kill()
 
     # A batch that outlives the request's deadline: 504 at the deadline, and the HTTP thread is free again.
