@@ -86,11 +86,6 @@ ConnectionServer::ConnectionServer(ConnectionLimits limits)
   set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) { post_route(req, res); });
   set_error_handler(HandlerWithResponse(
       [this](const httplib::Request& req, httplib::Response& res) { return on_error(req, res); }));
-  set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    if (observer_ != nullptr && this_exchange != nullptr) {
-      observer_(req, res, Clock::now() - this_exchange->received);
-    }
-  });
 }
 
 ConnectionServer::~ConnectionServer() {
@@ -189,6 +184,7 @@ bool ConnectionServer::process_and_close_socket(socket_t sock) {
     std::unique_lock lock(mutex_);
     if (idle_workers_ > pending_.size()) {
       pending_.push_back(sock);
+      note_line();
       lock.unlock();
       work_ready_.notify_one();
       return true;
@@ -213,6 +209,7 @@ void ConnectionServer::admit_or_refuse(socket_t sock) {
     std::unique_lock lock(mutex_);
     if (idle_workers_ > pending_.size() || pending_.size() < limits_.max_pending) {
       pending_.push_back(sock);
+      note_line();
       lock.unlock();
       work_ready_.notify_one();
       return;
@@ -228,6 +225,11 @@ std::string ConnectionServer::refusal_message() const {
          " waiting; --threads, --max-pending-connections); retry later";
 }
 
+// (Under mutex_.) Are connections waiting with no idle worker for them?
+void ConnectionServer::note_line() {
+  line_waiting_.store(pending_.size() > idle_workers_, std::memory_order_relaxed);
+}
+
 void ConnectionServer::work() {
   for (;;) {
     socket_t sock = INVALID_SOCKET;
@@ -240,10 +242,12 @@ void ConnectionServer::work() {
       sock = pending_.front();
       pending_.pop_front();
       --idle_workers_;
+      note_line();
     }
     serve_connection(sock, Mode::worker);
     std::lock_guard lock(mutex_);
     ++idle_workers_;
+    note_line();
   }
 }
 
@@ -342,9 +346,10 @@ void ConnectionServer::front_desk() {
 // ---- one connection -----------------------------------------------------------
 
 // Waits for the connection's next request: true when its bytes are there.
-// Idle kept-alive connections close at the keep-alive timeout, or at once
-// when the drain begins; during the drain a connection is served only for
-// a request it has already sent (or, if it has sent none yet, its first).
+// Idle kept-alive connections close at the keep-alive timeout, at once when
+// the drain begins, and while other connections wait for a worker (the
+// worker goes to them); during the drain a connection is served only for a
+// request it has already sent (or, if it has sent none yet, its first).
 bool ConnectionServer::wait_for_request(socket_t sock, const RequestStream& stream, std::size_t served) const {
   if (stream.has_buffered_input()) {
     return true;
@@ -352,15 +357,17 @@ bool ConnectionServer::wait_for_request(socket_t sock, const RequestStream& stre
   const Clock::time_point idle_until = Clock::now() + limits_.keep_alive_timeout;
   for (;;) {
     const bool drain = draining();
-    if (drain && served > 0) {
+    if (served > 0 && (drain || line_waiting_.load(std::memory_order_relaxed))) {
       return readable_now(sock);
     }
+    // (Looks at the line again every 100 ms while idle.)
+    const Clock::time_point until = served > 0 ? std::min(idle_until, Clock::now() + std::chrono::milliseconds(100)) : idle_until;
     std::array<pollfd, 2> fds{pollfd{sock, POLLIN, 0}, pollfd{drain_event_, POLLIN, 0}};
-    const int ready = ::poll(fds.data(), drain ? 1 : 2, milliseconds_until(idle_until));
+    const int ready = ::poll(fds.data(), drain ? 1 : 2, milliseconds_until(until));
     if (ready < 0 && errno == EINTR) {
       continue;
     }
-    if (ready <= 0) {
+    if (ready < 0 || (ready == 0 && Clock::now() >= idle_until)) {
       return false;
     }
     if (fds[0].revents != 0) {
@@ -443,13 +450,13 @@ void ConnectionServer::answer_directly(socket_t sock, int status, const std::str
   const std::string answer = "HTTP/1.1 " + std::to_string(status) + " " + reason +
                              "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
                              (status == 503 ? "\r\nRetry-After: 1" : "") + "\r\nConnection: close\r\n\r\n" + body;
-  (void)::send(sock, answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);  // small: fits the send buffer
   if (observer_ != nullptr) {
     httplib::Request req;
     httplib::Response res;
     res.status = status;
     observer_(req, res, Clock::now() - received);
   }
+  (void)::send(sock, answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);  // small: fits the send buffer
   closer_.close(sock);
 }
 
@@ -470,10 +477,14 @@ httplib::Server::HandlerResponse ConnectionServer::pre_route(const httplib::Requ
   return gate_ != nullptr ? gate_(req, res) : HandlerResponse::Unhandled;
 }
 
-// Every answer: one that ends its connection says so (and only so).
-void ConnectionServer::post_route(const httplib::Request&, httplib::Response& res) {
+// Every answer, just before it is written: one that ends its connection
+// says so (and only so), and the observer counts it. While
+// connections wait for a worker, every answer ends its connection, so that
+// busy kept-alive clients take their turn rather than hold the workers.
+void ConnectionServer::post_route(const httplib::Request& req, httplib::Response& res) {
   const auto connection = res.headers.find("Connection");
   const bool close = (this_exchange != nullptr && this_exchange->last) || draining() ||
+                     line_waiting_.load(std::memory_order_relaxed) ||
                      (connection != res.headers.end() && connection->second == "close");
   if (close) {
     res.headers.erase("Connection");
@@ -482,6 +493,10 @@ void ConnectionServer::post_route(const httplib::Request&, httplib::Response& re
     if (this_exchange != nullptr) {
       this_exchange->last = true;
     }
+  }
+  // Counted before it is written: a client that has its answer finds it counted.
+  if (observer_ != nullptr && this_exchange != nullptr) {
+    observer_(req, res, Clock::now() - this_exchange->received);
   }
 }
 

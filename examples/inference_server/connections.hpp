@@ -17,7 +17,9 @@
 // timeout (else 408, and the connection closes), a whole answer must leave
 // within the write timeout; a kept-alive connection waits for its next
 // request at most the keep-alive timeout and serves at most keep_alive_max
-// requests. Every answer that ends a connection says `Connection: close`,
+// requests. While connections wait for a worker, answers end their
+// connections and idle ones close, so the waiting are served in turn rather
+// than behind clients that keep their connection busy. Every answer that ends a connection says `Connection: close`,
 // and connections are closed by a LingeringCloser, so a client that is still
 // sending receives its answer rather than a reset.
 //
@@ -89,7 +91,7 @@ class ConnectionServer final : public httplib::Server {
   void set_request_gate(HandlerWithResponse gate) { gate_ = std::move(gate); }
   // Fills the body of an error answer that has none (404, a malformed head, ...).
   void set_error_body(Handler fill) { error_body_ = std::move(fill); }
-  // Called once for every answer written, with the time since its request's first byte.
+  // Called once for every answer, as it is written, with the time since its request's first byte.
   void set_answer_observer(AnswerObserver observer) { observer_ = std::move(observer); }
   // GET (and HEAD) paths the front desk answers beyond capacity.
   void set_health_paths(std::vector<std::string> paths) { health_paths_ = std::move(paths); }
@@ -125,6 +127,7 @@ class ConnectionServer final : public httplib::Server {
   void front_desk();
   Kind peek_kind(socket_t sock) const;
   void admit_or_refuse(socket_t sock);
+  void note_line();
   void serve_connection(socket_t sock, Mode mode);
   bool wait_for_request(socket_t sock, const RequestStream& stream, std::size_t served) const;
   Clock::time_point read_deadline(Clock::time_point received, bool front) const;
@@ -149,6 +152,7 @@ class ConnectionServer final : public httplib::Server {
   std::deque<socket_t> pending_;       // waiting for a worker
   std::deque<socket_t> front_desk_in_;  // waiting for the front desk
   std::size_t idle_workers_ = 0;
+  std::atomic<bool> line_waiting_{false};  // pending_.size() > idle_workers_
   bool workers_stop_ = false;
   bool front_desk_stop_ = false;
   std::vector<std::thread> workers_;

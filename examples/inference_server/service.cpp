@@ -353,7 +353,7 @@ void InferenceService::fill_error(const httplib::Request& req, httplib::Response
     message = "the Range header is malformed";
   } else if (res.status == 413) {
     status = "too_large";
-    message = "the body is larger than " + std::to_string(body_limit_) + " bytes";
+    message = "the body is too large";
   } else if (res.status == 500) {
     status = "internal_error";
     message = "the server failed while answering";
@@ -424,8 +424,8 @@ std::string InferenceService::stats_json() const {
   j["batching"] = options_.batching;
   j["max_queue_delay_us"] = options_.batching ? options_.max_queue_delay_us : 0;
   j["queue_capacity"] = options_.queue_capacity;
-  j["body_limit_bytes"] = body_limit_;
   if (model_ready()) {
+    j["body_limit_bytes"] = body_limit_;
     const replay::BatcherStats s = batcher_->stats();
     j["max_batch_rows"] = batcher_->options().max_batch_rows;
     ordered_json histogram = ordered_json::object();

@@ -43,7 +43,7 @@ class InferenceService {
   // After the last connection: the Batcher runs what it holds, then stops.
   void shutdown();
 
-  std::size_t body_limit() const { return body_limit_; }
+  std::size_t body_limit() const { return model_ready() ? body_limit_ : 0; }
   std::string summary() const;  // one line, for the log at exit
 
  private:

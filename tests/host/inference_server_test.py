@@ -18,7 +18,8 @@ registers one entry per group):
              repeated executor failures
   slow       clients that send a byte at a time, more of them than threads:
              /healthz answers within a second, a request beyond capacity gets
-             503 at once, SIGTERM still drains within its bound
+             503 at once, SIGTERM still drains within its bound; a busy
+             kept-alive client yields the only worker to a waiting connection
   shutdown   SIGTERM with more connections than threads: every request sent
              is answered, with Connection: close; idle kept-alive connections
              close at once; a second SIGTERM exits at once
@@ -652,6 +653,40 @@ def group_slow(binary):
               f"the slow clients get 408 (read timeout) or 503 (beyond capacity) ({answers})")
     finally:
         stop_dripping.set()
+        server.kill()
+
+
+    # A busy kept-alive client does not keep the only worker from a connection waiting for it.
+    server = Server(binary, "--threads", "1", "--max-pending-connections", "4", "--keep-alive-timeout-ms", "20000")
+    port = server.port
+    try:
+        busy = {"answers": 0, "closed": False}
+
+        def keep_busy():
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                conn.request("GET", "/healthz")
+                resp = conn.getresponse()
+                resp.read()
+                busy["answers"] += 1
+                if resp.getheader("Connection") == "close":
+                    busy["closed"] = True
+                    break
+            conn.close()
+
+        busy_thread = threading.Thread(target=keep_busy)
+        busy_thread.start()
+        time.sleep(0.2)
+        start = time.monotonic()
+        status = infer_raw(port, row_for(1), timeout=10)[0]
+        took = time.monotonic() - start
+        busy_thread.join()
+        check(busy["closed"] and busy["answers"] > 1,
+              f"while a connection waits for the only worker, the busy one's answer says Connection: close ({busy})")
+        check(status == 200 and took < 2.0, f"...and the waiting connection is served ({status}, {took:.2f} s)")
+    finally:
+        server.stop("one worker, a busy client")
         server.kill()
 
 
