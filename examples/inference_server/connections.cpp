@@ -10,7 +10,9 @@
 #include <cassert>
 #include <cerrno>
 #include <exception>
+#include <stdexcept>
 #include <string_view>
+#include <thread>
 
 #include "request.hpp"
 
@@ -270,10 +272,10 @@ ConnectionServer::Kind ConnectionServer::peek_kind(socket_t sock) const {
       if (seen.size() > line.size() && seen.starts_with(line) && (seen[line.size()] == ' ' || seen[line.size()] == '?')) {
         return Kind::health;
       }
-      may_be_health = may_be_health || std::string_view(line).starts_with(seen.substr(0, line.size()));
+      may_be_health = may_be_health || (seen.size() <= line.size() && std::string_view(line).starts_with(seen));
     }
   }
-  return may_be_health && seen.size() < bytes.size() ? Kind::undecided : Kind::other;
+  return may_be_health ? Kind::undecided : Kind::other;
 }
 
 // The connections that found no idle worker, all watched at once: a health

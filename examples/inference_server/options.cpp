@@ -6,6 +6,16 @@
 #include <string>
 
 namespace inference_server {
+namespace {
+
+// An integer flag in [min, max], listed under `group` in --help.
+template <class T>
+CLI::Option* bounded(CLI::App& app, const std::string& group, const std::string& name, T& value, T min, T max,
+                     const std::string& help) {
+  return app.add_option(name, value, help)->check(CLI::Range(min, max))->group(group);
+}
+
+}  // namespace
 
 ServerOptions parse_options(int argc, char** argv) {
   ServerOptions o;
@@ -17,85 +27,57 @@ ServerOptions parse_options(int argc, char** argv) {
       "SIGTERM or SIGINT drains (every accepted request is answered) and exits 0; a second one exits at once.",
       "inference_server"};
   app.option_defaults()->always_capture_default();
-  std::string batching = "on";
   app.add_option("--host", o.host, "Address to listen on");
-  app.add_option("--port", o.port, "Port to listen on (0: any free port)")->check(CLI::Range(0, 65535));
+  bounded(app, "Options", "--port", o.port, 0, 65535, "Port to listen on (0: any free port)");
 
-  const std::string model_group = "Model";
+  const std::string model = "Model";
   app.add_option("--model", o.model.kind, "mlp: CUDA kernels; cpu: the CPU stand-in (no GPU); resnet50: libtorch")
       ->check(CLI::IsMember({"mlp", "cpu", "resnet50"}))
-      ->group(model_group);
+      ->group(model);
   bool eager = false;
-  app.add_flag("--eager", eager, "Launch the model's kernels without CUDA graphs (the baseline)")->group(model_group);
-  CLI::Option* layers = app.add_option("--layers", o.model.layers, "MLP layers (cpu default: 4)")
-                            ->check(CLI::Range(2, 1000))
-                            ->group(model_group);
-  CLI::Option* width = app.add_option("--width", o.model.width, "MLP width: float32 values per input row (cpu default: 64)")
-                           ->check(CLI::Range(1, 1 << 16))
-                           ->group(model_group);
-  app.add_option("--outputs", o.model.outputs, "Values per output row")->check(CLI::Range(1, 1 << 16))->group(model_group);
-  app.add_option("--max-batch", o.model.max_batch, "Largest batch (rows); buckets are the powers of two up to it")
-      ->check(CLI::Range(1, 4096))
-      ->group(model_group);
-  app.add_option("--verify", o.verify, "Compute reference answers for request ids 0..K-1 at start (X-Replay-Check)")
-      ->check(CLI::Range(0, 1'000'000))
-      ->group(model_group);
-  app.add_option("--cpu-delay-us", o.model.cpu_delay_us, "cpu model: extra time per batch")
-      ->check(CLI::Range(0, 600'000'000))
-      ->group(model_group);
-  app.add_option("--cpu-fail-after", o.model.cpu_fail_after, "cpu model: every batch after the first N fails (-1: never)")
-      ->check(CLI::Range(-1, 1'000'000'000))
-      ->group(model_group);
-  app.add_option("--cpu-load-ms", o.model.cpu_load_ms, "cpu model: time the model takes to load")
-      ->check(CLI::Range(0, 600'000))
-      ->group(model_group);
+  app.add_flag("--eager", eager, "Launch the model's kernels without CUDA graphs (the baseline)")->group(model);
+  CLI::Option* layers = bounded(app, model, "--layers", o.model.layers, 2, 1000, "MLP layers (cpu default: 4)");
+  CLI::Option* width = bounded(app, model, "--width", o.model.width, 1, 1 << 16,
+                               "MLP width: float32 values per input row (cpu default: 64)");
+  bounded(app, model, "--outputs", o.model.outputs, 1, 1 << 16, "Values per output row");
+  bounded(app, model, "--max-batch", o.model.max_batch, 1, 4096,
+          "Largest batch (rows); buckets are the powers of two up to it");
+  bounded(app, model, "--verify", o.verify, 0, 1'000'000,
+          "Compute reference answers for request ids 0..K-1 at start (X-Replay-Check)");
+  bounded(app, model, "--cpu-delay-us", o.model.cpu_delay_us, 0, 600'000'000, "cpu model: extra time per batch");
+  bounded(app, model, "--cpu-fail-after", o.model.cpu_fail_after, -1, 1'000'000'000,
+          "cpu model: every batch after the first N fails (-1: never)");
+  bounded(app, model, "--cpu-load-ms", o.model.cpu_load_ms, 0, 600'000, "cpu model: time the model takes to load");
 
   const std::string batching_group = "Batching";
+  std::string batching = "on";
   app.add_option("--batching", batching, "on: gather requests into batches; off: one request per run")
       ->check(CLI::IsMember({"on", "off"}))
       ->group(batching_group);
-  app.add_option("--max-queue-delay-us", o.max_queue_delay_us, "Longest a request waits for others to join its batch")
-      ->check(CLI::Range(0, 10'000'000))
-      ->group(batching_group);
-  app.add_option("--queue-capacity", o.queue_capacity, "Requests waiting for a batch; beyond it a request gets 503")
-      ->check(CLI::Range(1, 1'000'000))
-      ->group(batching_group);
-  app.add_option("--timeout-ms", o.timeout_ms,
-                 "A request's deadline (X-Timeout-Ms overrides): past it, 504 and its HTTP thread is released (0: none)")
-      ->check(CLI::Range(0, 3'600'000))
-      ->group(batching_group);
+  bounded(app, batching_group, "--max-queue-delay-us", o.max_queue_delay_us, 0, 10'000'000,
+          "Longest a request waits for others to join its batch");
+  bounded(app, batching_group, "--queue-capacity", o.queue_capacity, 1, 1'000'000,
+          "Requests waiting for a batch; beyond it a request gets 503");
+  bounded(app, batching_group, "--timeout-ms", o.timeout_ms, 0, 3'600'000,
+          "A request's deadline (X-Timeout-Ms overrides): past it, 504 and its HTTP thread is released (0: none)");
 
-  const std::string limits_group = "Connections and limits";
-  app.add_option("--threads", o.threads, "HTTP worker threads: connections served at once")
-      ->check(CLI::Range(1, 4096))
-      ->group(limits_group);
-  app.add_option("--max-pending-connections", o.max_pending_connections,
-                 "Accepted connections waiting for a worker (-1: as many as --threads); beyond them, 503 at once")
-      ->check(CLI::Range(-1, 1'000'000))
-      ->group(limits_group);
-  app.add_option("--read-timeout-ms", o.read_timeout_ms, "A whole request (head and body) must arrive within this, else 408")
-      ->check(CLI::Range(1, 3'600'000))
-      ->group(limits_group);
-  app.add_option("--write-timeout-ms", o.write_timeout_ms, "A whole response must be sent within this")
-      ->check(CLI::Range(1, 3'600'000))
-      ->group(limits_group);
-  app.add_option("--keep-alive-timeout-ms", o.keep_alive_timeout_ms, "An idle kept-alive connection is closed after this")
-      ->check(CLI::Range(1, 3'600'000))
-      ->group(limits_group);
-  app.add_option("--keep-alive-max", o.keep_alive_max, "Requests per connection (the last answer says Connection: close)")
-      ->check(CLI::Range(1, 1'000'000'000))
-      ->group(limits_group);
-  app.add_option("--max-body-bytes", o.max_body_bytes,
-                 "Largest request body, else 413 (0: --max-batch rows of the model as JSON, 32 bytes a number)")
-      ->check(CLI::Range(0LL, 1LL << 40))
-      ->group(limits_group);
-  app.add_option("--drain-timeout-ms", o.drain_timeout_ms, "After SIGTERM, exit 1 if draining takes longer than this")
-      ->check(CLI::Range(1, 3'600'000))
-      ->group(limits_group);
-  app.add_option("--unready-after-failures", o.unready_after_failures,
-                 "Consecutive failed batches after which /readyz answers 503 (until a batch succeeds)")
-      ->check(CLI::Range(1, 1'000'000))
-      ->group(limits_group);
+  const std::string limits = "Connections and limits";
+  bounded(app, limits, "--threads", o.threads, 1, 4096, "HTTP worker threads: connections served at once");
+  bounded(app, limits, "--max-pending-connections", o.max_pending_connections, -1, 1'000'000,
+          "Accepted connections waiting for a worker (-1: as many as --threads); beyond them, 503 at once");
+  bounded(app, limits, "--read-timeout-ms", o.read_timeout_ms, 1, 3'600'000,
+          "A whole request (head and body) must arrive within this, else 408");
+  bounded(app, limits, "--write-timeout-ms", o.write_timeout_ms, 1, 3'600'000, "A whole response must be sent within this");
+  bounded(app, limits, "--keep-alive-timeout-ms", o.keep_alive_timeout_ms, 1, 3'600'000,
+          "An idle kept-alive connection is closed after this");
+  bounded(app, limits, "--keep-alive-max", o.keep_alive_max, 1, 1'000'000'000,
+          "Requests per connection (the last answer says Connection: close)");
+  bounded(app, limits, "--max-body-bytes", o.max_body_bytes, 0LL, 1LL << 40,
+          "Largest request body, else 413 (0: --max-batch rows of the model as JSON, 32 bytes a number)");
+  bounded(app, limits, "--drain-timeout-ms", o.drain_timeout_ms, 1, 3'600'000,
+          "After SIGTERM, exit 1 if draining takes longer than this");
+  bounded(app, limits, "--unready-after-failures", o.unready_after_failures, 1, 1'000'000,
+          "Consecutive failed batches after which /readyz answers 503 (until a batch succeeds)");
 
   try {
     app.parse(argc, argv);
