@@ -27,6 +27,9 @@ constexpr auto front_desk_read_timeout = std::chrono::milliseconds(500);
 constexpr std::size_t front_desk_capacity = 4096;
 // Bytes of head (request line and headers) a request may hold besides its body.
 constexpr std::size_t head_allowance = 64 * 1024;
+// How long an idle kept-alive connection that is to close (the drain, or
+// others waiting for its worker) still waits for a request on its way.
+constexpr auto closing_grace = std::chrono::milliseconds(50);
 // How long a closing connection may still send before it is closed.
 constexpr auto linger_time = std::chrono::milliseconds(2'000);
 
@@ -348,10 +351,11 @@ void ConnectionServer::front_desk() {
 // ---- one connection -----------------------------------------------------------
 
 // Waits for the connection's next request: true when its bytes are there.
-// Idle kept-alive connections close at the keep-alive timeout, at once when
-// the drain begins, and while other connections wait for a worker (the
-// worker goes to them); during the drain a connection is served only for a
-// request it has already sent (or, if it has sent none yet, its first).
+// Idle kept-alive connections close at the keep-alive timeout, and soon
+// (closing_grace) when the drain begins or while other connections wait for
+// a worker (the worker goes to them); so during the drain a connection is
+// served only for a request it has already sent (or, if it has sent none
+// yet, its first).
 bool ConnectionServer::wait_for_request(socket_t sock, const RequestStream& stream, std::size_t served) const {
   if (stream.has_buffered_input()) {
     return true;
@@ -360,7 +364,9 @@ bool ConnectionServer::wait_for_request(socket_t sock, const RequestStream& stre
   for (;;) {
     const bool drain = draining();
     if (served > 0 && (drain || line_waiting_.load(std::memory_order_relaxed))) {
-      return readable_now(sock);
+      // A request already on its way is still served (its answer closes).
+      pollfd p{sock, POLLIN, 0};
+      return ::poll(&p, 1, std::min(milliseconds_until(idle_until), static_cast<int>(closing_grace.count()))) > 0;
     }
     // (Looks at the line again every 100 ms while idle.)
     const Clock::time_point until = served > 0 ? std::min(idle_until, Clock::now() + std::chrono::milliseconds(100)) : idle_until;
