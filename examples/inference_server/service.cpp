@@ -249,12 +249,12 @@ void InferenceService::infer(const httplib::Request& req, httplib::Response& res
   answer_infer(req, res, body, received);
 }
 
-int InferenceService::answer_infer(const httplib::Request& req, httplib::Response& res, std::string_view body,
+void InferenceService::answer_infer(const httplib::Request& req, httplib::Response& res, std::string_view body,
                                    Clock::time_point received) {
   for (const char* name : {"X-Request-Id", "X-Timeout-Ms"}) {
     if (const std::size_t n = req.get_header_value_count(name); n > 1) {
       reply_error(res, 400, "invalid_request", std::string(name) + " appears " + std::to_string(n) + " times; give it once");
-      return 400;
+      return;
     }
   }
   std::optional<std::uint64_t> header_id;
@@ -264,7 +264,7 @@ int InferenceService::answer_infer(const httplib::Request& req, httplib::Respons
                                                  std::numeric_limits<std::uint64_t>::max(), v);
         !fault.empty()) {
       reply_error(res, 400, "invalid_request", fault);
-      return 400;
+      return;
     }
     header_id = v;
   }
@@ -274,19 +274,19 @@ int InferenceService::answer_infer(const httplib::Request& req, httplib::Respons
                                                  timeout_ms);
         !fault.empty()) {
       reply_error(res, 400, "invalid_request", fault);
-      return 400;
+      return;
     }
   }
   InferInput input;
   const bool json = req.get_header_value("Content-Type").find("json") != std::string::npos;
   if (std::string fault = json ? parse_json_input(body, row_, input) : parse_raw_input(body, row_, input); !fault.empty()) {
     reply_error(res, 400, "invalid_request", fault);
-    return 400;
+    return;
   }
   if (header_id && input.id && *header_id != *input.id) {
     reply_error(res, 400, "invalid_request",
                 "X-Request-Id says " + std::to_string(*header_id) + " but \"id\" says " + std::to_string(*input.id));
-    return 400;
+    return;
   }
   const std::optional<std::uint64_t> id = header_id ? header_id : input.id;
   if (id) {
@@ -305,13 +305,13 @@ int InferenceService::answer_infer(const httplib::Request& req, httplib::Respons
     reply_error(res, 504, "timed_out",
                 "no answer within the deadline of " + std::to_string(timeout_ms) +
                     " ms (X-Timeout-Ms, else --timeout-ms): its batch is still running, and its answer is dropped");
-    return 504;
+    return;
   }
   const replay::BatchResult<float> result = pending.get();
   const int code = http_code(result.status);
   if (!result.ok()) {
     reply_error(res, code, replay::to_string(result.status), result.message);
-    return code;
+    return;
   }
   res.set_header("X-Batch-Rows", std::to_string(result.batch_rows));
   if (id && !references_.empty()) {
@@ -323,7 +323,6 @@ int InferenceService::answer_infer(const httplib::Request& req, httplib::Respons
     res.set_content(reinterpret_cast<const char*>(result.output.data()), result.output.size() * sizeof(float),
                     "application/octet-stream");
   }
-  return 200;
 }
 
 // An error answer without a body (httplib's own: no route, a malformed head).

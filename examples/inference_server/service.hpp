@@ -56,7 +56,8 @@ class InferenceService {
 
   httplib::Server::HandlerResponse gate(const httplib::Request& req, httplib::Response& res) const;
   void infer(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read);
-  int answer_infer(const httplib::Request& req, httplib::Response& res, std::string_view body, Clock::time_point received);
+  void answer_infer(const httplib::Request& req, httplib::Response& res, std::string_view body,
+                    Clock::time_point received);
   void fill_error(const httplib::Request& req, httplib::Response& res) const;
   void on_answer(const httplib::Request& req, const httplib::Response& res, Clock::duration latency);
   bool check(unsigned long long id, const std::vector<float>& inputs, const std::vector<float>& output);
