@@ -369,7 +369,8 @@ bool ConnectionServer::wait_for_request(socket_t sock, const RequestStream& stre
       return ::poll(&p, 1, std::min(milliseconds_until(idle_until), static_cast<int>(closing_grace.count()))) > 0;
     }
     // (Looks at the line again every 100 ms while idle.)
-    const Clock::time_point until = served > 0 ? std::min(idle_until, Clock::now() + std::chrono::milliseconds(100)) : idle_until;
+    const Clock::time_point until =
+        served > 0 ? std::min(idle_until, Clock::now() + std::chrono::milliseconds(100)) : idle_until;
     std::array<pollfd, 2> fds{pollfd{sock, POLLIN, 0}, pollfd{drain_event_, POLLIN, 0}};
     const int ready = ::poll(fds.data(), drain ? 1 : 2, milliseconds_until(until));
     if (ready < 0 && errno == EINTR) {
@@ -399,7 +400,8 @@ void ConnectionServer::serve_connection(socket_t sock, Mode mode) {
     exchange.last = front || draining() || served + 1 >= limits_.keep_alive_max;
     exchange.stream = &stream;
     this_exchange = &exchange;
-    stream.begin_request(read_deadline(exchange.received, front), byte_cap_.load(std::memory_order_relaxed) + head_allowance);
+    stream.begin_request(read_deadline(exchange.received, front),
+                         byte_cap_.load(std::memory_order_relaxed) + head_allowance);
     bool closed_by_client = false;
     bool written = false;
     try {

@@ -66,8 +66,9 @@ void refuse_unread(httplib::Response& res, int code, std::string_view status, st
 }
 
 bool equals_ignoring_case(std::string_view a, std::string_view b) {
-  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
-                    [](char x, char y) { return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y)); });
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
+    return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+  });
 }
 
 std::string format(const char* fmt, double value) {
@@ -242,7 +243,8 @@ void InferenceService::infer(const httplib::Request& req, httplib::Response& res
       refuse_unread(res, 413, "too_large", "the body is larger than " + std::to_string(body_limit_) +
                                                " bytes (--max-body-bytes; by default the largest batch as JSON)");
     } else {
-      refuse_unread(res, 400, "invalid_request", "the body could not be read (the connection ended, or its chunks are malformed)");
+      refuse_unread(res, 400, "invalid_request",
+                    "the body could not be read (the connection ended, or its chunks are malformed)");
     }
     return;
   }
@@ -476,7 +478,8 @@ std::string InferenceService::prometheus() const {
   std::string m;
   m += "# HELP replay_http_requests_total Answers written, by endpoint (/v1/infer or other) and HTTP status code.\n"
        "# TYPE replay_http_requests_total counter\n";
-  for (const auto& [endpoint, label] : {std::pair{Metrics::Endpoint::infer, "/v1/infer"}, std::pair{Metrics::Endpoint::other, "other"}}) {
+  for (const auto& [endpoint, label] :
+       {std::pair{Metrics::Endpoint::infer, "/v1/infer"}, std::pair{Metrics::Endpoint::other, "other"}}) {
     for (int c = 100; c < 600; ++c) {
       if (const std::uint64_t n = metrics_.code(endpoint, c); n != 0) {
         m += std::string("replay_http_requests_total{endpoint=\"") + label + "\",code=\"" + std::to_string(c) + "\"} " +

@@ -22,7 +22,8 @@ registers one entry per group):
              kept-alive client yields the only worker to a waiting connection
   shutdown   SIGTERM with more connections than threads: every request sent
              is answered, with Connection: close; idle kept-alive connections
-             close at once; a second SIGTERM exits at once
+             close at once; a drain past --drain-timeout-ms exits 1; a second
+             SIGTERM exits at once
   debug      a debug build (assertions on) survives SIGTERM with an idle
              kept-alive connection, and SIGTERM while the model loads
 
@@ -751,6 +752,29 @@ def group_shutdown(binary):
               f"the server exits 0 without waiting for the keep-alive timeout ({code}, {time.monotonic() - start:.1f} s)")
         idle.close()
         busy.close()
+    finally:
+        server.kill()
+
+    # A drain that outlasts --drain-timeout-ms exits 1, saying so.
+    server = Server(binary, "--batching", "off", "--cpu-delay-us", "5000000", "--timeout-ms", "20000",
+                    "--drain-timeout-ms", "500")
+    port = server.port
+    try:
+        def never_answered():
+            try:
+                infer_raw(port, row_for(1), timeout=30)
+            except OSError:
+                pass  # the process ends before the batch does
+
+        threading.Thread(target=never_answered, daemon=True).start()
+        time.sleep(0.3)
+        start = time.monotonic()
+        server.signal()
+        code = server.wait(5)
+        took = time.monotonic() - start
+        time.sleep(0.1)
+        check(code == 1 and took < 2.0, f"a drain longer than --drain-timeout-ms 500 exits 1 ({code}, {took:.2f} s)")
+        check(any("--drain-timeout-ms" in line for line in server.stderr), f"...saying so on stderr ({server.stderr})")
     finally:
         server.kill()
 
