@@ -463,11 +463,15 @@ def group_input(binary):
 
 # ---- limits -----------------------------------------------------------------------
 def send_huge(port, chunked, total, results, index):
-    """Sends a `total`-byte body (in 1 MiB pieces) while watching for an answer; stops at the answer."""
+    """Sends a `total`-byte body (in 1 MiB pieces; JSON when chunked) while watching for an answer; stops at
+    the answer."""
     piece = b"7" * (1 << 20)
     try:
         with connect(port, 30) as s:
-            s.sendall(post_head("chunked" if chunked else total))
+            if chunked:
+                s.sendall(post_head("chunked", "application/json") + b"%x\r\n{\"inputs\": [\r\n" % len(b'{"inputs": ['))
+            else:
+                s.sendall(post_head(total))
             sent = 0
             while sent < total and not answered(s):
                 try:
@@ -501,7 +505,8 @@ def group_limits(binary):
         send_huge(port, True, 4 << 20, results, 0)
         check(isinstance(results[0], tuple) and results[0][0] == 413, f"a chunked body above the limit: 413 ({results[0]})")
 
-        # 8 concurrent 64 MiB bodies (4 with Content-Length, 4 chunked): memory stays near the largest legal body.
+        # 8 concurrent 64 MiB bodies (4 raw with Content-Length, 4 JSON chunked): memory stays near the
+        # largest legal body.
         before = server.memory_kib("VmHWM")
         results = [None] * 8
         clients = [threading.Thread(target=send_huge, args=(port, i % 2 == 1, 64 << 20, results, i)) for i in range(8)]
