@@ -312,6 +312,9 @@ void InferenceService::answer_infer(const httplib::Request& req, httplib::Respon
   const replay::BatchResult<float> result = pending.get();
   const int code = http_code(result.status);
   if (!result.ok()) {
+    if (code == 503) {
+      res.set_header("Retry-After", "1");
+    }
     reply_error(res, code, replay::to_string(result.status), result.message);
     return;
   }

@@ -327,8 +327,9 @@ def group_answers(binary):
         queued = threading.Thread(target=slow, args=("queued", {"X-Timeout-Ms": "100"}))
         queued.start()    # waits in the queue (capacity 1), and its deadline passes
         time.sleep(0.2)
-        status, _, body = infer_raw(port, row_for(2))
-        check(status == 503 and b"queue is full" in body, f"a full queue gets 503 ({status} {body!r})")
+        status, headers, body = infer_raw(port, row_for(2))
+        check(status == 503 and b"queue is full" in body and headers.get("retry-after") == "1",
+              f"a full queue gets 503 with Retry-After ({status} {headers} {body!r})")
         running.join()
         queued.join()
         check(answers["running"][0] == 200, "the running request completes")
