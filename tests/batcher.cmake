@@ -3,22 +3,28 @@
 # with real threads (gpu).
 replay_add_test(NAME batcher SOURCES host/batcher_test.cpp gpu/batcher_test.cu SUITES host gpu)
 
-# The inference server built with the CPU stand-in model, driven over HTTP by
-# Python's http.client: correct answers, 400, 503, 504, clean SIGTERM. Needs
-# cpp-httplib (the example is skipped without it) and python3.
-include(${PROJECT_SOURCE_DIR}/cmake/ReplayHttplib.cmake)
-replay_find_httplib()
-if(REPLAY_BUILD_EXAMPLES AND TARGET replay_httplib)
+# The inference server built with the CPU stand-in model, driven over real
+# sockets on loopback by tests/host/inference_server_test.py: one ctest entry
+# per group of checks (answers, input, limits, slow, shutdown; debug runs a
+# debug build of the server). Needs the server's dependencies (the example is
+# skipped without them) and python3.
+include(${PROJECT_SOURCE_DIR}/cmake/ReplayInferenceServerDeps.cmake)
+replay_find_inference_server_deps()
+if(REPLAY_BUILD_EXAMPLES AND TARGET replay_inference_server_deps)
   find_package(Python3 COMPONENTS Interpreter)
   if(Python3_Interpreter_FOUND)
-    add_test(NAME inference_server.host
-             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/host/inference_server_test.py
-                     $<TARGET_FILE:inference_server>)
-    set_tests_properties(inference_server.host PROPERTIES LABELS host TIMEOUT 120)
-    add_dependencies(replay_tests inference_server)  # the edit loop builds what its host tests run
+    foreach(group IN ITEMS answers input limits slow shutdown debug)
+      add_test(NAME "inference_server.host: ${group}"
+               COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/host/inference_server_test.py
+                       $<TARGET_FILE:inference_server> --debug-server $<TARGET_FILE:inference_server_debug>
+                       --group ${group})
+      set_tests_properties("inference_server.host: ${group}" PROPERTIES LABELS host TIMEOUT 120)
+    endforeach()
+    # The edit loop (target replay_tests) builds what these host tests run.
+    add_dependencies(replay_tests inference_server inference_server_debug)
   else()
     message(STATUS "replay: no python3: the inference_server test is skipped")
   endif()
 else()
-  message(STATUS "replay: the inference_server test is skipped (examples off or no cpp-httplib)")
+  message(STATUS "replay: the inference_server test is skipped (examples off, or the server's dependencies missing)")
 endif()

@@ -3,7 +3,9 @@
 // by row on the host. For tests of the server without a GPU.
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -15,6 +17,7 @@ namespace {
 class CpuModel final : public Model {
  public:
   explicit CpuModel(const ModelConfig& config) : config_(config) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(config.cpu_load_ms));
     std::mt19937 rng(1234);
     const float scale = std::sqrt(3.0F / static_cast<float>(config.width));
     std::uniform_real_distribution<float> dist(-scale, scale);
@@ -42,6 +45,11 @@ class CpuModel final : public Model {
   std::vector<std::size_t> batch_sizes() const override { return sizes_; }
   std::span<float> input_staging() override { return staging_; }
   std::span<const float> run(std::size_t rows) override {
+    if (config_.cpu_fail_after >= 0 && batches_run_ >= static_cast<std::uint64_t>(config_.cpu_fail_after)) {
+      throw std::runtime_error("cpu stand-in: every batch after the first " + std::to_string(config_.cpu_fail_after) +
+                               " fails (--cpu-fail-after)");
+    }
+    ++batches_run_;
     if (config_.cpu_delay_us > 0) {
       std::this_thread::sleep_for(std::chrono::microseconds(config_.cpu_delay_us));
     }
@@ -105,6 +113,7 @@ class CpuModel final : public Model {
   std::vector<std::size_t> sizes_;
   std::vector<float> staging_;
   std::vector<float> output_;
+  std::uint64_t batches_run_ = 0;  // only the Batcher's worker runs batches
 };
 
 }  // namespace

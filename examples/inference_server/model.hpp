@@ -2,10 +2,15 @@
 // The models the inference server can serve, behind one interface so that
 // the server picks one at run time. Each is a replay::BatchExecutor through
 // ModelExecutor (one virtual call per batch).
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace inference_server {
@@ -18,6 +23,8 @@ struct ModelConfig {
   int max_batch = 64;
   bool graphs = true;        // false: eager (no CUDA graphs), the baseline
   int cpu_delay_us = 0;      // cpu only: extra time per batch (tests of back-pressure and deadlines)
+  int cpu_fail_after = -1;   // cpu only: every batch after this many fails (tests of readiness); -1: never
+  int cpu_load_ms = 0;       // cpu only: time the model takes to load (tests of readiness)
 };
 
 class Model {
@@ -39,16 +46,52 @@ class Model {
   virtual std::string router_stats_json() const { return "null"; }
 };
 
-// A replay::BatchExecutor over a Model the server owns.
+// How the model's batches have gone lately (for /readyz): failures in a row
+// and the last one's message. Written by the Batcher's worker, read by any thread.
+class BatchHealth {
+ public:
+  void succeeded() { failures_in_a_row_.store(0, std::memory_order_relaxed); }
+  void failed(std::string message) {
+    std::lock_guard lock(mutex_);
+    last_failure_ = std::move(message);
+    failures_in_a_row_.fetch_add(1, std::memory_order_relaxed);
+  }
+  std::uint64_t failures_in_a_row() const { return failures_in_a_row_.load(std::memory_order_relaxed); }
+  std::string last_failure() const {
+    std::lock_guard lock(mutex_);
+    return last_failure_;
+  }
+
+ private:
+  std::atomic<std::uint64_t> failures_in_a_row_{0};
+  mutable std::mutex mutex_;
+  std::string last_failure_;
+};
+
+// A replay::BatchExecutor over a Model the server owns; each batch's outcome
+// goes to `health` (the Batcher turns the exception into its requests' 500).
 struct ModelExecutor {
   using input_type = float;
   using output_type = float;
   Model* model;
+  BatchHealth* health;
   std::size_t input_row_elements() const { return model->input_row_elements(); }
   std::size_t output_row_elements() const { return model->output_row_elements(); }
   std::vector<std::size_t> batch_sizes() const { return model->batch_sizes(); }
   std::span<float> input_staging() { return model->input_staging(); }
-  std::span<const float> run(std::size_t rows) { return model->run(rows); }
+  std::span<const float> run(std::size_t rows) {
+    try {
+      const std::span<const float> output = model->run(rows);
+      health->succeeded();
+      return output;
+    } catch (const std::exception& e) {
+      health->failed(e.what());
+      throw;
+    } catch (...) {
+      health->failed("an exception that is not a std::exception");
+      throw;
+    }
+  }
 };
 
 std::unique_ptr<Model> make_cpu_model(const ModelConfig& config);

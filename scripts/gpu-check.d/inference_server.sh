@@ -46,8 +46,8 @@ results=$out/inference_server.tsv
 log() { printf '[inference_server %s] %s\n' "$(date +%T)" "$*"; }
 
 if [ ! -x "$server" ]; then
-  echo "inference_server: FAILED: $server was not built (cpp-httplib not found when configuring?" \
-       "set REPLAY_HTTPLIB_INCLUDE_DIR; see docs/batching.md)"
+  echo "inference_server: FAILED: $server was not built (cpp-httplib, nlohmann_json or CLI11 not found when" \
+       "configuring? see the CMake log and docs/batching.md)"
   exit 1
 fi
 # with_library_path DIRS COMMAND...: COMMAND with LD_LIBRARY_PATH=DIRS when DIRS is not empty.
@@ -102,7 +102,7 @@ serve() {  # serve MODE FLAGS...: start, warm up, measure at every concurrency, 
   [ -n "$dirs" ] && launch=(env LD_LIBRARY_PATH="$dirs")  # env execs the server: $! is the server
   "${launch[@]}" "$bin" "${model_args[@]}" --port 0 --verify $keys --threads 160 "$@" >"$slog" 2>&1 &
   pid=$!
-  for _ in $(seq 1200); do  # up to 2 minutes: CUDA and libtorch start, graphs are captured
+  for _ in $(seq 1200); do  # up to 2 minutes: CUDA and libtorch start, graphs are captured ("listening on": ready)
     port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$slog")
     [ -n "$port" ] && break
     kill -0 "$pid" 2>/dev/null || break
@@ -113,7 +113,7 @@ serve() {  # serve MODE FLAGS...: start, warm up, measure at every concurrency, 
     kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
     return
   fi
-  log "$mode: $(head -1 "$slog" | sed 's/^inference_server: //') on port $port"
+  log "$mode: $(sed -n 's/^inference_server: model: //p' "$slog" | head -1) on port $port"
   measure warmup 32 2 "$port"; answered=$((answered + answers)); inflight=$((inflight + 32))
   for c in "${serve_conns[@]}"; do
     measure "$mode" "$c" "$seconds" "$port"; answered=$((answered + answers)); inflight=$((inflight + c))

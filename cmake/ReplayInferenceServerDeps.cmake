@@ -1,0 +1,41 @@
+# What examples/inference_server and its test need besides replay:
+# cpp-httplib (cmake/ReplayHttplib.cmake), nlohmann_json (requests) and CLI11
+# (flags). nlohmann_json and CLI11 are found through their CMake packages
+# (Debian: nlohmann-json3-dev, libcli11-dev, both header-only), so an
+# extracted package works when its usr/ is in CMAKE_PREFIX_PATH.
+# replay_find_inference_server_deps() defines the target
+# replay_inference_server_deps when all three are found; otherwise nothing,
+# and a message says which are missing.
+include(${CMAKE_CURRENT_LIST_DIR}/ReplayHttplib.cmake)
+
+function(replay_find_inference_server_deps)
+  get_property(checked GLOBAL PROPERTY REPLAY_INFERENCE_SERVER_DEPS_CHECKED)
+  if(checked)
+    return()
+  endif()
+  set_property(GLOBAL PROPERTY REPLAY_INFERENCE_SERVER_DEPS_CHECKED TRUE)
+  replay_find_httplib()
+  # GLOBAL: the example and the tests (another directory) see the same targets.
+  find_package(nlohmann_json 3.9 CONFIG QUIET GLOBAL)
+  find_package(CLI11 2.0 CONFIG QUIET GLOBAL)
+  set(missing)
+  if(NOT TARGET replay_httplib)
+    list(APPEND missing "cpp-httplib (libcpp-httplib-dev)")
+  endif()
+  if(NOT nlohmann_json_FOUND)
+    list(APPEND missing "nlohmann_json >= 3.9 (nlohmann-json3-dev)")
+  endif()
+  if(NOT CLI11_FOUND)
+    list(APPEND missing "CLI11 >= 2.0 (libcli11-dev)")
+  endif()
+  if(missing)
+    list(JOIN missing ", " text)
+    message(STATUS "replay: examples/inference_server and its test are skipped: ${text} not found "
+                   "(scripts/setup-deps.sh installs them; or add an extracted package's usr/ to CMAKE_PREFIX_PATH)")
+    return()
+  endif()
+  add_library(replay_inference_server_deps INTERFACE)
+  target_link_libraries(replay_inference_server_deps INTERFACE replay_httplib nlohmann_json::nlohmann_json CLI11::CLI11)
+  message(STATUS "replay: inference_server: nlohmann_json ${nlohmann_json_VERSION} (${nlohmann_json_DIR}), "
+                 "CLI11 ${CLI11_VERSION} (${CLI11_DIR})")
+endfunction()
