@@ -171,6 +171,30 @@ TEST_SUITE("host") {
     CHECK(*user == 2);
   }
 
+  TEST_CASE("audit: a lambda inlined into std::thread's or replay's code is the user's frame by its file") {
+    // addr2line may name a frame after the function the lambda was inlined
+    // into; the file and line are the lambda's own.
+    const std::vector<AuditFrame> frames{
+        frame("/usr/lib/x86_64-linux-gnu/libcuda.so.1", ""),
+        frame("/app/test", "cudaDeviceSynchronize"),
+        frame("/app/test", "std::thread::_State_impl<std::thread::_Invoker<std::tuple<app::f()::{lambda()#1}> > >::_M_run()",
+              "/src/app/worker.cu", 234),
+        frame("/app/test", "_M_run", "/usr/include/c++/13/bits/std_thread.h", 244),
+        frame("/app/test", "execute_native_thread_routine"),
+    };
+    const auto user = audit::first_user_frame(frames);
+    REQUIRE(user.has_value());
+    CHECK(*user == 2);
+    CHECK(frames[*user].line == 234);
+    CHECK(audit::frame_owner(frames[3]) == audit::FrameOwner::standard_library);
+    CHECK(audit::frame_owner(frames[4]) == audit::FrameOwner::standard_library);
+    const AuditFrame in_router =
+        frame("/app/test", "replay::ShapeRouter<int>::capture_entry(int)", "/src/app/model.cu", 560);
+    CHECK(audit::frame_owner(in_router) == audit::FrameOwner::user);
+    CHECK(audit::frame_owner(frame("/app/test", "app::helper()", "/opt/include/replay/router.hpp", 10)) ==
+          audit::FrameOwner::replay);
+  }
+
   TEST_CASE("audit: without any symbols the first unknown frame after CUDA's is the best guess") {
     const std::vector<AuditFrame> frames{
         frame("/app/test", ""),

@@ -66,13 +66,30 @@ constexpr bool is_launch_stub(::std::string_view function, ::std::span<const ::s
   return false;
 }
 
+// Whose code a file is, by its path; nullopt for a file of the user's.
+constexpr ::std::optional<FrameOwner> owner_of_file(::std::string_view file) noexcept {
+  if (file.ends_with(".stub.c") || contains_path(file, "/crt/host_runtime.h") ||
+      contains_path(file, "/cuda_runtime.h") || contains_path(file, "/crt/device_functions.h")) {
+    return FrameOwner::cuda;
+  }
+  if (contains_path(file, "/ATen/") || contains_path(file, "/c10/") || contains_path(file, "/torch/csrc/") ||
+      contains_path(file, "/torch/include/")) {
+    return FrameOwner::framework;
+  }
+  if (contains_path(file, "/include/replay/")) {
+    return FrameOwner::replay;
+  }
+  if (contains_path(file, "/include/c++/") || contains_path(file, "/bits/")) {
+    return FrameOwner::standard_library;
+  }
+  return ::std::nullopt;
+}
+
 constexpr FrameOwner frame_owner(const AuditFrame& frame, ::std::span<const ::std::string> kernels = {}) noexcept {
   const ::std::string_view object = base_name(frame.object);
   const ::std::string_view function = frame.function;
   const ::std::string_view file = frame.file;
-  // CUDA's and CUPTI's libraries, the runtime linked statically (its
-  // functions have names but no line information), the launch code nvcc
-  // generates and CUDA's own headers.
+  // CUDA's and CUPTI's libraries, and NVIDIA's.
   for (const ::std::string_view library : {"libcuda.", "libcudart", "libcupti", "libnvidia-", "libcudadebugger",
                                             "libcublas", "libcudnn", "libnccl", "libcufft", "libcurand",
                                             "libcusparse", "libcusolver", "libnvrtc", "libnvJitLink", "libnvshmem"}) {
@@ -80,38 +97,41 @@ constexpr FrameOwner frame_owner(const AuditFrame& frame, ::std::span<const ::st
       return FrameOwner::cuda;
     }
   }
-  if (object.starts_with("libtorch") || object.starts_with("libc10") || object.starts_with("libcaffe2") ||
-      contains_path(file, "/ATen/") || contains_path(file, "/c10/") || contains_path(file, "/torch/csrc/") ||
-      contains_path(file, "/torch/include/")) {
+  if (object.starts_with("libtorch") || object.starts_with("libc10") || object.starts_with("libcaffe2")) {
     return FrameOwner::framework;
   }
-  // By name only where there is no line information (CUDA's code has
-  // none), so that a user's cudaHelper() with line information stays the user's.
+  // The host stub nvcc generates for a kernel launch.
+  if (is_launch_stub(function, kernels)) {
+    return FrameOwner::cuda;
+  }
+  // With line information the file decides: a function inlined into the
+  // standard library's or replay's code (a lambda run by std::thread or by
+  // a router) keeps its own file and line, while the name addr2line gives
+  // the frame may be the function it was inlined into.
+  if (!file.empty() && !file.starts_with("??")) {
+    return owner_of_file(file).value_or(FrameOwner::user);
+  }
+  // Without it, the name: CUDA's runtime linked statically (its functions
+  // have names but no line information), replay, the standard library.
   const bool upper_after_cuda = function.size() > 4 && function.starts_with("cuda") && function[4] >= 'A' &&
                                 function[4] <= 'Z';
   const bool upper_after_cu = function.size() > 2 && function.starts_with("cu") && function[2] >= 'A' &&
                               function[2] <= 'Z';
-  if (is_launch_stub(function, kernels) ||
-      (file.empty() && (upper_after_cuda || upper_after_cu || function.starts_with("__cuda") ||
-                        function.starts_with("__cudart") || function.starts_with("libcudart") ||
-                        in_scope(function, "cudart::")))) {
+  if (upper_after_cuda || upper_after_cu || function.starts_with("__cuda") || function.starts_with("__cudart") ||
+      function.starts_with("libcudart") || in_scope(function, "cudart::")) {
     return FrameOwner::cuda;
   }
-  if (file.ends_with(".stub.c") || contains_path(file, "/crt/host_runtime.h") ||
-      contains_path(file, "/cuda_runtime.h") || contains_path(file, "/crt/device_functions.h")) {
-    return FrameOwner::cuda;
-  }
-  if (contains_path(file, "/include/replay/") || in_scope(function, "replay::")) {
+  if (in_scope(function, "replay::")) {
     return FrameOwner::replay;
   }
-  if (contains_path(file, "/include/c++/") || contains_path(file, "/bits/") || in_scope(function, "std::") ||
-      in_scope(function, "__gnu_cxx::") || object.starts_with("libstdc++") || object.starts_with("libc.so") ||
-      object.starts_with("libc-") || object.starts_with("libpthread") || object.starts_with("libgcc_s") ||
-      object.starts_with("ld-linux") || function == "start_thread" || function == "clone" ||
-      function == "clone3" || function.starts_with("__libc_start")) {
+  if (in_scope(function, "std::") || in_scope(function, "__gnu_cxx::") || object.starts_with("libstdc++") ||
+      object.starts_with("libc.so") || object.starts_with("libc-") || object.starts_with("libpthread") ||
+      object.starts_with("libgcc_s") || object.starts_with("ld-linux") || function == "start_thread" ||
+      function == "clone" || function == "clone3" || function.starts_with("__libc_start") ||
+      function == "execute_native_thread_routine") {
     return FrameOwner::standard_library;
   }
-  if ((function.empty() || function == "??") && (file.empty() || file.starts_with("??"))) {
+  if (function.empty() || function == "??") {
     return FrameOwner::unknown;
   }
   return FrameOwner::user;
