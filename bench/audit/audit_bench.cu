@@ -85,20 +85,14 @@ bool skip_when_audit_on(benchmark::State& state) {
 // plain_us, audited_us (medians) and audited_over_plain (median of the pairs' ratios).
 template <class Audited, class Plain>
 void audited_against_plain(benchmark::State& state, Audited audited, Plain plain) {
-  std::vector<double> plain_s;
-  std::vector<double> audited_s;
-  std::vector<double> ratios;
-  AlternatingPair pair;
+  PairedSamples pairs;
   for (auto _ : state) {
-    const auto [audited_time, plain_time] = pair(audited, plain);
-    audited_s.push_back(audited_time);
-    plain_s.push_back(plain_time);
-    ratios.push_back(plain_time > 0.0 ? audited_time / plain_time : 0.0);
+    (void)pairs.time(audited, plain);
     state.SetIterationTime(0.0);
   }
-  state.counters["plain_us"] = median(plain_s) * 1e6;
-  state.counters["audited_us"] = median(audited_s) * 1e6;
-  state.counters["audited_over_plain"] = median(ratios);
+  state.counters["plain_us"] = pairs.baseline_median() * 1e6;
+  state.counters["audited_us"] = pairs.measured_median() * 1e6;
+  state.counters["audited_over_plain"] = pairs.ratio_median();
 }
 
 // A plain replay::capture of the chain (audit off), in seconds.
@@ -159,9 +153,6 @@ void launch_subscribed(benchmark::State& state) {
   replay::DeviceBuffer<float> x(kElements);
   constexpr int burst = 64;
   std::optional<replay::CaptureAudit> audit;
-  std::vector<double> alone_s;
-  std::vector<double> subscribed_s;
-  std::vector<double> ratios;
   auto burst_of = [&] {
     const auto start = std::chrono::steady_clock::now();
     for (int b = 0; b < burst; ++b) {
@@ -171,9 +162,9 @@ void launch_subscribed(benchmark::State& state) {
     stream.synchronize();
     return s / burst;
   };
-  AlternatingPair pair;
+  PairedSamples pairs;
   for (auto _ : state) {
-    const auto [subscribed_time, alone_time] = pair(
+    (void)pairs.time(
         [&] {
           audit.emplace();
           const double s = burst_of();
@@ -181,14 +172,11 @@ void launch_subscribed(benchmark::State& state) {
           return s;
         },
         burst_of);
-    subscribed_s.push_back(subscribed_time);
-    alone_s.push_back(alone_time);
-    ratios.push_back(alone_time > 0.0 ? subscribed_time / alone_time : 0.0);
     state.SetIterationTime(0.0);
   }
-  state.counters["alone_ns"] = median(alone_s) * 1e9;
-  state.counters["subscribed_ns"] = median(subscribed_s) * 1e9;
-  state.counters["subscribed_over_alone"] = median(ratios);
+  state.counters["alone_ns"] = pairs.baseline_median() * 1e9;
+  state.counters["subscribed_ns"] = pairs.measured_median() * 1e9;
+  state.counters["subscribed_over_alone"] = pairs.ratio_median();
 }
 
 // `run()` (seconds for `per_run` operations) with the audit linked but off,
@@ -196,23 +184,17 @@ void launch_subscribed(benchmark::State& state) {
 // (per operation, medians) and linked_over_absent (median of the pairs' ratios).
 template <class Run>
 void linked_against_absent(benchmark::State& state, int per_run, Run run) {
-  std::vector<double> ratios;
-  std::vector<double> linked_s;
-  std::vector<double> absent_s;
-  AlternatingPair pair;
+  PairedSamples pairs;
   for (auto _ : state) {
-    const auto [linked_time, absent_time] = pair(run, [&] {
+    (void)pairs.time(run, [&] {
       const WithoutAuditHook without;
       return run();
     });
-    linked_s.push_back(linked_time);
-    absent_s.push_back(absent_time);
-    ratios.push_back(absent_time > 0.0 ? linked_time / absent_time : 0.0);
     state.SetIterationTime(0.0);
   }
-  state.counters["linked_ns"] = median(linked_s) / per_run * 1e9;
-  state.counters["absent_ns"] = median(absent_s) / per_run * 1e9;
-  state.counters["linked_over_absent"] = median(ratios);
+  state.counters["linked_ns"] = pairs.measured_median() / per_run * 1e9;
+  state.counters["absent_ns"] = pairs.baseline_median() / per_run * 1e9;
+  state.counters["linked_over_absent"] = pairs.ratio_median();
 }
 
 void capture_off_paired(benchmark::State& state) {
