@@ -142,6 +142,13 @@ else()
                       ARGS "${_pkg_common}|-DCMAKE_PREFIX_PATH=${_pkg_prefix}|-DREPLAY_CASE=optional_torch")
 endif()
 
+if(TARGET replay_audit)
+  # The capture audit was built (the toolkit has CUPTI): it must load, link
+  # CUPTI and, with a GPU, audit a clean capture.
+  replay_package_test(NAME audit_component SOURCE ${_pkg_src}/audit NEEDS_INSTALL RUN audit_consumer
+                      ARGS "${_pkg_common}|${_pkg_cuda}|-DCMAKE_PREFIX_PATH=${_pkg_prefix}")
+endif()
+
 if(TARGET replay_nccl)
   # The NCCL component was built: it must load, find NCCL and link it.
   replay_package_test(NAME nccl_component SOURCE ${_pkg_src}/nccl NEEDS_INSTALL RUN nccl_consumer
