@@ -180,9 +180,10 @@ class GraphBuilder {
     requires ::std::invocable<::std::decay_t<F>&> && ::std::move_constructible<::std::decay_t<F>>
   HostNode add_host(F&& fn, const Deps& deps = {}, ::std::source_location where = ::std::source_location::current());
 
-  // A node running a copy of `child` (a captured section, say). CUDA refuses
-  // child graphs holding conditional or memory nodes; so does this, by name.
-  ChildGraphNode add_child(const Graph& child, const Deps& deps = {},
+  // A node running a copy of `child` (a captured section, say: a Graph, or a
+  // graph owned elsewhere, such as torch's). CUDA refuses child graphs holding
+  // conditional or memory nodes; so does this, by name.
+  ChildGraphNode add_child(GraphRef child, const Deps& deps = {},
                            ::std::source_location where = ::std::source_location::current());
 
   // Records `event` when the node runs. The event must outlive the launches.

@@ -28,7 +28,7 @@ class ChildGraphNode : public Node {
   }
 
   // Runs `graph` (same topology, new parameters) as this child in `exec`.
-  void set_graph(GraphExec& exec, const Graph& graph,
+  void set_graph(GraphExec& exec, GraphRef graph,
                  ::std::source_location where = ::std::source_location::current()) const {
     detail::check_node(::cudaGraphExecChildGraphNodeSetParams(exec.handle(where), handle(where), graph.handle(where)),
                        "cudaGraphExecChildGraphNodeSetParams", get(), "updating", where);

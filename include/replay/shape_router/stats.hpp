@@ -88,7 +88,9 @@ struct GraphMemory {
   // Device memory this graph added where it lives: for CudaGraphBackend the
   // growth of the stream's device graph memory pool (reserved bytes) while it
   // was instantiated and uploaded; for TorchGraphBackend the growth of the
-  // private pool's segments while it was captured. Not device-wide free
+  // private pool's segments while it was captured (with a graph wrapper,
+  // plus the device graph pool's growth while the wrapper's graph was
+  // instantiated and uploaded). Not device-wide free
   // memory: other threads' allocations are not charged to it. 0 when the
   // graph fitted in what the pool already held, or where not measured.
   ::std::size_t footprint_bytes = 0;

@@ -5,6 +5,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -21,7 +22,11 @@
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/event.hpp"
+#include "replay/flags.hpp"
+#include "replay/graph.hpp"
+#include "replay/graph_exec.hpp"
 #include "replay/shape_router/backend.hpp"
+#include "replay/shape_router/graph_memory.hpp"
 #include "replay/stream_ref.hpp"
 #include "replay/torch/capture_context.hpp"
 #include "replay/torch/detail/capture.hpp"
@@ -33,11 +38,34 @@ namespace replay {
 // One captured torch graph: the executable graph, and the static outputs its
 // replays write (kept alive with it, dropped when the router evicts it).
 struct TorchGraphExec {
+  // The capture; it holds a reference on the pool the captured section's
+  // tensors live in.
   ::std::unique_ptr<detail::TorchCudaGraph> graph;
+  // What launch() launches: torch's executable graph, or wrapped_exec's.
   ::cudaGraphExec_t exec = nullptr;
   ::std::vector<::at::Tensor> outputs;
   bool uses_rng = false;
+  // With a graph wrapper (see TorchGraphWrapper): the graph it built around
+  // the captured section, kept for node handles the wrapper made. Declared
+  // after `graph`, whose pool memory the section reads and writes, so that it
+  // goes first.
+  Graph wrapped;
+  // With a graph wrapper: `wrapped` instantiated and uploaded (`exec` is its handle).
+  ::std::optional<GraphExec> wrapped_exec;
 };
+
+// Builds the graph a TorchGraphBackend instantiates and launches in place of
+// a captured torch section: `captured` is the section (torch's graph, owned
+// by the backend, alive during the call), `stream` the context's capture
+// stream, idle (for GraphBuilder::capture of work of your own; not for torch
+// work, whose allocations would bypass the context's pool). Typically the
+// section becomes a child node (GraphBuilder::add_child, which copies it) in
+// the body of a WHILE node, so that one launch runs it several times.
+// Called once per capture (recaptures included), right after the section was
+// captured, on the capturing thread with the context's capture lock held:
+// work that records which key it is capturing can tell the wrapper. What it
+// throws makes the capture fail (capture_failed_error, naming the wrapper).
+using TorchGraphWrapper = ::std::function<Graph(GraphRef captured, StreamRef stream)>;
 
 // ShapeRouter backend for torch work, captured the way torch.cuda.graph does:
 // through at::cuda::CUDAGraph on the context's capture stream, which is also
@@ -49,6 +77,12 @@ struct TorchGraphExec {
 // capture_interrupted_error when something outside the work broke it (the
 // router retries), capture_failed_error otherwise (the key is marked eager).
 //
+// With a graph wrapper (TorchGraphWrapper) the graph launched for a key is
+// the wrapper's, built around the captured section; without one (the
+// default) it is the section itself, as torch.cuda.graph makes it. A key run
+// eagerly (warm-up, failed capture) runs the work once, as issued: tell the
+// two apart by Route::graph().
+//
 // Threads: captures of one context are serialized (they share its capture
 // stream and pool); the device's default CUDA generator is not put into
 // capture mode unless the context asks for it (see TorchCaptureContext), so
@@ -58,10 +92,16 @@ class TorchGraphBackend {
   using stream_type = StreamRef;
   using exec_type = TorchGraphExec;
 
-  explicit TorchGraphBackend(::std::shared_ptr<TorchCaptureContext> context)
-      : context_(::std::move(context)), order_(::std::make_shared<Order>()) {}
+  // `wrapper`: empty (the default), each key's graph is the captured section.
+  explicit TorchGraphBackend(::std::shared_ptr<TorchCaptureContext> context, TorchGraphWrapper wrapper = {},
+                             ::std::source_location where = ::std::source_location::current())
+      : context_(checked_context(::std::move(context), where)),
+        wrapper_(::std::move(wrapper)),
+        order_(::std::make_shared<Order>()) {}
 
   const ::std::shared_ptr<TorchCaptureContext>& context() const noexcept { return context_; }
+  // True when constructed with a graph wrapper.
+  bool wraps_graphs() const noexcept { return static_cast<bool>(wrapper_); }
 
   // Captures what issue(capture stream) issues. The capture stream is first
   // ordered after `stream` (an event, not a device-wide synchronization: that
@@ -99,7 +139,8 @@ class TorchGraphBackend {
     ::std::unique_ptr<detail::CaptureObservation> observation =
         detail::observe_capture(AuditSwitch::from_environment, where);
     TorchGraphExec exec;
-    exec.graph = ::std::make_unique<detail::TorchCudaGraph>();
+    // With a wrapper, torch keeps the captured graph and never instantiates it.
+    exec.graph = ::std::make_unique<detail::TorchCudaGraph>(/*keep_graph=*/wraps_graphs());
     const int uses_before = detail::TorchCudaGraph::pool_use_count(device, ctx.pool());
     const ::std::size_t reserved_before = ctx.pool_reserved_bytes();
     ctx.note_capture();
@@ -178,16 +219,22 @@ class TorchGraphBackend {
     generators_exclusive = {};
     generators_shared = {};
     exec.outputs = ctx.take_outputs();
-    exec.exec = exec.graph->raw_cuda_graph_exec();
     exec.uses_rng = exec.graph->uses_rng();
-    // Uploaded now, so that the first replay in the serving path pays no upload.
-    check(::cudaGraphUpload(exec.exec, side.get()), "cudaGraphUpload", where);
-    check(::cudaStreamSynchronize(side.get()), "cudaStreamSynchronize", where);
     GraphMemory memory;
+    // Whatever throws from here leaves a finished capture: destroying `exec`
+    // gives its pool reference back (CUDAGraph::reset()).
+    if (wraps_graphs()) {
+      wrap(exec, memory, side, where);  // instantiated and uploaded
+    } else {
+      exec.exec = exec.graph->raw_cuda_graph_exec();
+      // Uploaded now, so that the first replay in the serving path pays no upload.
+      check(::cudaGraphUpload(exec.exec, side.get()), "cudaGraphUpload", where);
+    }
+    check(::cudaStreamSynchronize(side.get()), "cudaStreamSynchronize", where);
     // What this graph added to the private pool (other threads' allocations
     // go to other pools and are not counted).
     const ::std::size_t reserved_after = ctx.pool_reserved_bytes();
-    memory.footprint_bytes = reserved_after > reserved_before ? reserved_after - reserved_before : 0;
+    memory.footprint_bytes += reserved_after > reserved_before ? reserved_after - reserved_before : 0;
     return CapturedGraph<TorchGraphExec>{::std::move(exec), memory};
   }
 
@@ -218,8 +265,18 @@ class TorchGraphBackend {
     return RecaptureResult{UpdatePath::reinstantiated, fresh.memory};
   }
 
-  // One cudaGraphLaunch on `stream`; through CUDAGraph::replay() (which
-  // advances the generators first) when the capture drew random numbers.
+  // Gives back the device graph-pool memory that no live graph uses
+  // (cudaDeviceGraphMemTrim): the memory nodes of wrapped graphs the router
+  // evicted. Nothing to do without a wrapper.
+  void trim(::std::source_location /*where*/ = ::std::source_location::current()) noexcept {
+    if (wraps_graphs()) {
+      (void)detail::succeeded(::cudaDeviceGraphMemTrim(static_cast<int>(context_->device().index())));
+    }
+  }
+
+  // One cudaGraphLaunch on `stream` (of the wrapper's graph, where there is
+  // one); through CUDAGraph::replay() (which advances the generators first)
+  // when the capture drew random numbers.
   void launch(const TorchGraphExec& exec, StreamRef stream,
               ::std::source_location where = ::std::source_location::current()) const {
     if (exec.uses_rng) [[unlikely]] {
@@ -233,7 +290,62 @@ class TorchGraphBackend {
   }
 
  private:
+  static ::std::shared_ptr<TorchCaptureContext> checked_context(::std::shared_ptr<TorchCaptureContext> context,
+                                                                const ::std::source_location& where) {
+    if (!context) {
+      throw usage_error("TorchGraphBackend: no TorchCaptureContext (a null pointer)", where);
+    }
+    return context;
+  }
+
+  // Hands the captured section to the wrapper, then instantiates (with
+  // InstantiateFlags::use_node_priority, as torch instantiates a section) and
+  // uploads the graph it returns; `memory` gets that graph's allocation
+  // nodes and the device graph pool's growth.
+  void wrap(TorchGraphExec& exec, GraphMemory& memory, StreamRef side, const ::std::source_location& where) const {
+    if (exec.uses_rng) {
+      // CUDAGraph::replay() moves a generator's offset on once per launch;
+      // every run of the section inside one launch would draw the same numbers.
+      throw usage_error("TorchGraphBackend: the captured work draws random numbers from a registered generator, "
+                        "which a graph wrapper cannot serve: the generator advances once per launch, so every run "
+                        "of the section inside the wrapper's graph would repeat the same numbers; draw them outside "
+                        "the wrapped work, or use a backend without a wrapper",
+                        where);
+    }
+    Graph wrapped;
+    try {
+      wrapped = wrapper_(GraphRef(exec.graph->raw_cuda_graph()), side);
+    } catch (...) {
+      throw capture_failed_error(detail::concat("replay: TorchGraphBackend's graph wrapper failed: ",
+                                                detail::describe_torch_exception(), " (capture begun at ",
+                                                replay::to_string(where), ")"));
+    }
+    if (!wrapped) {
+      throw capture_failed_error(detail::concat("replay: TorchGraphBackend's graph wrapper returned an empty Graph "
+                                                "(capture begun at ",
+                                                replay::to_string(where), ")"));
+    }
+    const int device = static_cast<int>(context_->device().index());
+    memory.alloc_bytes = graph_alloc_bytes(wrapped, where);
+    const ::std::size_t graph_pool_before = graph_pool_memory(device, where).reserved;
+    try {
+      exec.wrapped_exec.emplace(wrapped, InstantiateFlags::use_node_priority | InstantiateFlags::upload, side, where);
+    } catch (const cuda_error& e) {
+      if (e.status() == ::cudaErrorMemoryAllocation) {
+        throw capture_interrupted_error(e.what());
+      }
+      throw capture_failed_error(
+          detail::concat("replay: instantiating the graph TorchGraphBackend's graph wrapper returned failed: ",
+                         e.what()));
+    }
+    const ::std::size_t graph_pool_after = graph_pool_memory(device, where).reserved;
+    memory.footprint_bytes = graph_pool_after > graph_pool_before ? graph_pool_after - graph_pool_before : 0;
+    exec.wrapped = ::std::move(wrapped);
+    exec.exec = exec.wrapped_exec->get();
+  }
+
   ::std::shared_ptr<TorchCaptureContext> context_;
+  TorchGraphWrapper wrapper_;
   EventRef order_event(const ::std::source_location& where) {
     const ::std::lock_guard<::std::mutex> lock(order_->mutex);
     if (!order_->event.has_value()) {
@@ -251,5 +363,6 @@ class TorchGraphBackend {
 
 static_assert(GraphBackend<TorchGraphBackend>);
 static_assert(OrdersStreams<TorchGraphBackend>);
+static_assert(TrimsMemory<TorchGraphBackend>);
 
 }  // namespace replay

@@ -49,7 +49,7 @@ HostNode GraphBuilder::add_host(F&& fn, const Deps& deps, ::std::source_location
   return HostNode(node, ::std::move(failure));
 }
 
-inline ChildGraphNode GraphBuilder::add_child(const Graph& child, const Deps& deps, ::std::source_location where) {
+inline ChildGraphNode GraphBuilder::add_child(GraphRef child, const Deps& deps, ::std::source_location where) {
   prepare(NodeType::child_graph, deps, "add_child", where);
   const auto nodes = detail::graph_nodes(child.handle(where), where);
   if (::cudaGraphNode_t bad = detail::find_node(

@@ -44,9 +44,16 @@ namespace replay::detail {
 // capture that fails half-way (capture_end throws before it ends the
 // allocator's routing, so the next capture into the same pool would be
 // refused), which abandon_capture() does.
+//
+// keep_graph: false (torch.cuda.graph's way), capture_end() instantiates the
+// graph and destroys the cudaGraph_t; true, capture_end() only ends the
+// capture and the cudaGraph_t stays (raw_cuda_graph()) until the destructor,
+// which destroys it and gives back the pool reference like any other
+// (CUDAGraph::reset()): a graph wrapper (TorchGraphBackend) instantiates a
+// graph of its own around it, and torch's executable graph is never made.
 class TorchCudaGraph : public ::at::cuda::CUDAGraph {
  public:
-  TorchCudaGraph() : ::at::cuda::CUDAGraph(/*keep_graph=*/false) {}
+  explicit TorchCudaGraph(bool keep_graph = false) : ::at::cuda::CUDAGraph(keep_graph) {}
 
   // True when a registered generator was drawn from during the capture: the
   // replay must then go through CUDAGraph::replay(), which advances it.
@@ -239,16 +246,20 @@ inline bool capture_was_interrupted() noexcept {
   }
 }
 
-// The message of a failed capture, without c10's backtrace.
-inline ::std::string describe_capture_failure() {
-  ::std::string reason;
+// Inside a catch block: what was thrown, without c10's backtrace.
+inline ::std::string describe_torch_exception() {
   try {
     throw;
   } catch (const ::c10::Error& e) {
-    reason = e.what_without_backtrace();
+    return e.what_without_backtrace();
   } catch (...) {
-    reason = describe_current_exception();
+    return describe_current_exception();
   }
+}
+
+// The message of a failed capture, without c10's backtrace.
+inline ::std::string describe_capture_failure() {
+  const ::std::string reason = describe_torch_exception();
   ::std::string out = detail::concat("capturing the torch callable failed: ", reason);
   if (reason.find("not in capture mode") != ::std::string::npos) {
     out += "; the callable draws random numbers from the device's default CUDA generator, which is not put into "
