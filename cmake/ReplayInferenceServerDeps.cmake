@@ -8,6 +8,16 @@
 # and a message says which are missing.
 include(${CMAKE_CURRENT_LIST_DIR}/ReplayHttplib.cmake)
 
+# replay_find_nlohmann_json(): the target nlohmann_json::nlohmann_json, found
+# GLOBAL (the examples and the tests, other directories, see the same one),
+# or no target. Also used by examples/llm_decode (cmake/ReplayLlmDecode.cmake).
+# Sets nlohmann_json_VERSION in the caller.
+function(replay_find_nlohmann_json)
+  # A second call finds the targets already there and defines nothing anew.
+  find_package(nlohmann_json 3.9 CONFIG QUIET GLOBAL)
+  set(nlohmann_json_VERSION ${nlohmann_json_VERSION} PARENT_SCOPE)
+endfunction()
+
 function(replay_find_inference_server_deps)
   get_property(checked GLOBAL PROPERTY REPLAY_INFERENCE_SERVER_DEPS_CHECKED)
   if(checked)
@@ -16,13 +26,13 @@ function(replay_find_inference_server_deps)
   set_property(GLOBAL PROPERTY REPLAY_INFERENCE_SERVER_DEPS_CHECKED TRUE)
   replay_find_httplib()
   # GLOBAL: the example and the tests (another directory) see the same targets.
-  find_package(nlohmann_json 3.9 CONFIG QUIET GLOBAL)
+  replay_find_nlohmann_json()
   find_package(CLI11 2.0 CONFIG QUIET GLOBAL)
   set(missing)
   if(NOT TARGET replay_httplib)
     list(APPEND missing "cpp-httplib (libcpp-httplib-dev)")
   endif()
-  if(NOT nlohmann_json_FOUND)
+  if(NOT TARGET nlohmann_json::nlohmann_json)
     list(APPEND missing "nlohmann_json >= 3.9 (nlohmann-json3-dev)")
   endif()
   if(NOT CLI11_FOUND)

@@ -1,0 +1,566 @@
+#pragma once
+// A Llama-style decoder written with ATen operators, with the math of Hugging
+// Face's LlamaForCausalLM (eager attention) step for step: the same operator
+// order and dtypes (rmsnorm and softmax in float32, everything else in the
+// model dtype), so that a model saved here loads into Hugging Face and gives
+// the same tokens. Two things differ in form, not in math: q/k/v and
+// gate/up are each one matrix (rows concatenated at load: two matrix products
+// per layer fewer), and grouped-query attention folds a key/value head's
+// query group into one matrix product instead of repeating the keys.
+//
+// decode() is the step a CUDA graph captures: it reads only tensor sizes on
+// the host, never values, and indexes everything it needs (rotary tables,
+// the position mask) on the device.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "config.hpp"
+#include "kv_cache.hpp"
+
+namespace llm_decode {
+
+// The name of a weight in Hugging Face's LlamaForCausalLM state dict and its shape.
+struct WeightShape {
+  std::string name;
+  std::vector<std::int64_t> shape;
+};
+
+namespace detail {
+
+inline std::string layer_weight(std::int64_t layer, std::string_view rest) {
+  return "model.layers." + std::to_string(layer) + "." + std::string(rest);
+}
+
+[[noreturn]] inline void invalid(const std::string& message) { throw std::invalid_argument("llm_decode: " + message); }
+
+inline std::string sizes_text(at::IntArrayRef sizes) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    text += (i == 0 ? "" : ", ") + std::to_string(sizes[i]);
+  }
+  return text + "]";
+}
+
+// config.json's torch_dtype for the dtypes a model may hold.
+inline std::string_view dtype_name(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kFloat:
+      return "float32";
+    default:
+      invalid(std::string("the model dtype must be float16, bfloat16 or float32, not ") + c10::toString(dtype));
+  }
+}
+
+// Hugging Face's LlamaRMSNorm: the statistics in float32 whatever the model
+// dtype, the scale applied after casting back.
+inline at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor h = x.to(at::kFloat);
+  const at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * at::rsqrt(variance + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+// Hugging Face's rotate_half and apply_rotary_pos_emb (the half-split form,
+// not the interleaved one of the original Llama code).
+inline at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const std::int64_t half = x.size(-1) / 2;
+  const at::Tensor rotated = at::cat({at::neg(x.narrow(-1, half, half)), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+// torch::pickle_save's archive (what Python's torch.save writes), but with
+// the dict left untagged: pickle_save tags every dict with its TorchScript
+// type (torch.jit._pickle.restore_type_tag), which Python's torch.load
+// refuses by default (weights_only=True) — an untagged dict of tensors it
+// loads as it is. torch::pickle_load reads either.
+inline std::vector<char> pickle_untagged(const c10::IValue& value) {
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler([&](const char* bytes, std::size_t size) { pickled.insert(pickled.end(), bytes, bytes + size); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, std::size_t size) {
+    const char* begin = static_cast<const char*>(bytes);
+    archive.insert(archive.end(), begin, begin + size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return archive;
+}
+
+inline std::vector<char> read_binary_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw std::runtime_error("llm_decode: cannot open " + path.string());
+  }
+  return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+}  // namespace detail
+
+// Every weight of a model of this shape, in Hugging Face's names and in the
+// order random() draws them (embedding; per layer q, k, v, o, gate, up, down
+// and the two norms; the final norm; lm_head when untied).
+inline std::vector<WeightShape> weight_shapes(const LlamaConfig& config) {
+  config.validate();
+  const std::int64_t hidden = config.hidden_size;
+  const std::int64_t head_dim = config.head_dim();
+  std::vector<WeightShape> shapes;
+  shapes.push_back({"model.embed_tokens.weight", {config.vocab_size, hidden}});
+  for (std::int64_t layer = 0; layer < config.num_layers; ++layer) {
+    shapes.push_back({detail::layer_weight(layer, "self_attn.q_proj.weight"), {config.num_heads * head_dim, hidden}});
+    shapes.push_back({detail::layer_weight(layer, "self_attn.k_proj.weight"), {config.num_kv_heads * head_dim, hidden}});
+    shapes.push_back({detail::layer_weight(layer, "self_attn.v_proj.weight"), {config.num_kv_heads * head_dim, hidden}});
+    shapes.push_back({detail::layer_weight(layer, "self_attn.o_proj.weight"), {hidden, config.num_heads * head_dim}});
+    shapes.push_back({detail::layer_weight(layer, "mlp.gate_proj.weight"), {config.intermediate_size, hidden}});
+    shapes.push_back({detail::layer_weight(layer, "mlp.up_proj.weight"), {config.intermediate_size, hidden}});
+    shapes.push_back({detail::layer_weight(layer, "mlp.down_proj.weight"), {hidden, config.intermediate_size}});
+    shapes.push_back({detail::layer_weight(layer, "input_layernorm.weight"), {hidden}});
+    shapes.push_back({detail::layer_weight(layer, "post_attention_layernorm.weight"), {hidden}});
+  }
+  shapes.push_back({"model.norm.weight", {hidden}});
+  if (!config.tie_embeddings) {
+    shapes.push_back({"lm_head.weight", {config.vocab_size, hidden}});
+  }
+  return shapes;
+}
+
+class LlamaModel {
+ public:
+  using StateDict = c10::Dict<std::string, at::Tensor>;
+
+  // Random weights that every machine draws alike: normal(0, 0.02) matrices
+  // drawn in float32 on the CPU from a generator seeded with `seed`, in the
+  // order of weight_shapes(), then cast and moved; norms are 1. (The same
+  // draws in Python: g = torch.Generator().manual_seed(seed), then
+  // torch.empty(shape).normal_(0, 0.02, generator=g) per matrix in that order.)
+  static LlamaModel random(const LlamaConfig& config, std::uint64_t seed, at::Device device,
+                           at::ScalarType dtype = at::kHalf) {
+    (void)detail::dtype_name(dtype);
+    at::Generator generator = at::detail::createCPUGenerator(seed);
+    StateDict weights;
+    for (const WeightShape& weight : weight_shapes(config)) {
+      // Cast on the CPU at once, so that a 1B model never holds all of its float32 draws.
+      const at::Tensor value = weight.shape.size() == 1
+                                   ? at::ones(weight.shape, at::kFloat)
+                                   : at::empty(weight.shape, at::kFloat).normal_(0.0, 0.02, generator);
+      weights.insert(weight.name, value.to(dtype));
+    }
+    return from_state_dict(config, weights, device, dtype);
+  }
+
+  // Builds the model from Hugging Face named weights (any device and floating
+  // dtype; cast and moved here). Every name of weight_shapes() must be there
+  // with its shape; any other name is refused, except lm_head.weight of a tied
+  // model (a Python state_dict() lists it), which is ignored.
+  static LlamaModel from_state_dict(const LlamaConfig& config, const StateDict& weights, at::Device device,
+                                    at::ScalarType dtype = at::kHalf) {
+    return LlamaModel(config, weights, device, dtype);
+  }
+
+  // Reads config.json and weights.pt (save(), or Python's torch.save of a
+  // plain dict of tensors with Hugging Face's names) from `dir`.
+  static LlamaModel load(const std::filesystem::path& dir, at::Device device, at::ScalarType dtype = at::kHalf) {
+    const LlamaConfig config = read_config(dir / "config.json");
+    const std::filesystem::path weights_path = dir / "weights.pt";
+    c10::IValue loaded;
+    try {
+      loaded = torch::pickle_load(detail::read_binary_file(weights_path));
+    } catch (const c10::Error& e) {
+      // Python's state_dict() is an OrderedDict with metadata, which the C++ unpickler cannot rebuild.
+      detail::invalid(weights_path.string() + " cannot be read by torch::pickle_load (" + e.what_without_backtrace() +
+                      "); save a plain dict of tensors: torch.save(dict(model.state_dict()), path)");
+    }
+    if (!loaded.isGenericDict()) {
+      detail::invalid(weights_path.string() + " must hold a dict of tensors, not a " + loaded.tagKind());
+    }
+    StateDict weights;
+    for (const auto& entry : loaded.toGenericDict()) {
+      if (!entry.key().isString() || !entry.value().isTensor()) {
+        detail::invalid(weights_path.string() + " must map names to tensors; it holds a " + entry.key().tagKind() +
+                        " -> " + entry.value().tagKind() + " entry");
+      }
+      weights.insert(entry.key().toStringRef(), entry.value().toTensor());
+    }
+    return from_state_dict(config, weights, device, dtype);
+  }
+
+  // Writes config.json and weights.pt into `dir` (created if needed): the
+  // weights unfused, on the CPU, in the model dtype, under Hugging Face's
+  // names, so that Python's torch.load (weights_only, its default) gives a
+  // state dict LlamaForCausalLM accepts.
+  void save(const std::filesystem::path& dir) const {
+    std::filesystem::create_directories(dir);
+    write_config(config_, dir / "config.json", detail::dtype_name(dtype_));
+    const std::vector<char> bytes = detail::pickle_untagged(c10::IValue(state_dict()));
+    const std::filesystem::path weights_path = dir / "weights.pt";
+    std::ofstream out(weights_path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out.flush()) {
+      throw std::runtime_error("llm_decode: cannot write " + weights_path.string());
+    }
+  }
+
+  // The weights as Hugging Face names them, unfused: CPU copies in the model
+  // dtype, each owning its storage (not views into the fused matrices).
+  StateDict state_dict() const {
+    const std::int64_t head_dim = config_.head_dim();
+    const std::int64_t q_rows = config_.num_heads * head_dim;
+    const std::int64_t kv_rows = config_.num_kv_heads * head_dim;
+    const std::int64_t intermediate = config_.intermediate_size;
+    const auto cpu_copy = [](const at::Tensor& t) {
+      return t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    };
+    StateDict weights;
+    weights.insert("model.embed_tokens.weight", cpu_copy(embed_));
+    for (std::int64_t i = 0; i < config_.num_layers; ++i) {
+      const Layer& layer = layers_[static_cast<std::size_t>(i)];
+      weights.insert(detail::layer_weight(i, "self_attn.q_proj.weight"), cpu_copy(layer.qkv.narrow(0, 0, q_rows)));
+      weights.insert(detail::layer_weight(i, "self_attn.k_proj.weight"), cpu_copy(layer.qkv.narrow(0, q_rows, kv_rows)));
+      weights.insert(detail::layer_weight(i, "self_attn.v_proj.weight"),
+                     cpu_copy(layer.qkv.narrow(0, q_rows + kv_rows, kv_rows)));
+      weights.insert(detail::layer_weight(i, "self_attn.o_proj.weight"), cpu_copy(layer.o));
+      weights.insert(detail::layer_weight(i, "mlp.gate_proj.weight"), cpu_copy(layer.gate_up.narrow(0, 0, intermediate)));
+      weights.insert(detail::layer_weight(i, "mlp.up_proj.weight"),
+                     cpu_copy(layer.gate_up.narrow(0, intermediate, intermediate)));
+      weights.insert(detail::layer_weight(i, "mlp.down_proj.weight"), cpu_copy(layer.down));
+      weights.insert(detail::layer_weight(i, "input_layernorm.weight"), cpu_copy(layer.input_norm));
+      weights.insert(detail::layer_weight(i, "post_attention_layernorm.weight"), cpu_copy(layer.post_norm));
+    }
+    weights.insert("model.norm.weight", cpu_copy(norm_));
+    if (!config_.tie_embeddings) {
+      weights.insert("lm_head.weight", cpu_copy(lm_head_));
+    }
+    return weights;
+  }
+
+  const LlamaConfig& config() const { return config_; }
+  at::Device device() const { return device_; }
+  at::ScalarType dtype() const { return dtype_; }
+
+  // Prefill of one prompt: writes its keys/values into `slot` at positions
+  // 0..T-1 and returns the logits of its last position, [vocab] float32.
+  // `tokens`: int64 [T] on the model's device, 1 <= T <= max_len. Eager:
+  // the prompt length changes every call, so this is not the captured step.
+  at::Tensor prefill(KvCache& cache, std::int64_t slot, const at::Tensor& tokens) const {
+    check_cache(cache);
+    check_prompt(tokens);
+    if (slot < 0 || slot >= cache.slots()) {
+      detail::invalid("prefill slot " + std::to_string(slot) + " is out of range: the cache has slots 0.." +
+                      std::to_string(cache.slots() - 1) + " (slot " + std::to_string(cache.spare_slot()) +
+                      " is the spare one, for padding rows)");
+    }
+    const at::Tensor hidden = prompt_hidden(tokens, &cache, slot);
+    const at::Tensor last = hidden.narrow(0, hidden.size(0) - 1, 1);
+    return at::linear(detail::rms_norm(last, norm_, config_.rms_norm_eps), lm_head_).squeeze(0).to(at::kFloat);
+  }
+
+  // One decode step for B rows, capture-safe: no host synchronization, no
+  // host tensors, every allocation through torch's allocator, all on torch's
+  // current stream. Writes the keys/values of tokens[r] at (slots[r],
+  // positions[r]) and attends to positions 0..positions[r] of that slot,
+  // reading the cache only up to `context` (every positions[r] < context <=
+  // max_len: the graph of a context bucket reads no more than it needs).
+  // slots, positions, tokens: int64 [B] on the model's device. Returns the
+  // logits [B, vocab] in the model dtype. Only sizes are checked here (values
+  // would need a synchronization); check_decode_values() checks the values.
+  at::Tensor decode(KvCache& cache, const at::Tensor& slots, const at::Tensor& positions, const at::Tensor& tokens,
+                    std::int64_t context) const {
+    check_cache(cache);
+    check_rows(tokens, "tokens", -1);
+    const std::int64_t rows = tokens.size(0);
+    check_rows(slots, "slots", rows);
+    check_rows(positions, "positions", rows);
+    if (context < 1 || context > config_.max_len) {
+      detail::invalid("decode context " + std::to_string(context) + " must be in 1.." + std::to_string(config_.max_len) +
+                      " (max_position_embeddings)");
+    }
+    const std::int64_t heads = config_.num_heads;
+    const std::int64_t kv_heads = config_.num_kv_heads;
+    const std::int64_t head_dim = config_.head_dim();
+    const std::int64_t group = config_.group_size();
+
+    at::Tensor x = embed_.index_select(0, tokens);                   // [B, hidden]
+    const at::Tensor cos = cos_.index_select(0, positions).unsqueeze(1);  // [B, 1, head_dim]
+    const at::Tensor sin = sin_.index_select(0, positions).unsqueeze(1);
+    // Keys after a row's own position (older tokens of the slot's previous
+    // sequence, or nothing yet) are masked: [B, 1, 1, context].
+    const at::Tensor future =
+        at::gt(positions_.narrow(0, 0, context).unsqueeze(0), positions.unsqueeze(1)).view({rows, 1, 1, context});
+    c10::List<std::optional<at::Tensor>> write_at;
+    write_at.push_back(slots);
+    write_at.push_back(std::nullopt);  // every key/value head
+    write_at.push_back(positions);
+
+    for (std::int64_t i = 0; i < config_.num_layers; ++i) {
+      const Layer& layer = layers_[static_cast<std::size_t>(i)];
+      const at::Tensor qkv = at::linear(detail::rms_norm(x, layer.input_norm, config_.rms_norm_eps), layer.qkv);
+      const at::Tensor q = detail::apply_rotary(qkv.narrow(1, 0, heads * head_dim).view({rows, heads, head_dim}), cos, sin);
+      const at::Tensor k =
+          detail::apply_rotary(qkv.narrow(1, heads * head_dim, kv_heads * head_dim).view({rows, kv_heads, head_dim}), cos, sin);
+      const at::Tensor v = qkv.narrow(1, (heads + kv_heads) * head_dim, kv_heads * head_dim).view({rows, kv_heads, head_dim});
+      at::Tensor cache_k = cache.k.select(0, i);  // [slots + 1, kv_heads, max_len, head_dim]
+      at::Tensor cache_v = cache.v.select(0, i);
+      cache_k.index_put_(write_at, k);
+      cache_v.index_put_(write_at, v);
+      // Each row's slot, up to `context`: [B, kv_heads, context, head_dim].
+      const at::Tensor keys = cache_k.narrow(2, 0, context).index_select(0, slots);
+      const at::Tensor values = cache_v.narrow(2, 0, context).index_select(0, slots);
+      // A key/value head's `group` query heads are the rows of one product.
+      at::Tensor scores = at::matmul(q.view({rows, kv_heads, group, head_dim}), keys.transpose(2, 3)) * scale_;
+      scores.masked_fill_(future, -std::numeric_limits<double>::infinity());
+      const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(dtype_);
+      const at::Tensor attended = at::matmul(probs, values).view({rows, heads * head_dim});
+      x = x + at::linear(attended, layer.o);
+      x = x + mlp(detail::rms_norm(x, layer.post_norm, config_.rms_norm_eps), layer);
+    }
+    return at::linear(detail::rms_norm(x, norm_, config_.rms_norm_eps), lm_head_);
+  }
+
+  // The value checks decode() leaves out: slots in 0..spare_slot(), positions
+  // in 0..context-1, tokens in 0..vocab_size-1. Reads the values, so it
+  // synchronizes with the device; for tests and debugging, never inside a capture.
+  void check_decode_values(const KvCache& cache, const at::Tensor& slots, const at::Tensor& positions,
+                           const at::Tensor& tokens, std::int64_t context) const {
+    check_cache(cache);
+    check_rows(tokens, "tokens", -1);
+    check_rows(slots, "slots", tokens.size(0));
+    check_rows(positions, "positions", tokens.size(0));
+    const auto check_range = [](const at::Tensor& values, const char* name, std::int64_t end, const char* bound) {
+      const at::Tensor host = values.to(at::kCPU).contiguous();
+      const std::int64_t* data = host.data_ptr<std::int64_t>();
+      for (std::int64_t r = 0; r < host.numel(); ++r) {
+        if (data[r] < 0 || data[r] >= end) {
+          detail::invalid(std::string("decode ") + name + "[" + std::to_string(r) + "] = " + std::to_string(data[r]) +
+                          " is out of range: it must be in 0.." + std::to_string(end - 1) + " (" + bound + ")");
+        }
+      }
+    };
+    check_range(slots, "slots", cache.spare_slot() + 1, "the spare slot included");
+    check_range(positions, "positions", context, "below the context");
+    check_range(tokens, "tokens", config_.vocab_size, "vocab_size");
+  }
+
+  // The logits of every position of `tokens` [T] under full causal attention,
+  // without a cache: [T, vocab] float32. The reference that prefill and
+  // decode are tested against (and what Hugging Face computes for a prompt).
+  at::Tensor forward_full(const at::Tensor& tokens) const {
+    check_prompt(tokens);
+    const at::Tensor hidden = prompt_hidden(tokens, nullptr, 0);
+    return at::linear(detail::rms_norm(hidden, norm_, config_.rms_norm_eps), lm_head_).to(at::kFloat);
+  }
+
+ private:
+  struct Layer {
+    at::Tensor input_norm;  // [hidden]
+    at::Tensor qkv;         // [(heads + 2 kv_heads) head_dim, hidden]: q_proj, k_proj, v_proj rows
+    at::Tensor o;           // [hidden, heads head_dim]
+    at::Tensor post_norm;   // [hidden]
+    at::Tensor gate_up;     // [2 intermediate, hidden]: gate_proj, up_proj rows
+    at::Tensor down;        // [hidden, intermediate]
+  };
+
+  LlamaModel(const LlamaConfig& config, const StateDict& weights, at::Device device, at::ScalarType dtype)
+      : config_(config), device_(device), dtype_(dtype) {
+    (void)detail::dtype_name(dtype);
+    const std::vector<WeightShape> shapes = weight_shapes(config);
+    for (const auto& entry : weights) {
+      const bool known = std::any_of(shapes.begin(), shapes.end(),
+                                     [&](const WeightShape& s) { return s.name == entry.key(); });
+      if (!known && !(config.tie_embeddings && entry.key() == "lm_head.weight")) {
+        detail::invalid("unexpected weight \"" + entry.key() + "\" (not part of a model of this config)");
+      }
+    }
+    const at::TensorOptions options = at::TensorOptions().device(device).dtype(dtype);
+    const auto take = [&](const std::string& name) {
+      const auto found = weights.find(name);
+      if (found == weights.end()) {
+        detail::invalid("weight \"" + name + "\" is missing");
+      }
+      const at::Tensor& value = found->value();
+      const auto expected = std::find_if(shapes.begin(), shapes.end(), [&](const WeightShape& s) { return s.name == name; });
+      if (value.sizes() != at::IntArrayRef(expected->shape)) {
+        detail::invalid("weight \"" + name + "\" has shape " + detail::sizes_text(value.sizes()) + ", the config needs " +
+                        detail::sizes_text(expected->shape));
+      }
+      if (!at::isFloatingType(value.scalar_type())) {
+        detail::invalid("weight \"" + name + "\" must be floating point, not " + c10::toString(value.scalar_type()));
+      }
+      return value.to(options).contiguous();
+    };
+    embed_ = take("model.embed_tokens.weight");
+    device_ = embed_.device();  // "cuda" becomes "cuda:<current>": inputs are compared against it
+    for (std::int64_t i = 0; i < config.num_layers; ++i) {
+      const auto name = [&](std::string_view rest) { return detail::layer_weight(i, rest); };
+      Layer layer;
+      layer.input_norm = take(name("input_layernorm.weight"));
+      layer.qkv = at::cat({take(name("self_attn.q_proj.weight")), take(name("self_attn.k_proj.weight")),
+                           take(name("self_attn.v_proj.weight"))},
+                          0);
+      layer.o = take(name("self_attn.o_proj.weight"));
+      layer.post_norm = take(name("post_attention_layernorm.weight"));
+      layer.gate_up = at::cat({take(name("mlp.gate_proj.weight")), take(name("mlp.up_proj.weight"))}, 0);
+      layer.down = take(name("mlp.down_proj.weight"));
+      layers_.push_back(std::move(layer));
+    }
+    norm_ = take("model.norm.weight");
+    lm_head_ = config.tie_embeddings ? embed_ : take("lm_head.weight");
+
+    // Rotary tables as LlamaRotaryEmbedding computes them: inv_freq in
+    // float32 on the CPU (where Hugging Face builds it, at construction),
+    // position * inv_freq and cos/sin in float32 on the model's device, then
+    // cast to the model dtype.
+    const std::int64_t head_dim = config.head_dim();
+    const at::Tensor inv_freq =
+        at::reciprocal(at::pow(config.rope_theta, at::arange(0, head_dim, 2, at::kLong).to(at::kFloat) / head_dim));
+    const at::Tensor freqs = at::arange(config.max_len, at::TensorOptions().device(device_).dtype(at::kFloat)).unsqueeze(1) *
+                             inv_freq.to(device_).unsqueeze(0);
+    const at::Tensor angles = at::cat({freqs, freqs}, -1);  // [max_len, head_dim]
+    cos_ = angles.cos().to(dtype);
+    sin_ = angles.sin().to(dtype);
+    positions_ = at::arange(config.max_len, at::TensorOptions().device(device_).dtype(at::kLong));
+    scale_ = std::pow(static_cast<double>(head_dim), -0.5);  // Python's head_dim**-0.5
+  }
+
+  // gate/up in one product, then down_proj(silu(gate) * up).
+  at::Tensor mlp(const at::Tensor& h, const Layer& layer) const {
+    const std::int64_t intermediate = config_.intermediate_size;
+    const at::Tensor gate_up = at::linear(h, layer.gate_up);
+    return at::linear(at::silu(gate_up.narrow(-1, 0, intermediate)) * gate_up.narrow(-1, intermediate, intermediate),
+                      layer.down);
+  }
+
+  // The hidden states [T, hidden] of a prompt before the final norm, with
+  // causal attention over the prompt itself; its keys/values also go into
+  // `cache` at `slot`, positions 0..T-1, when a cache is given.
+  at::Tensor prompt_hidden(const at::Tensor& tokens, KvCache* cache, std::int64_t slot) const {
+    const std::int64_t length = tokens.size(0);
+    const std::int64_t heads = config_.num_heads;
+    const std::int64_t kv_heads = config_.num_kv_heads;
+    const std::int64_t head_dim = config_.head_dim();
+    const std::int64_t group = config_.group_size();
+
+    at::Tensor x = embed_.index_select(0, tokens);  // [T, hidden]
+    const at::Tensor cos = cos_.narrow(0, 0, length).unsqueeze(1);  // [T, 1, head_dim]
+    const at::Tensor sin = sin_.narrow(0, 0, length).unsqueeze(1);
+    const at::Tensor steps = positions_.narrow(0, 0, length);
+    const at::Tensor future = at::gt(steps.unsqueeze(0), steps.unsqueeze(1));  // [T, T]: key j after query t
+
+    for (std::int64_t i = 0; i < config_.num_layers; ++i) {
+      const Layer& layer = layers_[static_cast<std::size_t>(i)];
+      const at::Tensor qkv = at::linear(detail::rms_norm(x, layer.input_norm, config_.rms_norm_eps), layer.qkv);
+      const at::Tensor q = detail::apply_rotary(qkv.narrow(1, 0, heads * head_dim).view({length, heads, head_dim}), cos, sin);
+      const at::Tensor k = detail::apply_rotary(
+          qkv.narrow(1, heads * head_dim, kv_heads * head_dim).view({length, kv_heads, head_dim}), cos, sin);
+      const at::Tensor v =
+          qkv.narrow(1, (heads + kv_heads) * head_dim, kv_heads * head_dim).view({length, kv_heads, head_dim});
+      const at::Tensor keys = k.transpose(0, 1);  // [kv_heads, T, head_dim]
+      const at::Tensor values = v.transpose(0, 1);
+      if (cache != nullptr) {
+        cache->k.select(0, i).select(0, slot).narrow(1, 0, length).copy_(keys);
+        cache->v.select(0, i).select(0, slot).narrow(1, 0, length).copy_(values);
+      }
+      // [kv_heads, group * T, head_dim]: a key/value head's query heads stacked.
+      const at::Tensor queries = q.transpose(0, 1).reshape({kv_heads, group * length, head_dim});
+      at::Tensor scores = at::matmul(queries, keys.transpose(1, 2)) * scale_;  // [kv_heads, group * T, T]
+      scores.view({kv_heads, group, length, length}).masked_fill_(future, -std::numeric_limits<double>::infinity());
+      const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(dtype_);
+      const at::Tensor attended =
+          at::matmul(probs, values).view({heads, length, head_dim}).transpose(0, 1).reshape({length, heads * head_dim});
+      x = x + at::linear(attended, layer.o);
+      x = x + mlp(detail::rms_norm(x, layer.post_norm, config_.rms_norm_eps), layer);
+    }
+    return x;
+  }
+
+  // The cache must be one made for this model: a mismatch would index out of
+  // bounds on the device, where the error surfaces late and unnamed.
+  void check_cache(const KvCache& cache) const {
+    const std::vector<std::int64_t> expected{config_.num_layers, cache.k.defined() ? cache.k.size(1) : 0,
+                                             config_.num_kv_heads, config_.max_len, config_.head_dim()};
+    for (const auto& [tensor, name] : {std::pair{&cache.k, "k"}, std::pair{&cache.v, "v"}}) {
+      if (!tensor->defined() || tensor->dim() != 5 || tensor->sizes() != at::IntArrayRef(expected) || expected[1] < 2) {
+        detail::invalid(std::string("the KV cache's ") + name + " has shape " +
+                        (tensor->defined() ? detail::sizes_text(tensor->sizes()) : std::string("(undefined)")) +
+                        "; this model needs [layers, slots + 1, kv_heads, max_len, head_dim] = [" +
+                        std::to_string(config_.num_layers) + ", slots + 1, " + std::to_string(config_.num_kv_heads) +
+                        ", " + std::to_string(config_.max_len) + ", " + std::to_string(config_.head_dim()) + "]");
+      }
+      if (tensor->scalar_type() != dtype_ || tensor->device() != device_) {
+        detail::invalid(std::string("the KV cache's ") + name + " is " + c10::toString(tensor->scalar_type()) + " on " +
+                        tensor->device().str() + "; the model is " + c10::toString(dtype_) + " on " + device_.str());
+      }
+    }
+  }
+
+  // An int64 vector on the model's device, of `rows` entries when rows >= 0 (at least one otherwise).
+  void check_rows(const at::Tensor& t, const char* name, std::int64_t rows) const {
+    if (!t.defined() || t.dim() != 1 || t.scalar_type() != at::kLong || t.device() != device_) {
+      detail::invalid(std::string("decode ") + name + " must be a 1-D int64 tensor on " + device_.str() + ", not " +
+                      (t.defined() ? std::string(c10::toString(t.scalar_type())) + " " + detail::sizes_text(t.sizes()) +
+                                         " on " + t.device().str()
+                                   : std::string("an undefined tensor")));
+    }
+    if (rows < 0 && t.size(0) < 1) {
+      detail::invalid(std::string("decode ") + name + " is empty: a step needs at least one row");
+    }
+    if (rows >= 0 && t.size(0) != rows) {
+      detail::invalid(std::string("decode ") + name + " has " + std::to_string(t.size(0)) + " rows, tokens has " +
+                      std::to_string(rows) + ": every row needs a slot, a position and a token");
+    }
+  }
+
+  // A prompt: int64 [T] on the model's device, 1 <= T <= max_len (the rotary tables' and the cache's length).
+  void check_prompt(const at::Tensor& tokens) const {
+    if (!tokens.defined() || tokens.dim() != 1 || tokens.scalar_type() != at::kLong || tokens.device() != device_) {
+      detail::invalid("prompt tokens must be a 1-D int64 tensor on " + device_.str() + ", not " +
+                      (tokens.defined() ? std::string(c10::toString(tokens.scalar_type())) + " " +
+                                              detail::sizes_text(tokens.sizes()) + " on " + tokens.device().str()
+                                        : std::string("an undefined tensor")));
+    }
+    if (tokens.size(0) < 1 || tokens.size(0) > config_.max_len) {
+      detail::invalid("a prompt of " + std::to_string(tokens.size(0)) + " tokens: it must hold 1.." +
+                      std::to_string(config_.max_len) + " (max_position_embeddings)");
+    }
+  }
+
+  LlamaConfig config_;
+  at::Device device_;
+  at::ScalarType dtype_;
+  at::Tensor embed_;    // [vocab, hidden]
+  std::vector<Layer> layers_;
+  at::Tensor norm_;     // [hidden]
+  at::Tensor lm_head_;  // [vocab, hidden]; embed_ itself when tied
+  at::Tensor cos_;      // [max_len, head_dim], model dtype
+  at::Tensor sin_;
+  at::Tensor positions_;  // arange(max_len), int64: the masks are cut from it
+  double scale_ = 1.0;    // head_dim^-0.5
+};
+
+}  // namespace llm_decode

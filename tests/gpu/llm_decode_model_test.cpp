@@ -1,0 +1,143 @@
+// The llm_decode example's decoder model (examples/llm_decode/model.hpp) in
+// float16 on CUDA: prefill + decode steps with the cache agree with
+// forward_full (within float16 rounding: the products differ in shape), a
+// context below max_len changes nothing, and decode() captured in a CUDA
+// graph (TorchGraphBackend: torch's CUDAGraph on a private pool) replays to
+// exactly the logits and cache writes of the eager call.
+//
+// libtorch first: c10's logging header defines a glog-style CHECK macro,
+// which is dropped here so that doctest's CHECK is the one in force.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+
+#include "kv_cache.hpp"
+#include "model.hpp"
+#include "replay/torch.hpp"
+
+#undef CHECK
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "gpu_suite.hpp"
+#include "llm_decode_support.hpp"
+
+namespace {
+
+using llm_decode::KvCache;
+using llm_decode::LlamaConfig;
+using llm_decode::LlamaModel;
+using llm_decode_test::Sequence;
+
+const at::Device gpu(at::kCUDA, 0);
+
+// float16 logits of two differently shaped computations of the same math:
+// a few units in the last place of float16 (2^-11 relative), compounded over
+// the layers, relative to the largest logit.
+constexpr double kFp16Tolerance = 2e-2;
+
+// A prompt of 17 tokens decoded to 30, among short ones.
+std::vector<Sequence> three_sequences(std::int64_t vocab) { return llm_decode_test::three_sequences(vocab, 30, 17); }
+
+}  // namespace
+
+TEST_SUITE("gpu" * replay_test::needs_device()) {
+  TEST_CASE("fp16 on CUDA: prefill then decode steps with the cache give forward_full's logits and greedy tokens") {
+    for (const auto& [heads, kv_heads] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{8, 2}}) {
+      CAPTURE(heads);
+      CAPTURE(kv_heads);
+      const LlamaConfig config = llm_decode_test::tiny_config(heads, kv_heads);
+      const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
+      REQUIRE(model.device() == gpu);
+      KvCache cache(config, 3, gpu, at::kHalf);
+      const std::vector<Sequence> sequences = three_sequences(config.vocab_size);
+      const std::vector<at::Tensor> cached = llm_decode_test::cached_logits(model, cache, sequences);
+      for (std::size_t s = 0; s < sequences.size(); ++s) {
+        CAPTURE(s);
+        const at::Tensor full = llm_decode_test::full_logits(model, sequences[s]);
+        REQUIRE(cached[s].sizes() == full.sizes());
+        CHECK(llm_decode_test::max_error(cached[s], full) < kFp16Tolerance);
+        const double scale = full.abs().max().item<double>();
+        CHECK(llm_decode_test::clear_argmax_mismatches(cached[s], full, kFp16Tolerance * scale) == 0);
+      }
+    }
+  }
+
+  TEST_CASE("fp16 on CUDA: a decode context below max_len gives the logits of context = max_len") {
+    const LlamaConfig config = LlamaConfig::preset("tiny");
+    const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
+    const std::vector<Sequence> sequences = three_sequences(config.vocab_size);
+    KvCache full_context(config, 3, gpu, at::kHalf);
+    const std::vector<at::Tensor> reference = llm_decode_test::cached_logits(model, full_context, sequences);
+    for (const std::int64_t context : {std::int64_t{30}, std::int64_t{48}}) {
+      CAPTURE(context);
+      KvCache cache(config, 3, gpu, at::kHalf);
+      cache.k.normal_();  // stale finite values past every position: masked, they weigh exactly 0
+      cache.v.normal_();
+      const std::vector<at::Tensor> cut = llm_decode_test::cached_logits(model, cache, sequences, context);
+      for (std::size_t s = 0; s < sequences.size(); ++s) {
+        CAPTURE(s);
+        CHECK(llm_decode_test::max_error(cut[s], reference[s]) < kFp16Tolerance);
+        const double scale = reference[s].abs().max().item<double>();
+        CHECK(llm_decode_test::clear_argmax_mismatches(cut[s], reference[s], kFp16Tolerance * scale) == 0);
+      }
+    }
+  }
+
+  TEST_CASE("decode captured in a CUDA graph replays to the eager logits and cache writes, bit for bit") {
+    const LlamaConfig config = LlamaConfig::preset("tiny");
+    const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
+    KvCache cache(config, 3, gpu, at::kHalf);
+    const std::vector<std::int64_t> lengths{5, 11, 2};
+    for (std::int64_t slot = 0; slot < 3; ++slot) {
+      const std::vector<std::int64_t> prompt =
+          llm_decode_test::random_tokens(lengths[static_cast<std::size_t>(slot)], config.vocab_size);
+      (void)model.prefill(cache, slot, llm_decode_test::int64_tensor(prompt, gpu));
+    }
+    // The graph's static inputs: three rows and one padding row (the spare slot).
+    const std::int64_t spare = cache.spare_slot();
+    const std::int64_t context = 32;
+    const at::Tensor slots = llm_decode_test::int64_tensor({1, 0, spare, 2}, gpu);
+    const at::Tensor positions = llm_decode_test::int64_tensor({11, 5, 0, 2}, gpu);
+    const at::Tensor tokens = llm_decode_test::int64_tensor(llm_decode_test::random_tokens(4, config.vocab_size), gpu);
+    model.check_decode_values(cache, slots, positions, tokens, context);
+
+    // The eager step first (it also warms up the kernels the capture records).
+    const at::Tensor cache_before = at::stack({cache.k, cache.v}).clone();
+    const at::Tensor eager = model.decode(cache, slots, positions, tokens, context).clone();
+    const at::Tensor cache_after_eager = at::stack({cache.k, cache.v}).clone();
+
+    auto capture_context = std::make_shared<replay::TorchCaptureContext>(gpu);
+    replay::TorchGraphBackend backend(capture_context);
+    const replay::StreamRef stream(at::cuda::getCurrentCUDAStream().stream());
+    at::Tensor graphed;  // allocated in the graph's private pool during the capture; every replay rewrites it
+    replay::CapturedGraph<replay::TorchGraphExec> captured =
+        backend.capture(stream, [&](replay::StreamRef) { graphed = model.decode(cache, slots, positions, tokens, context); });
+    REQUIRE(graphed.defined());
+    CHECK(cache.k.equal(cache_after_eager.select(0, 0)));  // a capture records, it runs nothing
+
+    // Replayed from the cache as the eager step found it.
+    cache.k.copy_(cache_before.select(0, 0));
+    cache.v.copy_(cache_before.select(0, 1));
+    backend.launch(captured.exec, stream);
+    CHECK(graphed.equal(eager));
+    CHECK(at::stack({cache.k, cache.v}).equal(cache_after_eager));
+
+    // The next step: new values in the same input tensors, read anew by the replay.
+    positions.copy_(llm_decode_test::int64_tensor({12, 6, 0, 3}, gpu));
+    tokens.copy_(eager.argmax(-1));
+    const at::Tensor before_next = at::stack({cache.k, cache.v}).clone();
+    const at::Tensor eager_next = model.decode(cache, slots, positions, tokens, context).clone();
+    const at::Tensor after_next = at::stack({cache.k, cache.v}).clone();
+    CHECK_FALSE(eager_next.equal(eager));
+    cache.k.copy_(before_next.select(0, 0));
+    cache.v.copy_(before_next.select(0, 1));
+    backend.launch(captured.exec, stream);
+    CHECK(graphed.equal(eager_next));
+    CHECK(at::stack({cache.k, cache.v}).equal(after_next));
+    stream.synchronize();
+  }
+}

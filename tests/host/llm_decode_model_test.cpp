@@ -1,0 +1,436 @@
+// The llm_decode example's decoder model (examples/llm_decode/model.hpp) on
+// the CPU in float32, the "tiny" config: prefill + decode steps with the
+// static KV cache agree with forward_full on the whole sequence; rows of a
+// step are independent and padding rows in the spare slot change nothing;
+// a context below max_len changes nothing; save/load and random(seed); the
+// config file; and the refusals of bad inputs, made before any kernel runs.
+//
+// libtorch first: c10's logging header defines a glog-style CHECK macro,
+// which is dropped here so that doctest's CHECK is the one in force.
+#include <ATen/ATen.h>
+
+#include "config.hpp"
+#include "kv_cache.hpp"
+#include "model.hpp"
+
+#undef CHECK
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpu_suite.hpp"
+#include "llm_decode_support.hpp"
+
+namespace {
+
+using llm_decode::KvCache;
+using llm_decode::LlamaConfig;
+using llm_decode::LlamaModel;
+using llm_decode_test::Sequence;
+
+const at::Device cpu(at::kCPU);
+
+// fp32 on the CPU: the cached path and the full one differ only in the
+// shapes of their matrix products (rounding, not math).
+constexpr double kFp32Tolerance = 1e-4;
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// The message of the std::invalid_argument that `call` throws ("" and a
+// failed check when it throws nothing or something else).
+std::string invalid_argument_message(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    FAIL_CHECK("expected std::invalid_argument, got: " << e.what());
+    return "";
+  }
+  FAIL_CHECK("expected std::invalid_argument, nothing was thrown");
+  return "";
+}
+
+// A fresh directory under the system's temporary one, emptied of the files
+// these cases write and removed at scope exit. Not std::filesystem::remove_all:
+// libtorch's pip wheels export their own copy of std::filesystem, and theirs
+// crashes when called from code built by a newer GCC.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    static int made = 0;
+    path = std::filesystem::temp_directory_path() /
+           ("llm_decode_test_" + std::to_string(replay_test::case_seed()) + "_" + std::to_string(++made));
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    for (const char* name : {"config.json", "weights.pt", "absent.json"}) {
+      (void)std::remove((path / name).c_str());
+    }
+    (void)std::remove(path.c_str());
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  REQUIRE(out.flush());
+}
+
+bool same_weights(const LlamaModel::StateDict& a, const LlamaModel::StateDict& b) {
+  if (a.size() != b.size()) {
+    return false;
+  }
+  for (const auto& entry : a) {
+    const auto other = b.find(entry.key());
+    if (other == b.end() || !entry.value().equal(other->value())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A long sequence of 20 tokens, 5 of them the prompt, among short ones.
+std::vector<Sequence> three_sequences(std::int64_t vocab) { return llm_decode_test::three_sequences(vocab, 20, 5); }
+
+}  // namespace
+
+TEST_SUITE("host") {
+  TEST_CASE("prefill then decode steps with the cache give forward_full's logits (fp32, query groups 1, 2, 4)") {
+    for (const auto& [heads, kv_heads] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{4, 1}, std::pair{8, 2}}) {
+      CAPTURE(heads);
+      CAPTURE(kv_heads);
+      const LlamaConfig config = llm_decode_test::tiny_config(heads, kv_heads);
+      const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), cpu, at::kFloat);
+      KvCache cache(config, 3, cpu, at::kFloat);
+      std::vector<Sequence> sequences = three_sequences(config.vocab_size);
+      const std::vector<at::Tensor> cached = llm_decode_test::cached_logits(model, cache, sequences);
+      REQUIRE(cached.size() == sequences.size());
+      for (std::size_t s = 0; s < sequences.size(); ++s) {
+        const at::Tensor full = llm_decode_test::full_logits(model, sequences[s]);
+        REQUIRE(cached[s].sizes() == full.sizes());
+        CHECK(llm_decode_test::max_error(cached[s], full) < kFp32Tolerance);
+        CHECK(llm_decode_test::clear_argmax_mismatches(cached[s], full, 1e-4) == 0);
+      }
+      // The slots again, for shorter sequences: the longer ones' keys still
+      // in the cache past the new positions must not be attended to.
+      sequences = {Sequence{llm_decode_test::random_tokens(4, config.vocab_size), 2, 0},
+                   Sequence{llm_decode_test::random_tokens(6, config.vocab_size), 1, 2}};
+      const std::vector<at::Tensor> reused = llm_decode_test::cached_logits(model, cache, sequences);
+      for (std::size_t s = 0; s < sequences.size(); ++s) {
+        CHECK(llm_decode_test::max_error(reused[s], llm_decode_test::full_logits(model, sequences[s])) < kFp32Tolerance);
+      }
+    }
+  }
+
+  TEST_CASE("the rows of a decode step are independent, and padding rows in the spare slot change nothing") {
+    const LlamaConfig config = LlamaConfig::preset("tiny");
+    const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), cpu, at::kFloat);
+    KvCache cache(config, 4, cpu, at::kFloat);
+    const std::vector<std::int64_t> lengths{3, 7, 1};
+    for (std::int64_t slot = 0; slot < 3; ++slot) {
+      const std::vector<std::int64_t> prompt =
+          llm_decode_test::random_tokens(lengths[static_cast<std::size_t>(slot)], config.vocab_size);
+      (void)model.prefill(cache, slot, llm_decode_test::int64_tensor(prompt, cpu));
+    }
+    // Rows in another order than the slots; each at its own next position.
+    const std::vector<std::int64_t> slots{2, 0, 1};
+    const std::vector<std::int64_t> positions{1, 3, 7};
+    const std::vector<std::int64_t> tokens = llm_decode_test::random_tokens(3, config.vocab_size);
+    const auto t = [](const std::vector<std::int64_t>& v) { return llm_decode_test::int64_tensor(v, cpu); };
+    const at::Tensor batched = model.decode(cache, t(slots), t(positions), t(tokens), config.max_len);
+    REQUIRE(batched.sizes() == at::IntArrayRef({3, config.vocab_size}));
+    CHECK((batched.scalar_type() == at::kFloat));
+
+    for (std::size_t r = 0; r < slots.size(); ++r) {
+      CAPTURE(r);
+      const at::Tensor alone = model.decode(cache, t({slots[r]}), t({positions[r]}), t({tokens[r]}), config.max_len);
+      CHECK(llm_decode_test::max_error(alone[0], batched[static_cast<std::int64_t>(r)]) < 1e-5);
+    }
+
+    // Padding rows: the spare slot, position 0, token 0, any number of them.
+    const std::int64_t spare = cache.spare_slot();
+    const at::Tensor padded = model.decode(cache, t({2, 0, spare, 1, spare}), t({1, 3, 0, 7, 0}),
+                                           t({tokens[0], tokens[1], 0, tokens[2], 0}), config.max_len);
+    REQUIRE(padded.size(0) == 5);
+    CHECK(llm_decode_test::max_error(padded.index_select(0, t({0, 1, 3})), batched) < 1e-5);
+
+    // A step of padding rows only writes nothing outside the spare slot.
+    const at::Tensor k_before = cache.k.narrow(1, 0, cache.slots()).clone();
+    const at::Tensor v_before = cache.v.narrow(1, 0, cache.slots()).clone();
+    const at::Tensor spare_before = cache.k.select(1, spare).clone();
+    (void)model.decode(cache, t({spare, spare}), t({0, 0}), t({5, 9}), config.max_len);
+    CHECK(cache.k.narrow(1, 0, cache.slots()).equal(k_before));
+    CHECK(cache.v.narrow(1, 0, cache.slots()).equal(v_before));
+    CHECK_FALSE(cache.k.select(1, spare).equal(spare_before));  // the padding did write somewhere: the spare slot
+  }
+
+  TEST_CASE("a decode context below max_len gives the logits of context = max_len, whatever lies past it") {
+    const LlamaConfig config = LlamaConfig::preset("tiny");
+    const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), cpu, at::kFloat);
+    const std::vector<Sequence> sequences = three_sequences(config.vocab_size);
+    KvCache full_context(config, 3, cpu, at::kFloat);
+    const std::vector<at::Tensor> reference = llm_decode_test::cached_logits(model, full_context, sequences);
+    // Stale finite values everywhere (another sequence's keys, say): masked,
+    // they weigh exactly 0.
+    for (const std::int64_t context : {std::int64_t{20}, std::int64_t{33}}) {
+      CAPTURE(context);
+      KvCache cache(config, 3, cpu, at::kFloat);
+      cache.k.normal_();
+      cache.v.normal_();
+      const std::vector<at::Tensor> cut = llm_decode_test::cached_logits(model, cache, sequences, context);
+      for (std::size_t s = 0; s < sequences.size(); ++s) {
+        CHECK(llm_decode_test::max_error(cut[s], reference[s]) < 1e-5);
+      }
+    }
+  }
+
+  TEST_CASE("save and load round-trip the weights and the logits, with Hugging Face's names, tied or not") {
+    for (const bool tied : {true, false}) {
+      CAPTURE(tied);
+      const LlamaConfig config = llm_decode_test::tiny_config(4, 2, tied);
+      const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), cpu, at::kFloat);
+      const TempDir dir;
+      model.save(dir.path);
+      REQUIRE(std::filesystem::exists(dir.path / "config.json"));
+      REQUIRE(std::filesystem::exists(dir.path / "weights.pt"));
+      // Python's torch.load (weights_only by default) refuses TorchScript's dict type tags.
+      const std::vector<char> bytes = llm_decode::detail::read_binary_file(dir.path / "weights.pt");
+      CHECK(std::string(bytes.begin(), bytes.end()).find("restore_type_tag") == std::string::npos);
+      const LlamaModel loaded = LlamaModel::load(dir.path, cpu, at::kFloat);
+      CHECK(loaded.config().tie_embeddings == tied);
+      const LlamaModel::StateDict weights = loaded.state_dict();
+      CHECK(same_weights(weights, model.state_dict()));
+      CHECK(static_cast<std::int64_t>(weights.size()) == 2 + 9 * config.num_layers + (tied ? 0 : 1));
+      CHECK(weights.contains("lm_head.weight") == !tied);
+      for (const char* name : {"model.embed_tokens.weight", "model.layers.1.self_attn.k_proj.weight",
+                               "model.layers.0.mlp.up_proj.weight", "model.layers.1.post_attention_layernorm.weight",
+                               "model.norm.weight"}) {
+        CAPTURE(name);
+        REQUIRE(weights.contains(name));
+        CHECK((weights.at(name).device() == cpu));
+        CHECK(weights.at(name).is_contiguous());
+      }
+      // Unfused: k_proj is [kv_heads * head_dim, hidden], its own storage.
+      const at::Tensor k_proj = weights.at("model.layers.1.self_attn.k_proj.weight");
+      CHECK(k_proj.sizes() == at::IntArrayRef({config.num_kv_heads * config.head_dim(), config.hidden_size}));
+      CHECK(k_proj.storage().nbytes() == static_cast<std::size_t>(k_proj.numel()) * sizeof(float));
+
+      const at::Tensor tokens = llm_decode_test::int64_tensor(llm_decode_test::random_tokens(10, config.vocab_size), cpu);
+      CHECK(loaded.forward_full(tokens).equal(model.forward_full(tokens)));
+      // Loaded in float16 from float32 files: cast at load.
+      CHECK((LlamaModel::load(dir.path, cpu, at::kHalf).state_dict().at("model.norm.weight").scalar_type() == at::kHalf));
+    }
+  }
+
+  TEST_CASE("random(seed) is deterministic, draws what Python's torch draws, and different seeds differ") {
+    const LlamaConfig config = LlamaConfig::preset("tiny");
+    const LlamaModel::StateDict a = LlamaModel::random(config, 1234, cpu, at::kFloat).state_dict();
+    CHECK(same_weights(a, LlamaModel::random(config, 1234, cpu, at::kFloat).state_dict()));
+    CHECK_FALSE(same_weights(a, LlamaModel::random(config, 1235, cpu, at::kFloat).state_dict()));
+    // g = torch.Generator().manual_seed(1234); then torch.empty(shape).normal_(0, 0.02, generator=g)
+    // per matrix in weight_shapes() order: embed_tokens first, then layer 0's q_proj.
+    const at::Tensor embed = a.at("model.embed_tokens.weight");
+    CHECK(embed[0][0].item<double>() == -0.0022343711461871862);
+    CHECK(embed[0][3].item<double>() == -0.017633754760026932);
+    CHECK(embed[255][63].item<double>() == 0.031597260385751724);
+    CHECK(a.at("model.layers.0.self_attn.q_proj.weight")[0][1].item<double>() == -0.005766363814473152);
+    CHECK(a.at("model.layers.1.input_layernorm.weight").equal(at::ones({config.hidden_size})));
+    const double spread = embed.std().item<double>();
+    CHECK(spread > 0.018);
+    CHECK(spread < 0.022);
+    // Another dtype: the same float32 draws, cast.
+    const LlamaModel::StateDict half = LlamaModel::random(config, 1234, cpu, at::kHalf).state_dict();
+    CHECK(half.at("model.layers.1.mlp.down_proj.weight")
+              .equal(a.at("model.layers.1.mlp.down_proj.weight").to(at::kHalf)));
+  }
+
+  TEST_CASE("config presets, config.json round trip, and bad configs named by their key") {
+    const LlamaConfig small = LlamaConfig::preset("small");
+    CHECK(small.vocab_size == 32000);
+    CHECK(small.hidden_size == 768);
+    CHECK(small.intermediate_size == 2048);
+    CHECK(small.num_layers == 12);
+    CHECK(small.head_dim() == 64);
+    CHECK(small.group_size() == 3);
+    CHECK(small.max_len == 1024);
+    CHECK(small.tie_embeddings);
+    const LlamaConfig big = LlamaConfig::preset("1b");
+    CHECK(big.hidden_size == 2048);
+    CHECK(big.intermediate_size == 8192);
+    CHECK(big.num_layers == 16);
+    CHECK(big.head_dim() == 64);
+    CHECK(big.group_size() == 4);
+    CHECK_FALSE(big.tie_embeddings);
+    CHECK(LlamaConfig::preset("tiny").group_size() == 2);
+    const std::string unknown = invalid_argument_message([] { (void)LlamaConfig::preset("7b"); });
+    CHECK(contains(unknown, "\"7b\""));
+    CHECK(contains(unknown, "tiny, small and 1b"));
+
+    const TempDir dir;
+    const std::filesystem::path path = dir.path / "config.json";
+    for (const char* name : {"tiny", "small", "1b"}) {
+      CAPTURE(name);
+      LlamaConfig config = LlamaConfig::preset(name);
+      config.rope_theta = 500000.0;
+      config.rms_norm_eps = 1e-6;
+      llm_decode::write_config(config, path, "bfloat16");
+      const LlamaConfig read = llm_decode::read_config(path);
+      CHECK(read.vocab_size == config.vocab_size);
+      CHECK(read.hidden_size == config.hidden_size);
+      CHECK(read.intermediate_size == config.intermediate_size);
+      CHECK(read.num_layers == config.num_layers);
+      CHECK(read.num_heads == config.num_heads);
+      CHECK(read.num_kv_heads == config.num_kv_heads);
+      CHECK(read.max_len == config.max_len);
+      CHECK(read.rope_theta == config.rope_theta);
+      CHECK(read.rms_norm_eps == config.rms_norm_eps);
+      CHECK(read.tie_embeddings == config.tie_embeddings);
+    }
+    // Hugging Face's key names.
+    std::ifstream in(path);
+    const nlohmann::json written = nlohmann::json::parse(in);
+    CHECK(written.at("num_hidden_layers") == 16);
+    CHECK(written.at("num_key_value_heads") == 8);
+    CHECK(written.at("max_position_embeddings") == 1024);
+    CHECK(written.at("tie_word_embeddings") == false);
+    CHECK(written.at("torch_dtype") == "bfloat16");
+    CHECK(written.at("model_type") == "llama");
+
+    // One key changed (or dropped) at a time; the message names it.
+    const auto with = [&](const char* key, const nlohmann::json& value) {
+      nlohmann::json j = written;
+      if (value.is_discarded()) {
+        j.erase(key);
+      } else {
+        j[key] = value;
+      }
+      write_text(path, j.dump());
+      return invalid_argument_message([&] { (void)llm_decode::read_config(path); });
+    };
+    const nlohmann::json dropped = nlohmann::json(nlohmann::json::value_t::discarded);
+    std::string message = with("num_key_value_heads", dropped);
+    CHECK(contains(message, "\"num_key_value_heads\" is missing"));
+    CHECK(contains(message, path.string()));
+    CHECK(contains(with("rms_norm_eps", dropped), "\"rms_norm_eps\" is missing"));
+    message = with("hidden_size", "2048");
+    CHECK(contains(message, "\"hidden_size\" must be an integer"));
+    CHECK(contains(message, "string"));
+    CHECK(contains(with("num_hidden_layers", 2.5), "\"num_hidden_layers\" must be an integer"));
+    CHECK(contains(with("tie_word_embeddings", 1), "\"tie_word_embeddings\" must be true or false"));
+    CHECK(contains(with("rope_theta", "10000"), "\"rope_theta\" must be a number"));
+    CHECK(contains(with("num_attention_heads", 4), "num_attention_heads must be a multiple of num_key_value_heads"));
+    CHECK(contains(with("hidden_size", 0), "hidden_size must be positive"));
+    CHECK(contains(with("rope_scaling", nlohmann::json{{"rope_type", "llama3"}}), "\"rope_scaling\""));
+    CHECK(contains(with("hidden_act", "gelu"), "\"hidden_act\""));
+    // Newer transformers releases keep rope_theta in rope_parameters.
+    nlohmann::json moved = written;
+    moved.erase("rope_theta");
+    moved["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 250000.0}};
+    write_text(path, moved.dump());
+    CHECK(llm_decode::read_config(path).rope_theta == 250000.0);
+
+    write_text(path, "{\"vocab_size\": 256,");
+    CHECK(contains(invalid_argument_message([&] { (void)llm_decode::read_config(path); }), "not valid JSON"));
+    write_text(path, "[1, 2]");
+    CHECK(contains(invalid_argument_message([&] { (void)llm_decode::read_config(path); }), "JSON object"));
+    CHECK_THROWS_AS((void)llm_decode::read_config(dir.path / "absent.json"), std::runtime_error);
+  }
+
+  TEST_CASE("bad prefill and decode inputs are refused before any kernel, with a message naming them") {
+    const LlamaConfig config = LlamaConfig::preset("tiny");
+    const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), cpu, at::kFloat);
+    KvCache cache(config, 2, cpu, at::kFloat);
+    const auto t = [](const std::vector<std::int64_t>& v) { return llm_decode_test::int64_tensor(v, cpu); };
+    const at::Tensor prompt = t({1, 2, 3});
+    (void)model.prefill(cache, 0, prompt);
+    const at::Tensor k_before = cache.k.clone();
+
+    // prefill: the prompt's length, dtype and rank; the slot's range (a host integer).
+    const at::Tensor too_long = at::zeros({config.max_len + 1}, at::kLong);
+    CHECK(contains(invalid_argument_message([&] { (void)model.prefill(cache, 0, too_long); }), "a prompt of 65 tokens"));
+    CHECK(contains(invalid_argument_message([&] { (void)model.prefill(cache, 0, at::zeros({0}, at::kLong)); }),
+                   "a prompt of 0 tokens"));
+    CHECK(contains(invalid_argument_message([&] { (void)model.prefill(cache, 0, prompt.to(at::kInt)); }), "int64"));
+    CHECK(contains(invalid_argument_message([&] { (void)model.prefill(cache, 0, prompt.view({1, 3})); }), "1-D"));
+    for (const std::int64_t slot : {std::int64_t{-1}, std::int64_t{2}, std::int64_t{7}}) {
+      CAPTURE(slot);
+      const std::string message = invalid_argument_message([&] { (void)model.prefill(cache, slot, prompt); });
+      CHECK(contains(message, "prefill slot " + std::to_string(slot) + " is out of range"));
+      CHECK(contains(message, "spare"));
+    }
+    CHECK(contains(invalid_argument_message([&] { (void)model.forward_full(too_long); }), "max_position_embeddings"));
+
+    // decode: sizes, dtypes and the context; values are left to check_decode_values.
+    const at::Tensor slots = t({0, 1});
+    const at::Tensor positions = t({3, 0});
+    const at::Tensor tokens = t({4, 5});
+    CHECK(contains(invalid_argument_message([&] { (void)model.decode(cache, t({0}), positions, tokens, 8); }),
+                   "decode slots has 1 rows, tokens has 2"));
+    CHECK(contains(invalid_argument_message([&] { (void)model.decode(cache, slots, t({3, 0, 1}), tokens, 8); }),
+                   "decode positions has 3 rows"));
+    CHECK(contains(invalid_argument_message([&] { (void)model.decode(cache, t({}), t({}), t({}), 8); }), "empty"));
+    CHECK(contains(invalid_argument_message([&] { (void)model.decode(cache, slots.to(at::kInt), positions, tokens, 8); }),
+                   "decode slots must be a 1-D int64 tensor"));
+    CHECK(contains(invalid_argument_message([&] { (void)model.decode(cache, slots, positions, tokens, 0); }),
+                   "decode context 0 must be in 1..64"));
+    CHECK(contains(invalid_argument_message(
+                       [&] { (void)model.decode(cache, slots, positions, tokens, config.max_len + 1); }),
+                   "decode context 65"));
+    // A cache made for another model (or dtype).
+    KvCache other_heads(llm_decode_test::tiny_config(4, 4), 2, cpu, at::kFloat);
+    CHECK(contains(invalid_argument_message([&] { (void)model.decode(other_heads, slots, positions, tokens, 8); }),
+                   "the KV cache's k has shape [2, 3, 4, 64, 16]"));
+    KvCache half_cache(config, 2, cpu, at::kHalf);
+    CHECK(contains(invalid_argument_message([&] { (void)model.prefill(half_cache, 0, prompt); }), "Half"));
+    CHECK(cache.k.equal(k_before));  // none of the refused calls wrote anything
+
+    // The values, checked apart (they would need a synchronization inside decode).
+    CHECK_NOTHROW(model.check_decode_values(cache, slots, positions, tokens, 8));
+    CHECK_NOTHROW(model.check_decode_values(cache, t({2}), t({0}), t({0}), 1));  // the spare slot is a valid row
+    CHECK(contains(invalid_argument_message([&] { model.check_decode_values(cache, slots, t({3, 8}), tokens, 8); }),
+                   "decode positions[1] = 8 is out of range: it must be in 0..7"));
+    CHECK(contains(invalid_argument_message([&] { model.check_decode_values(cache, t({0, 3}), positions, tokens, 8); }),
+                   "decode slots[1] = 3"));
+    CHECK(contains(invalid_argument_message([&] { model.check_decode_values(cache, slots, positions, t({4, 256}), 8); }),
+                   "decode tokens[1] = 256"));
+
+    CHECK_THROWS_AS(KvCache(config, 0, cpu, at::kFloat), std::invalid_argument);
+  }
+
+  TEST_CASE("weights that do not fit the config are refused, naming the weight") {
+    const LlamaConfig config = LlamaConfig::preset("tiny");
+    const LlamaModel::StateDict good = LlamaModel::random(config, 5, cpu, at::kFloat).state_dict();
+    const auto edited = [&](const std::function<void(LlamaModel::StateDict&)>& edit) {
+      LlamaModel::StateDict weights = good.copy();
+      edit(weights);
+      return invalid_argument_message([&] { (void)LlamaModel::from_state_dict(config, weights, cpu, at::kFloat); });
+    };
+    CHECK(contains(edited([](LlamaModel::StateDict& w) { (void)w.erase("model.norm.weight"); }),
+                   "weight \"model.norm.weight\" is missing"));
+    CHECK(contains(edited([](LlamaModel::StateDict& w) {
+                     w.insert_or_assign("model.layers.1.mlp.gate_proj.weight", at::zeros({64, 64}));
+                   }),
+                   "weight \"model.layers.1.mlp.gate_proj.weight\" has shape [64, 64], the config needs [128, 64]"));
+    CHECK(contains(edited([](LlamaModel::StateDict& w) { w.insert("model.layers.2.mlp.up_proj.weight", at::zeros({1})); }),
+                   "unexpected weight \"model.layers.2.mlp.up_proj.weight\""));
+    // A tied model's lm_head.weight (Python's state_dict() lists it) is ignored.
+    LlamaModel::StateDict with_head = good.copy();
+    with_head.insert("lm_head.weight", at::zeros({config.vocab_size, config.hidden_size}));
+    CHECK(same_weights(LlamaModel::from_state_dict(config, with_head, cpu, at::kFloat).state_dict(), good));
+    CHECK(contains(invalid_argument_message([&] { (void)LlamaModel::random(config, 1, cpu, at::kInt); }),
+                   "float16, bfloat16 or float32"));
+  }
+}
