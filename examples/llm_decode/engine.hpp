@@ -1,0 +1,89 @@
+#pragma once
+// DecodeEngine: a Llama model served by continuous batching. It owns the KV
+// cache, the LlamaExecutor (graphs per batch bucket x context bucket) and the
+// replay::DecodeScheduler that drives it; requests come from any thread and
+// get their tokens as they are produced (a callback or a DecodeStream).
+//
+//   llm_decode::DecodeEngine engine(model, {.batch_buckets = {1, 2, 4, 8}, .context_buckets = {128, 256, 512}});
+//   replay::DecodeStream s = engine.submit({.prompt = prompt, .max_new_tokens = 64});
+//   for (replay::TokenId t : s) print(t);
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <replay/decode.hpp>
+
+#include "executor.hpp"
+#include "kv_cache.hpp"
+#include "model.hpp"
+
+namespace llm_decode {
+
+struct EngineOptions {
+  std::vector<std::int64_t> batch_buckets{1, 2, 4, 8, 16, 32, 64};
+  std::vector<std::int64_t> context_buckets{128, 256, 512, 1024};
+  std::size_t steps_per_launch = 1;
+  StepMode mode = StepMode::graphed;
+  bool capture_at_start = true;
+  std::vector<replay::TokenId> eos_tokens{};
+  std::size_t queue_capacity = 1024;
+  std::size_t max_prefill_tokens = 0;
+  replay::DecodeBatching batching = replay::DecodeBatching::continuous;
+  std::chrono::microseconds static_batch_delay{1000};
+  replay::CaptureProgress<std::array<std::int64_t, 2>> on_capture_progress{};
+};
+
+class DecodeEngine {
+ public:
+  // The cache has one slot per row of the largest batch bucket (and the
+  // spare); max_len is the largest context bucket.
+  DecodeEngine(const LlamaModel& model, EngineOptions options)
+      : cache_(std::make_unique<KvCache>(model.config(), options.batch_buckets.back(), model.device(), model.dtype())),
+        executor_(std::make_unique<LlamaExecutor>(
+            model, *cache_,
+            ExecutorOptions{.mode = options.mode,
+                            .batch_buckets = options.batch_buckets,
+                            .context_buckets = options.context_buckets,
+                            .steps_per_launch = options.steps_per_launch,
+                            .eos_tokens = options.eos_tokens,
+                            .capture_at_start = options.capture_at_start,
+                            .on_capture_progress = options.on_capture_progress})),
+        scheduler_(std::make_unique<replay::DecodeScheduler<LlamaExecutor&>>(
+            *executor_, replay::DecodeOptions{.max_slots = static_cast<std::size_t>(options.batch_buckets.back()),
+                                              .max_len = static_cast<std::size_t>(options.context_buckets.back()),
+                                              .batch_buckets = options.batch_buckets,
+                                              .context_buckets = options.context_buckets,
+                                              .steps_per_launch = options.steps_per_launch,
+                                              .eos_tokens = options.eos_tokens,
+                                              .queue_capacity = options.queue_capacity,
+                                              .max_prefill_tokens = options.max_prefill_tokens,
+                                              .batching = options.batching,
+                                              .static_batch_delay = options.static_batch_delay})) {}
+
+  DecodeEngine(const DecodeEngine&) = delete;
+  DecodeEngine& operator=(const DecodeEngine&) = delete;
+  // The scheduler stops (cancelling what is left) before the executor and
+  // the cache it uses go.
+  ~DecodeEngine() { scheduler_.reset(); }
+
+  replay::DecodeHandle submit(replay::DecodeRequest request,
+                              replay::DecodeScheduler<LlamaExecutor&>::update_callback on_update) {
+    return scheduler_->submit(std::move(request), std::move(on_update));
+  }
+  [[nodiscard]] replay::DecodeStream submit(replay::DecodeRequest request) {
+    return scheduler_->submit(std::move(request));
+  }
+  void shutdown(replay::DecodeShutdown mode) noexcept { scheduler_->shutdown(mode); }
+  replay::DecodeStats stats() const { return scheduler_->stats(); }
+  // The executor's own measurements; read them once the scheduler is idle or shut down.
+  const LlamaExecutor& executor() const noexcept { return *executor_; }
+
+ private:
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<LlamaExecutor> executor_;
+  std::unique_ptr<replay::DecodeScheduler<LlamaExecutor&>> scheduler_;
+};
+
+}  // namespace llm_decode

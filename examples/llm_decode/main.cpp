@@ -1,0 +1,479 @@
+// llm_decode: greedy decoding of a Llama-style model (random weights) from C++,
+// with graphed decode steps over a static KV cache, continuous batching and
+// several steps per launch. Subcommands:
+//   write-weights  random weights from a seed into a directory (config.json, weights.pt)
+//   generate       greedy tokens for fixed prompts through the engine; checks graphed == eager
+//   bench          ms per step and tokens/s at fixed batch sizes: eager, graphed, graphed K steps per launch
+//   load           a Poisson load test: continuous against static batching
+// Every subcommand can write its results as JSON (--json). See docs/llm_decode.md.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <replay/decode.hpp>
+#include <replay/device.hpp>
+
+#include "engine.hpp"
+#include "executor.hpp"
+#include "kv_cache.hpp"
+#include "launch_plan.hpp"
+#include "model.hpp"
+
+namespace {
+
+using llm_decode::DecodeEngine;
+using llm_decode::ExecutorOptions;
+using llm_decode::LlamaExecutor;
+using llm_decode::LlamaModel;
+using llm_decode::StepMode;
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+
+std::vector<replay::TokenId> random_prompt(std::mt19937_64& rng, std::size_t length, std::int64_t vocab) {
+  std::uniform_int_distribution<replay::TokenId> token(1, static_cast<replay::TokenId>(vocab - 1));
+  std::vector<replay::TokenId> prompt(length);
+  for (auto& t : prompt) t = token(rng);
+  return prompt;
+}
+
+double percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const double rank = p * static_cast<double>(values.size() - 1);
+  const auto lo = static_cast<std::size_t>(rank);
+  const std::size_t hi = std::min(lo + 1, values.size() - 1);
+  return values[lo] + (values[hi] - values[lo]) * (rank - static_cast<double>(lo));
+}
+
+void write_json(const std::string& path, const Json& json) {
+  if (path.empty()) return;
+  std::ofstream out(path);
+  out << json.dump(2) << '\n';
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+struct Common {
+  std::string weights;  // a directory with config.json and weights.pt; empty: random from --preset and --seed
+  std::string preset = "small";
+  std::uint64_t seed = 1;
+  std::int64_t max_len = 1024;
+  std::vector<std::int64_t> batch_buckets{1, 2, 4, 8, 16, 32, 64};
+  std::vector<std::int64_t> context_buckets{128, 256, 512, 1024};
+  std::string json;
+};
+
+LlamaModel load_model(const Common& c) {
+  const at::Device device(at::kCUDA, 0);
+  if (!c.weights.empty()) return LlamaModel::load(c.weights, device);
+  llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset(c.preset);
+  config.max_len = c.max_len;
+  return LlamaModel::random(config, c.seed, device);
+}
+
+// ---- generate: fixed prompts through the engine, checked against eager ----
+
+int generate(const Common& c, std::size_t prompts, std::size_t new_tokens, std::size_t steps, int threads) {
+  const LlamaModel model = load_model(c);
+  std::mt19937_64 rng(c.seed);
+  std::vector<std::vector<replay::TokenId>> inputs;
+  std::uniform_int_distribution<std::size_t> length(4, 48);
+  for (std::size_t i = 0; i < prompts; ++i) inputs.push_back(random_prompt(rng, length(rng), model.config().vocab_size));
+
+  // The graphed engine, its executor's calls recorded.
+  llm_decode::KvCache cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
+  LlamaExecutor graphed(model, cache,
+                        ExecutorOptions{.mode = StepMode::graphed,
+                                        .batch_buckets = c.batch_buckets,
+                                        .context_buckets = c.context_buckets,
+                                        .steps_per_launch = steps});
+  llm_decode::RecordingExecutor<LlamaExecutor> recording(graphed);
+  std::vector<replay::DecodeResult> results(prompts);
+  {
+    replay::DecodeScheduler<llm_decode::RecordingExecutor<LlamaExecutor>&> scheduler(
+        recording, {.max_slots = static_cast<std::size_t>(c.batch_buckets.back()),
+                    .max_len = static_cast<std::size_t>(c.context_buckets.back()),
+                    .batch_buckets = c.batch_buckets,
+                    .context_buckets = c.context_buckets,
+                    .steps_per_launch = steps});
+    // Requests from several threads at once.
+    std::vector<std::thread> submitters;
+    for (int t = 0; t < threads; ++t) {
+      submitters.emplace_back([&, t] {
+        for (std::size_t i = static_cast<std::size_t>(t); i < prompts; i += static_cast<std::size_t>(threads)) {
+          results[i] = scheduler.submit({.prompt = inputs[i], .max_new_tokens = new_tokens}).wait();
+        }
+      });
+    }
+    for (auto& s : submitters) s.join();
+    scheduler.shutdown(replay::DecodeShutdown::drain);
+  }
+  // The same calls, eagerly, on a fresh cache: the same kernels, so the same tokens bit for bit.
+  llm_decode::KvCache eager_cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
+  LlamaExecutor eager(model, eager_cache,
+                      ExecutorOptions{.mode = StepMode::eager,
+                                      .batch_buckets = c.batch_buckets,
+                                      .context_buckets = c.context_buckets,
+                                      .steps_per_launch = steps});
+  std::string first_difference;
+  const std::size_t differing = llm_decode::replay_recording(eager, recording.calls(), {}, &first_difference);
+  std::size_t finished = 0;
+  Json out{{"preset", c.preset}, {"steps_per_launch", steps}, {"prompts", Json::array()}, {"tokens", Json::array()}};
+  for (std::size_t i = 0; i < prompts; ++i) {
+    finished += results[i].ok() && results[i].tokens.size() == new_tokens ? 1 : 0;
+    out["prompts"].push_back(inputs[i]);
+    out["tokens"].push_back(results[i].tokens);
+  }
+  out["calls"] = recording.calls().size();
+  out["calls_differing_from_eager"] = differing;
+  out["capture_failures"] = graphed.capture_failures();
+  write_json(c.json, out);
+  std::printf("llm_decode generate: %zu requests from %d threads, %zu finished with %zu tokens each; %zu executor "
+              "calls replayed eagerly: %zu differ%s%s\n",
+              prompts, threads, finished, new_tokens, recording.calls().size(), differing,
+              differing != 0 ? ", the first: " : "", first_difference.c_str());
+  for (const std::string& failure : graphed.capture_failures()) std::printf("  capture failed: %s\n", failure.c_str());
+  return finished == prompts && differing == 0 && graphed.capture_failures().empty() ? 0 : 1;
+}
+
+// ---- bench: ms per step at fixed batch sizes ----
+
+struct BenchRow {
+  std::string method;
+  std::int64_t batch = 0;
+  double ms_per_step = 0;
+  double tokens_per_s = 0;
+  double host_fraction = 0;
+};
+
+// Decodes `new_tokens` tokens for `batch` prompts of `prompt_len` tokens,
+// `launch_steps` steps per launch; returns seconds per step (decode only).
+double time_decode(LlamaExecutor& executor, const Common& c, std::int64_t batch, std::size_t prompt_len,
+                   std::size_t new_tokens, std::size_t launch_steps, std::mt19937_64& rng, std::int64_t vocab) {
+  std::vector<std::size_t> slots(static_cast<std::size_t>(batch));
+  std::iota(slots.begin(), slots.end(), std::size_t{0});
+  std::vector<std::vector<replay::TokenId>> prompts;
+  for (std::int64_t r = 0; r < batch; ++r) prompts.push_back(random_prompt(rng, prompt_len, vocab));
+  const std::vector<replay::TokenId> first = llm_decode::run_prefill(executor, slots, prompts);
+  std::vector<replay::DecodeRow> rows(static_cast<std::size_t>(batch));
+  for (std::size_t r = 0; r < rows.size(); ++r) rows[r] = {.slot = r, .position = prompt_len, .token = first[r]};
+  const std::int64_t batch_bucket = llm_decode::smallest_bucket_for(c.batch_buckets, batch);
+  executor.reset_stats();
+  const auto start = Clock::now();
+  std::size_t produced = 1;  // the prefill's
+  while (produced < new_tokens) {
+    const std::size_t k = std::min(launch_steps, new_tokens - produced);
+    for (auto& row : rows) row.max_tokens = k;
+    const std::int64_t context =
+        llm_decode::smallest_bucket_for(c.context_buckets, static_cast<std::int64_t>(rows[0].position + k));
+    const auto tokens = llm_decode::run_launch(executor, rows, batch_bucket, context, k, {});
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      if (tokens[r].size() != k) throw std::runtime_error("bench: a row got fewer tokens than asked");
+      rows[r].position += k;
+      rows[r].token = tokens[r].back();
+    }
+    produced += k;
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return seconds / static_cast<double>(new_tokens - 1);
+}
+
+int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t prompt_len, std::size_t new_tokens,
+          const std::vector<std::size_t>& multi_steps, int repeats, int capture_threads) {
+  const LlamaModel model = load_model(c);
+  std::mt19937_64 rng(c.seed + 7);
+  Json out{{"preset", c.preset},        {"prompt", prompt_len},          {"new_tokens", new_tokens},
+           {"rows", Json::array()},     {"batch_buckets", c.batch_buckets}, {"context_buckets", c.context_buckets}};
+  std::vector<BenchRow> rows;
+  struct Method {
+    std::string name;
+    StepMode mode;
+    std::size_t steps;
+  };
+  std::vector<Method> methods{{"cpp_eager", StepMode::eager, 1}, {"cpp_graphed", StepMode::graphed, 1}};
+  for (const std::size_t k : multi_steps) methods.push_back({"cpp_graphed_k" + std::to_string(k), StepMode::graphed, k});
+  for (const Method& m : methods) {
+    llm_decode::KvCache cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
+    LlamaExecutor executor(model, cache,
+                           ExecutorOptions{.mode = m.mode,
+                                           .batch_buckets = c.batch_buckets,
+                                           .context_buckets = c.context_buckets,
+                                           .steps_per_launch = m.steps});
+    if (m.mode == StepMode::graphed) {
+      const auto& s = executor.stats();
+      out["capture"][m.name] = {{"graphs", s.graphs},
+                                {"seconds_serial", s.capture_seconds},
+                                {"pool_bytes", s.graph_pool_bytes},
+                                {"failures", executor.capture_failures()}};
+      std::printf("llm_decode bench: %s: %zu graphs captured in %.2f s, pool %.1f MiB%s\n", m.name.c_str(), s.graphs,
+                  s.capture_seconds, static_cast<double>(s.graph_pool_bytes) / (1 << 20),
+                  executor.capture_failures().empty() ? "" : " (SOME CAPTURES FAILED)");
+    }
+    for (const std::int64_t batch : batches) {
+      (void)time_decode(executor, c, batch, prompt_len, std::min<std::size_t>(new_tokens, 16), m.steps, rng,
+                        model.config().vocab_size);  // warm-up
+      std::vector<double> per_step;
+      double host = 0;
+      double launch = 0;
+      for (int r = 0; r < repeats; ++r) {
+        per_step.push_back(
+            time_decode(executor, c, batch, prompt_len, new_tokens, m.steps, rng, model.config().vocab_size));
+        host += executor.stats().host_seconds;
+        launch += executor.stats().launch_seconds;
+      }
+      BenchRow row{.method = m.name,
+                   .batch = batch,
+                   .ms_per_step = percentile(per_step, 0.5) * 1e3,
+                   .tokens_per_s = static_cast<double>(batch) / percentile(per_step, 0.5),
+                   .host_fraction = launch > 0 ? host / launch : 0};
+      std::printf("llm_decode bench: %-18s batch %3lld: %8.3f ms/step %10.0f tokens/s  host %.1f%% of a launch\n",
+                  row.method.c_str(), static_cast<long long>(batch), row.ms_per_step, row.tokens_per_s,
+                  100 * row.host_fraction);
+      out["rows"].push_back({{"method", row.method},
+                             {"batch", row.batch},
+                             {"ms_per_step", row.ms_per_step},
+                             {"tokens_per_s", row.tokens_per_s},
+                             {"host_fraction", row.host_fraction}});
+    }
+  }
+  // Graph memory: all buckets against the largest bucket alone (both captured
+  // into a pool of their own, largest first).
+  {
+    llm_decode::KvCache cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
+    LlamaExecutor largest(model, cache,
+                          ExecutorOptions{.mode = StepMode::graphed,
+                                          .batch_buckets = {c.batch_buckets.back()},
+                                          .context_buckets = {c.context_buckets.back()}});
+    const auto all = out["capture"]["cpp_graphed"]["pool_bytes"].get<std::size_t>();
+    const std::size_t alone = largest.stats().graph_pool_bytes;
+    out["memory"] = {{"all_buckets_bytes", all},
+                     {"largest_bucket_bytes", alone},
+                     {"ratio", alone > 0 ? static_cast<double>(all) / static_cast<double>(alone) : 0.0}};
+    std::printf("llm_decode bench: graph memory, all %zu buckets / the largest alone: %.1f / %.1f MiB = %.3f\n",
+                c.batch_buckets.size() * c.context_buckets.size(), static_cast<double>(all) / (1 << 20),
+                static_cast<double>(alone) / (1 << 20), alone > 0 ? static_cast<double>(all) / alone : 0.0);
+  }
+  // Start-up capture on several threads (captures of one pool take turns).
+  if (capture_threads > 1) {
+    llm_decode::KvCache cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
+    LlamaExecutor threaded(model, cache,
+                           ExecutorOptions{.mode = StepMode::graphed,
+                                           .batch_buckets = c.batch_buckets,
+                                           .context_buckets = c.context_buckets,
+                                           .capture_threads = capture_threads});
+    out["capture"]["threads"] = {{"threads", capture_threads}, {"seconds", threaded.stats().capture_seconds}};
+    std::printf("llm_decode bench: capture of all buckets on %d threads: %.2f s\n", capture_threads,
+                threaded.stats().capture_seconds);
+  }
+  write_json(c.json, out);
+  return 0;
+}
+
+// ---- load: Poisson arrivals, continuous against static batching ----
+
+struct LoadResult {
+  double offered_rps = 0;
+  double throughput_tokens_per_s = 0;
+  double completed_rps = 0;
+  double ttft_p50_ms = 0, ttft_p99_ms = 0, tpot_p50_ms = 0, tpot_p99_ms = 0;
+  std::size_t requests = 0, finished = 0, tokens = 0;
+};
+
+LoadResult run_load(const LlamaModel& model, const Common& c, replay::DecodeBatching batching, double rate,
+                    std::size_t requests, std::size_t steps, std::uint64_t seed) {
+  DecodeEngine engine(model, {.batch_buckets = c.batch_buckets,
+                              .context_buckets = c.context_buckets,
+                              .steps_per_launch = steps,
+                              .batching = batching,
+                              .static_batch_delay = std::chrono::microseconds(20000)});
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> gap(rate);
+  std::uniform_int_distribution<std::size_t> prompt_len(8, 64);
+  std::uniform_int_distribution<std::size_t> output_len(16, 192);
+  struct Timing {
+    Clock::time_point submitted, first, last;
+    std::size_t tokens = 0;
+    bool ok = false;
+  };
+  std::vector<Timing> timings(requests);
+  std::vector<replay::DecodeRequest> load;
+  std::vector<double> arrivals;
+  double t = 0;
+  for (std::size_t i = 0; i < requests; ++i) {
+    load.push_back({.prompt = random_prompt(rng, prompt_len(rng), model.config().vocab_size),
+                    .max_new_tokens = output_len(rng)});
+    t += gap(rng);
+    arrivals.push_back(t);
+  }
+  std::atomic<std::size_t> ended{0};
+  const auto start = Clock::now();
+  std::vector<replay::DecodeHandle> handles;
+  for (std::size_t i = 0; i < requests; ++i) {
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double>(arrivals[i])));
+    timings[i].submitted = Clock::now();
+    handles.push_back(engine.submit(std::move(load[i]), [&timings, &ended, i](const replay::DecodeUpdate& u) {
+      const auto now = Clock::now();
+      Timing& timing = timings[i];
+      if (!u.tokens.empty()) {
+        if (timing.tokens == 0) timing.first = now;
+        timing.last = now;
+        timing.tokens += u.tokens.size();
+      }
+      if (u.done()) {
+        timing.ok = replay::is_finished(u.status);
+        ended.fetch_add(1);
+      }
+    }));
+  }
+  engine.shutdown(replay::DecodeShutdown::drain);
+  const auto end = Clock::now();
+  LoadResult r;
+  r.offered_rps = rate;
+  r.requests = requests;
+  std::vector<double> ttft, tpot;
+  for (const Timing& timing : timings) {
+    if (!timing.ok) continue;
+    ++r.finished;
+    r.tokens += timing.tokens;
+    ttft.push_back(std::chrono::duration<double, std::milli>(timing.first - timing.submitted).count());
+    if (timing.tokens > 1) {
+      tpot.push_back(std::chrono::duration<double, std::milli>(timing.last - timing.first).count() /
+                     static_cast<double>(timing.tokens - 1));
+    }
+  }
+  const double seconds = std::chrono::duration<double>(end - start).count();
+  r.throughput_tokens_per_s = static_cast<double>(r.tokens) / seconds;
+  r.completed_rps = static_cast<double>(r.finished) / seconds;
+  r.ttft_p50_ms = percentile(ttft, 0.5);
+  r.ttft_p99_ms = percentile(ttft, 0.99);
+  r.tpot_p50_ms = percentile(tpot, 0.5);
+  r.tpot_p99_ms = percentile(tpot, 0.99);
+  return r;
+}
+
+int load(const Common& c, const std::vector<double>& rates, std::size_t requests, std::size_t steps) {
+  const LlamaModel model = load_model(c);
+  Json out{{"preset", c.preset}, {"requests", requests}, {"rows", Json::array()},
+           {"prompt_tokens", "uniform 8..64"}, {"new_tokens", "uniform 16..192"}};
+  bool all_finished = true;
+  for (const double rate : rates) {
+    for (const auto batching : {replay::DecodeBatching::continuous, replay::DecodeBatching::static_batches}) {
+      const char* name = batching == replay::DecodeBatching::continuous ? "continuous" : "static";
+      const LoadResult r = run_load(model, c, batching, rate, requests, steps, c.seed + 11);
+      all_finished &= r.finished == r.requests;
+      std::printf("llm_decode load: %-10s offered %7.1f req/s: %6.1f req/s done, %9.0f tokens/s; TTFT p50 %8.1f p99 "
+                  "%8.1f ms; TPOT p50 %6.2f p99 %6.2f ms; %zu/%zu finished\n",
+                  name, rate, r.completed_rps, r.throughput_tokens_per_s, r.ttft_p50_ms, r.ttft_p99_ms, r.tpot_p50_ms,
+                  r.tpot_p99_ms, r.finished, r.requests);
+      out["rows"].push_back({{"batching", name},
+                             {"offered_rps", rate},
+                             {"completed_rps", r.completed_rps},
+                             {"tokens_per_s", r.throughput_tokens_per_s},
+                             {"ttft_p50_ms", r.ttft_p50_ms},
+                             {"ttft_p99_ms", r.ttft_p99_ms},
+                             {"tpot_p50_ms", r.tpot_p50_ms},
+                             {"tpot_p99_ms", r.tpot_p99_ms},
+                             {"finished", r.finished},
+                             {"requests", r.requests}});
+    }
+  }
+  write_json(c.json, out);
+  return all_finished ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"llm_decode: greedy decoding of a Llama-style model with CUDA graphs (replay)"};
+  app.require_subcommand(1);
+  Common c;
+  auto add_common = [&c](CLI::App* sub) {
+    sub->add_option("--weights", c.weights, "directory with config.json and weights.pt (default: random weights)");
+    sub->add_option("--preset", c.preset, "model size for random weights: tiny, small or 1b")->capture_default_str();
+    sub->add_option("--seed", c.seed, "seed of the random weights and prompts")->capture_default_str();
+    sub->add_option("--max-len", c.max_len, "positions per cache slot (random weights)")->capture_default_str();
+    sub->add_option("--batch-buckets", c.batch_buckets, "batch sizes a launch is padded to")->delimiter(',');
+    sub->add_option("--context-buckets", c.context_buckets, "context lengths a launch reads up to")->delimiter(',');
+    sub->add_option("--json", c.json, "write the results to this file");
+  };
+  std::string out_dir;
+  CLI::App* write = app.add_subcommand("write-weights", "write random weights (config.json, weights.pt)");
+  add_common(write);
+  write->add_option("--out", out_dir, "directory to write")->required();
+
+  std::size_t prompts = 24, new_tokens = 32, steps = 1;
+  int threads = 4;
+  CLI::App* gen = app.add_subcommand("generate", "fixed prompts through the graphed engine, checked against eager");
+  add_common(gen);
+  gen->add_option("--prompts", prompts)->capture_default_str();
+  gen->add_option("--new-tokens", new_tokens)->capture_default_str();
+  gen->add_option("--steps-per-launch", steps)->capture_default_str();
+  gen->add_option("--threads", threads, "threads submitting requests")->capture_default_str();
+
+  std::vector<std::int64_t> batches{1, 8, 32, 64};
+  std::size_t prompt_len = 32;
+  std::vector<std::size_t> multi_steps{4};
+  int repeats = 3, capture_threads = 4;
+  CLI::App* bench_app = app.add_subcommand("bench", "ms per step and tokens/s: eager, graphed, K steps per launch");
+  add_common(bench_app);
+  bench_app->add_option("--batches", batches)->delimiter(',');
+  bench_app->add_option("--prompt", prompt_len)->capture_default_str();
+  bench_app->add_option("--new-tokens", new_tokens)->capture_default_str();
+  bench_app->add_option("--multi-steps", multi_steps, "K of the several-steps-per-launch rows")->delimiter(',');
+  bench_app->add_option("--repeats", repeats)->capture_default_str();
+  bench_app->add_option("--capture-threads", capture_threads)->capture_default_str();
+
+  std::vector<double> rates{50, 200, 800};
+  std::size_t requests = 256;
+  CLI::App* load_app = app.add_subcommand("load", "Poisson load test: continuous against static batching");
+  add_common(load_app);
+  load_app->add_option("--rates", rates, "offered requests per second")->delimiter(',');
+  load_app->add_option("--requests", requests)->capture_default_str();
+  load_app->add_option("--steps-per-launch", steps)->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+  if (new_tokens < 2) {
+    std::fprintf(stderr, "llm_decode: --new-tokens must be at least 2\n");
+    return 2;
+  }
+  try {
+    if (write->parsed()) {
+      llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset(c.preset);
+      config.max_len = c.max_len;
+      LlamaModel::random(config, c.seed, at::Device(at::kCPU)).save(out_dir);
+      std::printf("llm_decode: wrote %s weights (seed %llu) to %s\n", c.preset.c_str(),
+                  static_cast<unsigned long long>(c.seed), out_dir.c_str());
+      return 0;
+    }
+    if (!replay::has_device()) {
+      std::printf("%s: nothing to run\n", replay::no_device_message.data());
+      return 0;
+    }
+    if (gen->parsed()) return generate(c, prompts, new_tokens, steps, threads);
+    if (bench_app->parsed()) {
+      std::sort(multi_steps.begin(), multi_steps.end());
+      return bench(c, batches, prompt_len, new_tokens, multi_steps, repeats, capture_threads);
+    }
+    if (load_app->parsed()) return load(c, rates, requests, steps);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "llm_decode: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

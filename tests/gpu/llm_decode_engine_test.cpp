@@ -1,0 +1,322 @@
+// examples/llm_decode's executor and engine on a GPU: graphed decode steps
+// (one per launch and several in a WHILE node) give the same tokens, bit for
+// bit, as the same steps issued eagerly, for random batch compositions, for
+// the launches continuous batching makes with requests from several threads,
+// with end-of-sequence tokens, and with buckets captured lazily while
+// sequences are live. Host cases: the executor's refusals.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "engine.hpp"
+#include "executor.hpp"
+#include "kv_cache.hpp"
+#include "launch_plan.hpp"
+#include "model.hpp"
+#include "support/gpu_suite.hpp"
+
+namespace {
+
+using llm_decode::ExecutorOptions;
+using llm_decode::KvCache;
+using llm_decode::LlamaExecutor;
+using llm_decode::LlamaModel;
+using llm_decode::StepMode;
+
+// A small model (the "tiny" preset: a few layers, grouped-query heads) with
+// room for the buckets below.
+LlamaModel tiny_model(const at::Device& device) {
+  llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset("tiny");
+  config.max_len = 64;
+  return LlamaModel::random(config, 7, device);
+}
+
+const std::vector<std::int64_t> kBatchBuckets{1, 2, 4, 8};
+const std::vector<std::int64_t> kContextBuckets{16, 32, 64};
+
+ExecutorOptions options(StepMode mode, std::size_t steps, bool capture_at_start = true) {
+  return ExecutorOptions{.mode = mode,
+                         .batch_buckets = kBatchBuckets,
+                         .context_buckets = kContextBuckets,
+                         .steps_per_launch = steps,
+                         .capture_at_start = capture_at_start};
+}
+
+std::vector<replay::TokenId> random_prompt(std::mt19937_64& rng, std::size_t length, std::int64_t vocab) {
+  std::uniform_int_distribution<replay::TokenId> token(1, static_cast<replay::TokenId>(vocab - 1));
+  std::vector<replay::TokenId> prompt(length);
+  for (auto& t : prompt) t = token(rng);
+  return prompt;
+}
+
+// One live sequence of the random schedule.
+struct Live {
+  std::size_t position = 0;
+  replay::TokenId token = 0;
+  std::size_t left = 0;  // tokens it may still produce
+};
+
+// Drives `executors` (all made alike except for their mode) through the
+// same random schedule: sequences join (prefilled into a free slot) and
+// leave (their token budget spent, or under max_len), launches of 1 to
+// `steps` steps over every live sequence. Checks that every executor gets
+// the same tokens as the first, call by call. Returns the number of launches.
+std::size_t run_random_schedule(std::vector<LlamaExecutor*> executors, std::size_t steps, std::uint64_t seed,
+                                std::int64_t vocab, std::size_t max_len, std::size_t rounds) {
+  std::mt19937_64 rng(seed);
+  std::map<std::size_t, Live> live;  // by slot, in slot order
+  std::size_t launches = 0;
+  const auto slots = static_cast<std::size_t>(kBatchBuckets.back());
+  for (std::size_t round = 0; round < rounds; ++round) {
+    // Joins: up to 3 new sequences into free slots.
+    std::vector<std::size_t> free;
+    for (std::size_t s = 0; s < slots; ++s) {
+      if (!live.contains(s)) free.push_back(s);
+    }
+    std::shuffle(free.begin(), free.end(), rng);
+    const std::size_t joins = std::min<std::size_t>(free.size(), std::uniform_int_distribution<std::size_t>(0, 3)(rng));
+    std::vector<std::size_t> join_slots(free.begin(), free.begin() + static_cast<std::ptrdiff_t>(joins));
+    std::vector<std::vector<replay::TokenId>> prompts;
+    for (std::size_t j = 0; j < joins; ++j) {
+      prompts.push_back(random_prompt(rng, std::uniform_int_distribution<std::size_t>(1, 24)(rng), vocab));
+    }
+    if (joins > 0) {
+      std::vector<replay::TokenId> first;
+      for (std::size_t e = 0; e < executors.size(); ++e) {
+        const auto got = llm_decode::run_prefill(*executors[e], join_slots, prompts);
+        if (e == 0) {
+          first = got;
+        } else {
+          REQUIRE(got == first);
+        }
+      }
+      for (std::size_t j = 0; j < joins; ++j) {
+        live[join_slots[j]] = Live{.position = prompts[j].size(),
+                                   .token = first[j],
+                                   .left = std::uniform_int_distribution<std::size_t>(1, 20)(rng)};
+      }
+    }
+    if (live.empty()) continue;
+    // One launch over every live sequence.
+    std::vector<replay::DecodeRow> rows;
+    std::size_t max_steps = 1;
+    std::size_t reach = 0;
+    for (const auto& [slot, seq] : live) {
+      const std::size_t room = max_len - seq.position;
+      const std::size_t max_tokens = std::min({steps, seq.left, room});
+      rows.push_back({.slot = slot, .position = seq.position, .token = seq.token, .max_tokens = max_tokens});
+      max_steps = std::max(max_steps, max_tokens);
+      reach = std::max(reach, seq.position + max_tokens);
+    }
+    const std::int64_t batch_bucket =
+        llm_decode::smallest_bucket_for(kBatchBuckets, static_cast<std::int64_t>(rows.size()));
+    const std::int64_t context_bucket =
+        llm_decode::smallest_bucket_for(kContextBuckets, static_cast<std::int64_t>(reach));
+    std::vector<std::vector<replay::TokenId>> first;
+    for (std::size_t e = 0; e < executors.size(); ++e) {
+      const auto got = llm_decode::run_launch(*executors[e], rows, batch_bucket, context_bucket, max_steps, {});
+      if (e == 0) {
+        first = got;
+      } else {
+        INFO("launch " << launches << " of " << rows.size() << " rows, bucket {" << batch_bucket << ", "
+                       << context_bucket << "}, executor " << e);
+        REQUIRE(got == first);
+      }
+    }
+    ++launches;
+    std::size_t r = 0;
+    for (auto it = live.begin(); it != live.end(); ++r) {
+      Live& seq = it->second;
+      REQUIRE(first[r].size() == rows[r].max_tokens);
+      seq.position += first[r].size();
+      seq.token = first[r].back();
+      seq.left -= first[r].size();
+      // Leaves at its budget or at max_len; and now and then at random.
+      if (seq.left == 0 || seq.position >= max_len || std::uniform_int_distribution<int>(0, 9)(rng) == 0) {
+        it = live.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  return launches;
+}
+
+}  // namespace
+
+TEST_SUITE("host") {
+TEST_CASE("LlamaExecutor refuses options that cannot work, naming them") {
+  const LlamaModel model = tiny_model(at::Device(at::kCPU));
+  KvCache cache(model.config(), 8, at::Device(at::kCPU), model.dtype());
+  ExecutorOptions no_buckets = options(StepMode::eager, 1);
+  no_buckets.batch_buckets.clear();
+  CHECK_THROWS_WITH_AS(LlamaExecutor(model, cache, no_buckets), doctest::Contains("batch_buckets"),
+                       std::invalid_argument);
+  ExecutorOptions zero_steps = options(StepMode::eager, 0);
+  CHECK_THROWS_WITH_AS(LlamaExecutor(model, cache, zero_steps), doctest::Contains("steps_per_launch"),
+                       std::invalid_argument);
+  ExecutorOptions long_context = options(StepMode::eager, 1);
+  long_context.context_buckets = {16, 128};
+  CHECK_THROWS_WITH_AS(LlamaExecutor(model, cache, long_context), doctest::Contains("max_len"),
+                       std::invalid_argument);
+  KvCache small_cache(model.config(), 4, at::Device(at::kCPU), model.dtype());
+  CHECK_THROWS_WITH_AS(LlamaExecutor(model, small_cache, options(StepMode::eager, 1)),
+                       doctest::Contains("slots"), std::invalid_argument);
+}
+}
+
+TEST_SUITE("gpu" * replay_test::needs_device()) {
+TEST_CASE("graphed steps give the eager steps' tokens bit for bit over random batch compositions") {
+  const at::Device cuda(at::kCUDA, 0);
+  const LlamaModel model = tiny_model(cuda);
+  for (const std::size_t steps : {std::size_t{1}, std::size_t{3}}) {
+    CAPTURE(steps);
+    KvCache eager_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+    KvCache graphed_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+    LlamaExecutor eager(model, eager_cache, options(StepMode::eager, steps));
+    LlamaExecutor graphed(model, graphed_cache, options(StepMode::graphed, steps));
+    CHECK(graphed.capture_failures().empty());
+    CHECK(graphed.stats().graphs == kBatchBuckets.size() * kContextBuckets.size());
+    const std::size_t launches = run_random_schedule({&eager, &graphed}, steps, 100 + steps,
+                                                     model.config().vocab_size, 64, 60);
+    CHECK(launches > 30);
+    // Every launch was a replay: the router saw no eager run.
+    REQUIRE(graphed.router() != nullptr);
+    CHECK(graphed.router()->stats().eager_fallbacks == 0);
+    CHECK(graphed.router()->stats().eager_busy == 0);
+    CHECK(graphed.router()->stats().hits == launches);
+  }
+}
+
+TEST_CASE("a bucket captured lazily while sequences are live leaves their caches alone") {
+  const at::Device cuda(at::kCUDA, 0);
+  const LlamaModel model = tiny_model(cuda);
+  KvCache eager_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+  KvCache lazy_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+  LlamaExecutor eager(model, eager_cache, options(StepMode::eager, 2));
+  LlamaExecutor lazy(model, lazy_cache, options(StepMode::graphed, 2, /*capture_at_start=*/false));
+  CHECK(lazy.stats().graphs == 0);
+  (void)run_random_schedule({&eager, &lazy}, 2, 5, model.config().vocab_size, 64, 40);
+  CHECK(lazy.stats().graphs > 1);
+  CHECK(lazy.capture_failures().empty());
+}
+
+TEST_CASE("several steps per launch end early once every row hit an end-of-sequence token") {
+  const at::Device cuda(at::kCUDA, 0);
+  const LlamaModel model = tiny_model(cuda);
+  std::mt19937_64 rng(3);
+  const std::vector<std::vector<replay::TokenId>> prompts{random_prompt(rng, 5, model.config().vocab_size),
+                                                          random_prompt(rng, 9, model.config().vocab_size)};
+  const std::vector<std::size_t> slots{0, 1};
+  // Without end-of-sequence tokens: what each row produces in 8 steps.
+  KvCache probe_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+  LlamaExecutor probe(model, probe_cache, options(StepMode::graphed, 8));
+  const auto first = llm_decode::run_prefill(probe, slots, prompts);
+  std::vector<replay::DecodeRow> rows{{.slot = 0, .position = 5, .token = first[0], .max_tokens = 8},
+                                      {.slot = 1, .position = 9, .token = first[1], .max_tokens = 8}};
+  const auto free_run = llm_decode::run_launch(probe, rows, 2, 32, 8, {});
+  REQUIRE(free_run[0].size() == 8);
+  REQUIRE(free_run[1].size() == 8);
+  // Row 0's third token and row 1's second token end their sequences (each
+  // at its first occurrence in the free run).
+  const std::vector<replay::TokenId> eos{free_run[0][2], free_run[1][1]};
+  auto expected_length = [&](const std::vector<replay::TokenId>& run) {
+    for (std::size_t j = 0; j < run.size(); ++j) {
+      if (std::find(eos.begin(), eos.end(), run[j]) != eos.end()) return j + 1;
+    }
+    return run.size();
+  };
+  for (const StepMode mode : {StepMode::graphed, StepMode::eager}) {
+    CAPTURE(static_cast<int>(mode));
+    KvCache cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+    ExecutorOptions o = options(mode, 8);
+    o.eos_tokens = eos;
+    LlamaExecutor executor(model, cache, o);
+    (void)llm_decode::run_prefill(executor, slots, prompts);
+    executor.reset_stats();
+    const auto got = llm_decode::run_launch(executor, rows, 2, 32, 8, eos);
+    for (std::size_t r = 0; r < 2; ++r) {
+      const std::size_t n = expected_length(free_run[r]);
+      REQUIRE(got[r].size() == n);
+      CHECK(std::equal(got[r].begin(), got[r].end(), free_run[r].begin()));
+    }
+    if (mode == StepMode::graphed) {
+      // The WHILE node stopped after the longer of the two rows.
+      CHECK(executor.stats().steps == std::max(expected_length(free_run[0]), expected_length(free_run[1])));
+    }
+  }
+}
+
+TEST_CASE("continuous batching with requests from several threads: every request gets exactly its tokens") {
+  const at::Device cuda(at::kCUDA, 0);
+  const LlamaModel model = tiny_model(cuda);
+  for (const std::size_t steps : {std::size_t{1}, std::size_t{4}}) {
+    CAPTURE(steps);
+    KvCache cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+    LlamaExecutor graphed(model, cache, options(StepMode::graphed, steps));
+    llm_decode::RecordingExecutor<LlamaExecutor> recording(graphed);
+    constexpr int threads = 4;
+    constexpr std::size_t per_thread = 6;
+    std::vector<std::vector<replay::TokenId>> prompts(threads * per_thread);
+    std::vector<std::size_t> limits(prompts.size());
+    std::mt19937_64 rng(11);
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      prompts[i] = random_prompt(rng, 1 + i % 20, model.config().vocab_size);
+      limits[i] = 3 + (i * 7) % 17;
+    }
+    std::vector<replay::DecodeResult> results(prompts.size());
+    {
+      replay::DecodeScheduler<llm_decode::RecordingExecutor<LlamaExecutor>&> scheduler(
+          recording, {.max_slots = 8,
+                      .max_len = 64,
+                      .batch_buckets = kBatchBuckets,
+                      .context_buckets = kContextBuckets,
+                      .steps_per_launch = steps});
+      std::vector<std::thread> submitters;
+      for (int t = 0; t < threads; ++t) {
+        submitters.emplace_back([&, t] {
+          for (std::size_t k = 0; k < per_thread; ++k) {
+            const std::size_t i = static_cast<std::size_t>(t) * per_thread + k;
+            results[i] = scheduler.submit({.prompt = prompts[i], .max_new_tokens = limits[i]}).wait();
+          }
+        });
+      }
+      for (auto& s : submitters) s.join();
+      scheduler.shutdown(replay::DecodeShutdown::drain);
+    }
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      CAPTURE(i);
+      CHECK(results[i].status == replay::DecodeStatus::token_limit);
+      CHECK(results[i].tokens.size() == limits[i]);
+    }
+    // The launches the scheduler made, replayed eagerly on a fresh cache.
+    KvCache eager_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+    LlamaExecutor eager(model, eager_cache, options(StepMode::eager, steps));
+    std::string first_difference;
+    CHECK_MESSAGE(llm_decode::replay_recording(eager, recording.calls(), {}, &first_difference) == 0,
+                  first_difference);
+    CHECK(recording.calls().size() > prompts.size() / 2);
+  }
+}
+
+TEST_CASE("a launch asking for more steps than the executor was made for is refused") {
+  const at::Device cuda(at::kCUDA, 0);
+  const LlamaModel model = tiny_model(cuda);
+  KvCache cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+  LlamaExecutor executor(model, cache, options(StepMode::graphed, 2));
+  const auto first = llm_decode::run_prefill(executor, {0}, {{1, 2, 3}});
+  const std::vector<replay::DecodeRow> rows{{.slot = 0, .position = 3, .token = first[0], .max_tokens = 3}};
+  CHECK_THROWS_WITH_AS(llm_decode::run_launch(executor, rows, 1, 16, 3, {}), doctest::Contains("made for 2"),
+                       std::invalid_argument);
+}
+}
