@@ -133,11 +133,36 @@ int generate(const Common& c, std::size_t prompts, std::size_t new_tokens, std::
   std::string first_difference;
   const std::size_t differing = llm_decode::replay_recording(eager, recording.calls(), {}, &first_difference);
   std::size_t finished = 0;
-  Json out{{"preset", c.preset}, {"steps_per_launch", steps}, {"prompts", Json::array()}, {"tokens", Json::array()}};
+  // The reference for scripts/llm_decode_compare.py (format replay.llm_decode.reference/1):
+  // every request's prompt and tokens, and for the first few the logits of
+  // the prefill and of the first decode steps (the model alone, eagerly, the
+  // engine's tokens fed back).
+  Json out{{"format", "replay.llm_decode.reference/1"}, {"preset", c.preset}, {"steps_per_launch", steps},
+           {"requests", Json::array()}};
+  constexpr std::size_t with_logits = 8, logit_steps = 2;
   for (std::size_t i = 0; i < prompts; ++i) {
     finished += results[i].ok() && results[i].tokens.size() == new_tokens ? 1 : 0;
-    out["prompts"].push_back(inputs[i]);
-    out["tokens"].push_back(results[i].tokens);
+    Json request{{"prompt", inputs[i]}, {"tokens", results[i].tokens}};
+    if (i < with_logits && results[i].tokens.size() > logit_steps) {
+      const c10::InferenceMode inference;
+      llm_decode::KvCache scratch(model.config(), 1, model.device(), model.dtype());
+      const auto to_device = [&](std::vector<std::int64_t> v) { return at::tensor(v, at::kLong).to(model.device()); };
+      const at::Tensor prefill =
+          model.prefill(scratch, 0, to_device({inputs[i].begin(), inputs[i].end()})).to(at::kFloat).cpu();
+      request["prefill_logits"] = std::vector<float>(prefill.data_ptr<float>(), prefill.data_ptr<float>() + prefill.numel());
+      request["decode_logits"] = Json::array();
+      for (std::size_t s = 0; s < logit_steps; ++s) {
+        const at::Tensor logits =
+            model
+                .decode(scratch, to_device({0}), to_device({static_cast<std::int64_t>(inputs[i].size() + s)}),
+                        to_device({results[i].tokens[s]}), model.config().max_len)[0]
+                .to(at::kFloat)
+                .cpu();
+        request["decode_logits"].push_back(
+            std::vector<float>(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel()));
+      }
+    }
+    out["requests"].push_back(std::move(request));
   }
   out["calls"] = recording.calls().size();
   out["calls_differing_from_eager"] = differing;
@@ -266,7 +291,7 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
                      {"ratio", alone > 0 ? static_cast<double>(all) / static_cast<double>(alone) : 0.0}};
     std::printf("llm_decode bench: graph memory, all %zu buckets / the largest alone: %.1f / %.1f MiB = %.3f\n",
                 c.batch_buckets.size() * c.context_buckets.size(), static_cast<double>(all) / (1 << 20),
-                static_cast<double>(alone) / (1 << 20), alone > 0 ? static_cast<double>(all) / alone : 0.0);
+                static_cast<double>(alone) / (1 << 20), alone > 0 ? static_cast<double>(all) / static_cast<double>(alone) : 0.0);
   }
   // Start-up capture on several threads (captures of one pool take turns).
   if (capture_threads > 1) {

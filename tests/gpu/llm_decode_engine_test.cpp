@@ -23,7 +23,7 @@
 #include "kv_cache.hpp"
 #include "launch_plan.hpp"
 #include "model.hpp"
-#include "support/gpu_suite.hpp"
+#include "gpu_suite.hpp"
 
 namespace {
 
