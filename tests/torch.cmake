@@ -12,8 +12,10 @@ if(TARGET replay_torch)
   replay_add_test(NAME torch SOURCES ${_replay_torch_test_sources} SUITES host gpu
                   LIBRARIES ${_replay_torch_test_libraries})
   if(TARGET replay_audit)
-    # Source lines for the audit's frames.
+    # Source lines for the audit's frames. The TorchScript modules are
+    # defined as the example defines its own (examples/capture_audit/script_source.hpp).
     set_source_files_properties(gpu/torch_audit_test.cpp PROPERTIES COMPILE_OPTIONS "-g;-fno-optimize-sibling-calls")
+    target_include_directories(test_torch PRIVATE ${PROJECT_SOURCE_DIR}/examples/capture_audit)
   endif()
   target_include_directories(test_torch PRIVATE ${PROJECT_SOURCE_DIR}/examples/torch_resnet)
   # The test main links replay::replay too: one runtime, libtorch's shared one.

@@ -18,7 +18,12 @@
 // REPLAY_AUDIT=1 and the error names the synchronization, without it only
 // the invalidated capture.
 //
-// Exits non-zero if the audit does not report what was planted.
+// torchscript.cpp (capture_audit_torchscript, built where libtorch was found
+// too) does the same for a TorchScript module under replay::GraphedCallable:
+// the finding names the line of the script that read a value back.
+//
+// Without a device it says so and exits 0. Exits non-zero if the audit does
+// not report what was planted.
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -99,6 +104,12 @@ int from_environment() {
 }
 
 int main(int argc, char** argv) {
+  if (!replay::has_device()) {
+    std::printf("capture_audit: %s. This example needs an NVIDIA GPU and driver; it built correctly, "
+                "but there is nothing to run on.\n",
+                replay::no_device_message.data());
+    return 0;
+  }
   try {
     if (argc > 1 && std::string_view(argv[1]) == "--from-environment") {
       return from_environment();

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the CUDA examples besides kernel_chain on the device (gpu-check.sh runs
 # kernel_chain itself). Each example checks its own results and exits non-zero
-# when they are wrong.
+# when they are wrong. capture_audit's libtorch program, capture_audit_torchscript,
+# is the heavy lane's: gpu-check.d/torch.sh runs it after the libtorch build.
 set -uo pipefail
 status=0
 for ex in dynamic_batch pipeline_throughput device_loop capture_audit; do

@@ -3,6 +3,8 @@
 # scripts/gpu-check.sh after the build and the tests (test_torch runs there):
 #   1. writes torchvision's ResNet-50 as TorchScript (scripts/make_torchscript_resnet.py),
 #   2. runs the torch_resnet example, fp16 (torch::nn, TorchScript, prepared TorchScript),
+#      and, where the capture audit was built, capture_audit_torchscript (a TorchScript
+#      module's host read-back named with its line of model.py),
 #   3. runs torch_call_bench (GraphedCallable's host cost over a raw replay) and its ratios,
 #   4. runs the C++ ResNet benchmark (torch::nn and prepared TorchScript),
 #   5. traces a BERT-base-sized encoder (scripts/make_torchscript_bert.py, into the
@@ -22,7 +24,7 @@
 # gets what the other steps leave (ResNet's at most REPLAY_TORCH_COMPILE_BUDGET_S,
 # default 75 s: no batch size is started after it, so about 100 s in all;
 # BERT's the rest, at most 90 s, shapes in order of importance).
-# Files in $OUT: torch_example.txt, torch_call_bench.{txt,json}, torch_bench_cpp.{txt,json},
+# Files in $OUT: torch_example.txt, capture_audit_torchscript.txt, torch_call_bench.{txt,json}, torch_bench_cpp.{txt,json},
 # torch_bench_py.json, torch_bench.txt (ResNet table), torch_bert.{txt,json},
 # torch_bert_py.json, torch_bert_bench.txt (BERT table), torch_*.err, torch_results.txt.
 set -uo pipefail
@@ -92,6 +94,20 @@ step "example torch_resnet ${args[*]}"
 bounded 150 "$example" "${args[@]}" --dtypes fp16 --iterations 30 >"$OUT/torch_example.txt" 2>&1 ||
   failed "example torch_resnet (rc=$?)"
 cat "$OUT/torch_example.txt"
+
+# The capture audit inside TorchScript (examples/capture_audit): built where
+# CUPTI was found, as test_audit is. Its own checks, and the line it must print.
+audit_example=$build/examples/capture_audit/capture_audit_torchscript
+if [ -x "$audit_example" ]; then
+  step "example capture_audit_torchscript"
+  bounded 90 "$audit_example" >"$OUT/capture_audit_torchscript.txt" 2>&1 ||
+    failed "example capture_audit_torchscript (rc=$?)"
+  cat "$OUT/capture_audit_torchscript.txt"
+  grep -qF "(a .item()), called from model.py:3 (in forward)" \
+    "$OUT/capture_audit_torchscript.txt" || failed "capture_audit_torchscript: no finding naming model.py:3"
+elif [ -x "$build/tests/test_audit" ]; then
+  failed "capture_audit_torchscript was not built although the capture audit was"
+fi
 
 step "torch_call_bench (GraphedCallable host cost over a raw replay)"
 bounded 90 "$call_bench" --benchmark_out="$OUT/torch_call_bench.json" \

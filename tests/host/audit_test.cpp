@@ -460,6 +460,46 @@ TEST_SUITE("host") {
     CHECK(json.back() == '}');
   }
 
+  TEST_CASE("audit: a call inside a TorchScript operator names the operator and the script's lines that called it") {
+    audit::ReportInput input;
+    input.calls = {
+        call("cudaStreamSynchronize", cudaErrorStreamCaptureUnsupported, kCapturing, AuditStreamState::this_capture),
+    };
+    input.calls[0].op = "aten::_local_scalar_dense";
+    input.calls[0].script_frames = {frame({}, "read_peak", "model.py", 2), frame({}, "forward", "model.py", 6)};
+    input.calls[0].stack = {1};
+    input.facts = facts(cudaErrorStreamCaptureInvalidated);
+    const auto report = audit::build_report(input, [](const std::vector<std::vector<std::uintptr_t>>& stacks) {
+      return std::vector<std::vector<AuditFrame>>(stacks.size(), stack_under_user_call());
+    });
+    REQUIRE(report.breaking.has_value());
+    CHECK(report.breaking->op == "aten::_local_scalar_dense");
+    REQUIRE(report.breaking->script_frames.size() == 2);
+    CHECK(report.breaking->script_frames[0].line == 2);
+    const std::string text = report.to_string();
+    INFO(text);
+    CHECK(text.find("BROKEN BY: cudaStreamSynchronize inside aten::_local_scalar_dense (a .item()), called from "
+                    "model.py:2 (in read_peak) via model.py:6 (in forward), returned "
+                    "cudaErrorStreamCaptureUnsupported on the capturing thread (tid 100) at /src/app/model.cu:42") !=
+          std::string::npos);
+    // The advice is about the read-back, not about synchronizing streams.
+    CHECK(report.breaking->advice.find("reads a tensor's value on the host") != std::string::npos);
+    const std::string json = report.to_json();
+    INFO(json);
+    CHECK(json.find("\"script_frames\":[{\"address\":4660,\"object\":\"\",\"function\":\"read_peak\","
+                    "\"file\":\"model.py\",\"line\":2}") != std::string::npos);
+
+    // Without a script: the operator alone; an operator without a gloss: its name alone.
+    AuditedCall plain = input.calls[0];
+    plain.script_frames.clear();
+    CHECK(audit::describe_operator(plain.op, plain.script_frames) == " inside aten::_local_scalar_dense (a .item())");
+    CHECK(audit::describe_operator("aten::mm", {}) == " inside aten::mm");
+    CHECK(audit::describe_operator("", {}).empty());
+    plain.op = "aten::mm";
+    CHECK(audit::advice_for(plain, replay::AuditFindingKind::breaking_call).find("synchronizing a capturing stream") !=
+          std::string::npos);
+  }
+
   TEST_CASE("audit: a clean report says so and its verdict counts the calls") {
     audit::ReportInput input;
     input.calls = {call("__cudaLaunchKernel", 0, kCapturing, AuditStreamState::this_capture, "k()")};

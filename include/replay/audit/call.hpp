@@ -88,6 +88,9 @@ struct AuditedCall {
   ::std::string kernel;
   // With libtorch: the aten operator running on this thread, if any
   ::std::string op;
+  // With TorchScript: the lines of the script that called `op`, innermost
+  // first (function, file and line; no address or object)
+  ::std::vector<AuditFrame> script_frames;
   // Nodes CUDA reported adding to the audited capture's graph during the call
   int graph_nodes = 0;
   // Return addresses, innermost first (symbolized on demand)

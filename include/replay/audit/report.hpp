@@ -54,6 +54,8 @@ struct AuditFinding {
   ::std::vector<AuditFrame> frames;
   // With libtorch: the aten operator that was running
   ::std::string op;
+  // With TorchScript: the script's lines that called `op`, innermost first
+  ::std::vector<AuditFrame> script_frames;
   // A breaking call found by elimination (no call returned the first capture
   // error; this is the last unsafe call before the capture was seen invalidated).
   bool inferred = false;
@@ -290,7 +292,11 @@ struct AuditReport {
             .text("stream_state", stream_state_name(c.stream_state))
             .number("stream", static_cast<::std::uint64_t>(c.stream))
             .text("kernel", c.kernel)
-            .text("op", c.op);
+            .text("op", c.op)
+            .raw("script_frames",
+                 detail::audit::json_array(c.script_frames, [](::std::string& frames, const AuditFrame& fr) {
+                   frames += frame_json(fr);
+                 }));
       }));
       report.text("work_error", work_error);
       report.raw("notes", json_array(notes, [](::std::string& o, const ::std::string& n) {
@@ -414,6 +420,9 @@ struct AuditReport {
             o += frame_json(fr);
           }))
           .text("op", f.op)
+          .raw("script_frames", detail::audit::json_array(f.script_frames, [](::std::string& o, const AuditFrame& fr) {
+            o += frame_json(fr);
+          }))
           .boolean("inferred", f.inferred)
           .text("summary", f.summary)
           .text("advice", f.advice)

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <memory>
 #include <source_location>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -53,12 +54,30 @@ inline bool install_capture_observer(CaptureObserver observer) noexcept {
   return true;
 }
 
-// The name of the operator running on the calling thread, or null: set by
-// a framework adapter (the libtorch adapter tracks aten operators while an
-// audited capture runs) and read by the audit for each call it records.
-using OperatorNameSource = const char* (*)() noexcept;
-inline ::std::atomic<OperatorNameSource>& operator_name_source() noexcept {
-  static ::std::atomic<OperatorNameSource> source{nullptr};
+// One line of a framework's own interpreted program (TorchScript's source
+// ranges) that the running operator was called from.
+struct OperatorCaller {
+  ::std::string function;  // "forward"
+  ::std::string file;      // "model.py"
+  unsigned line = 0;       // 1-based
+};
+
+// The operator running on the calling thread, as a framework adapter knows
+// it; valid until that operator returns.
+struct RunningOperator {
+  // "aten::_local_scalar_dense"; null when no operator runs
+  const char* name = nullptr;
+  // The interpreted program's lines it was called from, innermost first
+  // (empty outside an interpreter)
+  ::std::span<const OperatorCaller> callers;
+};
+
+// Says which operator runs on the calling thread: set by a framework adapter
+// (the libtorch adapter tracks aten operators, and TorchScript's lines,
+// while an audited capture runs) and asked by the audit for each call it records.
+using RunningOperatorSource = RunningOperator (*)() noexcept;
+inline ::std::atomic<RunningOperatorSource>& running_operator_source() noexcept {
+  static ::std::atomic<RunningOperatorSource> source{nullptr};
   return source;
 }
 

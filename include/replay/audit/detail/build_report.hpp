@@ -87,6 +87,7 @@ AuditReport build_report(ReportInput input, Resolve&& resolve) {
     out.stream_state = call.stream_state;
     out.stream = call.stream;
     out.op = call.op;
+    out.script_frames = call.script_frames;
     out.inferred = inferred;
     out.frames = ::std::move(frames[slot]);
     if (const auto user = first_user_frame(out.frames, kernels)) {

@@ -14,6 +14,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "replay/audit/call.hpp"
@@ -177,9 +178,62 @@ inline ::std::string describe_stream(const AuditedCall& call) {
   }
 }
 
+// What a well-known synchronizing aten operator is in the model's own
+// terms ("" for the others).
+constexpr ::std::string_view operator_gloss(::std::string_view op) noexcept {
+  if (op == "aten::_local_scalar_dense" || op == "aten::item") {
+    return "a .item()";
+  }
+  if (op == "aten::nonzero") {
+    return "an output sized by the data";
+  }
+  return {};
+}
+
+// What to do about a synchronizing aten operator ("" for the others).
+constexpr ::std::string_view operator_advice(::std::string_view op) noexcept {
+  if (op == "aten::_local_scalar_dense" || op == "aten::item") {
+    return "the model reads a tensor's value on the host (.item(), int(t), float(t), bool(t), `if t:`), which "
+           "waits for the stream: keep the value on the device (torch.where, clamp, masks), or read it outside "
+           "the graphed work";
+  }
+  if (op == "aten::nonzero") {
+    return "the size of nonzero's output (torch.nonzero, indexing with a boolean mask) depends on the data, so "
+           "the host waits for the stream to learn it: use a fixed-size form (torch.where(mask, x, y), "
+           "multiplying by the mask)";
+  }
+  return {};
+}
+
+// " inside aten::_local_scalar_dense (a .item()), called from model.py:42
+// (in forward)": the framework's operator that made the call and the
+// script lines that called it; "" without a framework.
+inline ::std::string describe_operator(::std::string_view op, ::std::span<const AuditFrame> script_frames) {
+  if (op.empty()) {
+    return {};
+  }
+  ::std::string out = concat(" inside ", op);
+  if (const ::std::string_view gloss = operator_gloss(op); !gloss.empty()) {
+    out += concat(" (", gloss, ")");
+  }
+  for (::std::size_t i = 0; i < script_frames.size(); ++i) {
+    out += i == 0 ? ", called from " : " via ";
+    out += describe_frame(script_frames[i]);
+  }
+  if (!script_frames.empty()) {
+    out += ",";
+  }
+  return out;
+}
+
 // What to do about a call of this kind inside (or during) a capture.
 inline ::std::string advice_for(const AuditedCall& call, AuditFindingKind finding) {
   const ::std::string_view base = split_api_name(call.api).base;
+  if (finding != AuditFindingKind::escaped_work && call.capturing_thread) {
+    if (const ::std::string_view advice = operator_advice(call.op); !advice.empty()) {
+      return ::std::string(advice);
+    }
+  }
   if (finding == AuditFindingKind::escaped_work) {
     if (call.kind == AuditCallKind::sync_copy || call.kind == AuditCallKind::sync_memset) {
       return concat(base, " is synchronous and runs on the default stream, outside the capture, once: use its "
@@ -241,7 +295,7 @@ inline ::std::string summary_for(const AuditedCall& call, AuditFindingKind findi
                                  bool inferred, CaptureMode mode) {
   const ::std::string where = frame ? concat(" at ", describe_frame(*frame)) : ::std::string(" (no user frame found)");
   const ::std::string what = call.kernel.empty() ? call.api : concat(call.api, " of kernel ", call.kernel);
-  const ::std::string op = call.op.empty() ? ::std::string() : concat(" inside ", call.op);
+  const ::std::string op = describe_operator(call.op, call.script_frames);
   switch (finding) {
     case AuditFindingKind::breaking_call:
       if (inferred) {

@@ -56,6 +56,7 @@ struct RawCall {
   ::std::string kernel;         // mangled, as CUPTI gives it
   KernelHandle kernel_handle;   // to name it when CUPTI gives no name
   ::std::string op;             // the aten operator running (libtorch), if any
+  ::std::vector<OperatorCaller> op_callers;  // the script lines that called it (TorchScript)
   int graph_nodes = 0;          // graph nodes CUDA reported created during the call...
   ::std::uintptr_t node_graph = 0;  // ...in this graph (the last one)
   RawStack stack;
@@ -329,10 +330,13 @@ class Recorder {
       } else {
         call.kernel_handle = launch_kernel_handle(runtime, cbid, info.functionParams);
       }
-      // The aten operator running, where the libtorch adapter tracks them.
-      if (const OperatorNameSource op = operator_name_source().load(::std::memory_order_acquire); op != nullptr) {
-        if (const char* name = op(); name != nullptr) {
-          call.op = name;
+      // The aten operator running, and the TorchScript lines that called
+      // it, where the libtorch adapter tracks them.
+      if (const RunningOperatorSource source = running_operator_source().load(::std::memory_order_acquire);
+          source != nullptr) {
+        if (const RunningOperator op = source(); op.name != nullptr) {
+          call.op = op.name;
+          call.op_callers.assign(op.callers.begin(), op.callers.end());
         }
       }
       capture_stack(call.stack);
@@ -440,6 +444,10 @@ inline AuditedCall to_audited_call(const RawCall& raw, ::std::uint64_t capture_i
   call.stream = raw.stream.handle;
   call.kernel = raw.kernel.empty() ? ::std::string() : demangle(raw.kernel.c_str());
   call.op = raw.op;
+  call.script_frames.reserve(raw.op_callers.size());
+  for (const OperatorCaller& caller : raw.op_callers) {
+    call.script_frames.push_back(AuditFrame{0, {}, caller.function, caller.file, caller.line});
+  }
   const auto seen = [&](::std::uintptr_t s) {
     for (const ::std::uintptr_t known : capture_streams) {
       if (known == s) {
