@@ -287,9 +287,11 @@ class LlamaExecutor {
     const at::Tensor live_positions = at::where(active, positions, 0);
     const at::Tensor logits = model_->decode(*cache_, live_slots, live_positions, tokens, context);
     const at::Tensor next = logits.argmax(-1);
-    // The ring row of this step: loop[0] is the step index.
+    // The ring row of this step: loop[0] is the step index, below K within a
+    // launch (staged as 0); warm-ups repeat the step without staging, hence
+    // the remainder.
     at::Tensor ring = state_.narrow(0, kRingRow, steps_).narrow(1, 0, batch);
-    ring.index_copy_(0, loop.narrow(0, 0, 1), at::where(active, next, -1).unsqueeze(0));
+    ring.index_copy_(0, loop.narrow(0, 0, 1).remainder(steps_), at::where(active, next, -1).unsqueeze(0));
     tokens.copy_(at::where(active, next, tokens));
     positions.add_(active);
     counts.add_(active);
