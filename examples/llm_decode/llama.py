@@ -182,6 +182,13 @@ def read_weights(directory, config):
     if not isinstance(weights, dict):
         raise ValueError(f"{WEIGHTS_FILE}: expected a dict of tensors, got {type(weights).__name__}")
     expected = weight_shapes(config)
+    if config.tie_word_embeddings and "lm_head.weight" in weights:
+        # A tied lm_head written out anyway (as HF's save_pretrained may): it
+        # must be the embedding itself.
+        if not torch.equal(weights["lm_head.weight"], weights.get("model.embed_tokens.weight")):
+            raise ValueError(f"{WEIGHTS_FILE}: tie_word_embeddings, but lm_head.weight differs from "
+                             "model.embed_tokens.weight")
+        weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
     missing = [k for k in expected if k not in weights]
     unexpected = [k for k in weights if k not in expected]
     if missing or unexpected:

@@ -111,6 +111,14 @@ class ModelTest(unittest.TestCase):
                 torch.save(broken, pathlib.Path(again) / llama.WEIGHTS_FILE)
                 with self.assertRaisesRegex(ValueError, "missing.*model.norm.weight"):
                     llama.load(again, "cpu")
+                if config.tie_word_embeddings:  # a tied lm_head written anyway: the embedding or refused
+                    torch.save(dict(stored, **{"lm_head.weight": stored["model.embed_tokens.weight"]}),
+                               pathlib.Path(again) / llama.WEIGHTS_FILE)
+                    llama.load(again, "cpu")
+                    torch.save(dict(stored, **{"lm_head.weight": stored["model.embed_tokens.weight"] * 2}),
+                               pathlib.Path(again) / llama.WEIGHTS_FILE)
+                    with self.assertRaisesRegex(ValueError, "lm_head.weight differs"):
+                        llama.load(again, "cpu")
                 broken = dict(stored, **{"model.norm.weight": torch.ones(3)})
                 torch.save(broken, pathlib.Path(again) / llama.WEIGHTS_FILE)
                 with self.assertRaisesRegex(ValueError, "model.norm.weight has shape"):
