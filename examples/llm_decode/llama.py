@@ -201,9 +201,11 @@ def read_weights(directory, config):
 
 
 def rmsnorm(x, weight, eps):
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+    """HF's LlamaRMSNorm (statistics in float32) through torch's rms_norm, one
+    fused kernel on CUDA, as model.hpp does: the weight is applied before the
+    rounding to x's dtype (HF rounds first), at most one unit in the last place
+    apart."""
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def rotate_half(x):
@@ -236,6 +238,10 @@ class _Layer(torch.nn.Module):
                      "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
                      "post_attention_layernorm"):
             self.register_buffer(name.split(".")[-1], weights[f"{prefix}{name}.weight"])
+        # One matrix for q/k/v and one for gate/up, as model.hpp (two matrix
+        # products per layer fewer); not saved (save() writes the parts).
+        self.register_buffer("qkv", torch.cat((self.q_proj, self.k_proj, self.v_proj)), persistent=False)
+        self.register_buffer("gate_up", torch.cat((self.gate_proj, self.up_proj)), persistent=False)
 
 
 class LlamaModel(torch.nn.Module):
@@ -280,6 +286,8 @@ class LlamaModel(torch.nn.Module):
                 weights[names[name]] = tensor
             elif name.startswith("layers."):
                 _, i, leaf = name.split(".")
+                if leaf in ("qkv", "gate_up"):
+                    continue  # the fused copies
                 sub = "mlp." if leaf.endswith(("gate_proj", "up_proj", "down_proj")) else (
                     "self_attn." if leaf.endswith("_proj") else "")
                 weights[f"model.layers.{i}.{sub}{leaf}.weight"] = tensor
@@ -296,11 +304,12 @@ class LlamaModel(torch.nn.Module):
         c = self.config
         h = rmsnorm(x, layer.input_layernorm, c.rms_norm_eps)
         n = x.shape[0]
-        q = torch.nn.functional.linear(h, layer.q_proj).view(n, c.num_attention_heads, c.head_dim)
-        k = torch.nn.functional.linear(h, layer.k_proj).view(n, c.num_key_value_heads, c.head_dim)
-        v = torch.nn.functional.linear(h, layer.v_proj).view(n, c.num_key_value_heads, c.head_dim)
+        heads, kv = c.num_attention_heads, c.num_key_value_heads
+        qkv = torch.nn.functional.linear(h, layer.qkv).view(n, heads + 2 * kv, c.head_dim)
+        qk = qkv[:, :heads + kv]
         cos, sin = cos[:, None, :], sin[:, None, :]
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+        qk = qk * cos + rotate_half(qk) * sin  # q and k rotated together
+        return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv:]
 
     def _attend(self, q, k, v, masked):
         """q [..., M, hd] against k and v [..., S, hd] (batch dimensions
@@ -314,7 +323,9 @@ class LlamaModel(torch.nn.Module):
     def _mlp_residual(self, layer, x):
         h = rmsnorm(x, layer.post_attention_layernorm, self.config.rms_norm_eps)
         f = torch.nn.functional
-        return x + f.linear(f.silu(f.linear(h, layer.gate_proj)) * f.linear(h, layer.up_proj), layer.down_proj)
+        gate_up = f.linear(h, layer.gate_up)
+        i = self.config.intermediate_size
+        return x + f.linear(f.silu(gate_up[:, :i]) * gate_up[:, i:], layer.down_proj)
 
     def _logits(self, x):
         return torch.nn.functional.linear(rmsnorm(x, self.norm, self.config.rms_norm_eps), self.lm_head)
@@ -369,7 +380,7 @@ class LlamaModel(torch.nn.Module):
         # that torch.compile updates the cache in place (through a view, its
         # functionalization writes the whole cache back every step).
         slot_index, head_index, position_index = slots[:, None], self.kv_head_range[None, :], positions[:, None]
-        masked = (self.position_range[:context][None, :] > positions[:, None])[:, None, None, :]  # [B, 1, 1, ctx]
+        visible = (self.position_range[:context][None, :] <= positions[:, None])[:, None, None, :]  # [B, 1, 1, ctx]
         x = torch.nn.functional.embedding(tokens, self.embed_tokens)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
@@ -379,8 +390,10 @@ class LlamaModel(torch.nn.Module):
             layer_k, layer_v = cache.k[i], cache.v[i]
             keys = layer_k.narrow(2, 0, context).index_select(0, slots)  # [B, kv, ctx, hd]
             values = layer_v.narrow(2, 0, context).index_select(0, slots)
-            # The group of query heads sharing a kv head are the rows of one product.
-            out = self._attend(q.view(b, kv, group, hd), keys, values, masked)  # [B, kv, group, hd]
+            # The group of query heads sharing a kv head are the query rows of
+            # one fused attention over that head's keys, as model.hpp.
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q.reshape(b, kv, group, hd), keys, values, attn_mask=visible, scale=self.scaling)  # [B, kv, group, hd]
             x = x + torch.nn.functional.linear(out.reshape(b, c.hidden_size), layer.o_proj)
             x = self._mlp_residual(layer, x)
         return self._logits(x)

@@ -1,12 +1,15 @@
 #pragma once
 // A Llama-style decoder written with ATen operators, with the math of Hugging
-// Face's LlamaForCausalLM (eager attention) step for step: the same operator
-// order and dtypes (rmsnorm and softmax in float32, everything else in the
-// model dtype), so that a model saved here loads into Hugging Face and gives
-// the same tokens. Two things differ in form, not in math: q/k/v and
-// gate/up are each one matrix (rows concatenated at load: two matrix products
-// per layer fewer), and grouped-query attention folds a key/value head's
-// query group into one matrix product instead of repeating the keys.
+// Face's LlamaForCausalLM: the same operator order and dtypes (rmsnorm and
+// softmax in float32, everything else in the model dtype), so that a model
+// saved here loads into Hugging Face and gives the same tokens. Some things
+// differ in form, to issue fewer kernels per step: q/k/v and gate/up are each
+// one matrix (rows concatenated at load: two matrix products per layer
+// fewer); RMSNorm is at::rms_norm (one fused kernel on CUDA); q and k are
+// rotated together; and the decode step's attention is fused scaled
+// dot-product attention, a key/value head's query group being the query rows
+// of one attention instead of repeating the keys. Logits agree with Hugging
+// Face's within float16 rounding (scripts/llm_decode_compare.py measures it).
 //
 // decode() is the step a CUDA graph captures: it reads only tensor sizes on
 // the host, never values, and indexes everything it needs (rotary tables,
@@ -73,13 +76,13 @@ inline std::string_view dtype_name(at::ScalarType dtype) {
   }
 }
 
-// Hugging Face's LlamaRMSNorm: the statistics in float32 whatever the model
-// dtype, the scale applied after casting back.
+// RMSNorm as Hugging Face's LlamaRMSNorm computes it (the statistics in
+// float32 whatever the model dtype), through at::rms_norm: on CUDA one fused
+// kernel instead of seven (it applies the weight before rounding to the model
+// dtype, where LlamaRMSNorm rounds first: at most one unit in the last place
+// apart). llama.py uses the same operator.
 inline at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  at::Tensor h = x.to(at::kFloat);
-  const at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
-  h = h * at::rsqrt(variance + eps);
-  return weight * h.to(x.scalar_type());
+  return at::rms_norm(x, {x.size(-1)}, weight, eps);
 }
 
 // Hugging Face's rotate_half and apply_rotary_pos_emb (the half-split form,
@@ -309,10 +312,10 @@ class LlamaModel {
     at::Tensor x = embed_.index_select(0, tokens);                   // [B, hidden]
     const at::Tensor cos = cos_.index_select(0, positions).unsqueeze(1);  // [B, 1, head_dim]
     const at::Tensor sin = sin_.index_select(0, positions).unsqueeze(1);
-    // Keys after a row's own position (older tokens of the slot's previous
-    // sequence, or nothing yet) are masked: [B, 1, 1, context].
-    const at::Tensor future =
-        at::gt(positions_.narrow(0, 0, context).unsqueeze(0), positions.unsqueeze(1)).view({rows, 1, 1, context});
+    // Keys up to a row's own position take part; later ones (older tokens of
+    // the slot's previous sequence, or nothing yet) do not: [B, 1, 1, context].
+    const at::Tensor visible =
+        at::le(positions_.narrow(0, 0, context).unsqueeze(0), positions.unsqueeze(1)).view({rows, 1, 1, context});
     c10::List<std::optional<at::Tensor>> write_at;
     write_at.push_back(slots);
     write_at.push_back(std::nullopt);  // every key/value head
@@ -321,9 +324,11 @@ class LlamaModel {
     for (std::int64_t i = 0; i < config_.num_layers; ++i) {
       const Layer& layer = layers_[static_cast<std::size_t>(i)];
       const at::Tensor qkv = at::linear(detail::rms_norm(x, layer.input_norm, config_.rms_norm_eps), layer.qkv);
-      const at::Tensor q = detail::apply_rotary(qkv.narrow(1, 0, heads * head_dim).view({rows, heads, head_dim}), cos, sin);
-      const at::Tensor k =
-          detail::apply_rotary(qkv.narrow(1, heads * head_dim, kv_heads * head_dim).view({rows, kv_heads, head_dim}), cos, sin);
+      // q and k rotated together (one set of element-wise kernels).
+      const at::Tensor qk = detail::apply_rotary(
+          qkv.narrow(1, 0, (heads + kv_heads) * head_dim).view({rows, heads + kv_heads, head_dim}), cos, sin);
+      const at::Tensor q = qk.narrow(1, 0, heads);
+      const at::Tensor k = qk.narrow(1, heads, kv_heads);
       const at::Tensor v = qkv.narrow(1, (heads + kv_heads) * head_dim, kv_heads * head_dim).view({rows, kv_heads, head_dim});
       at::Tensor cache_k = cache.k.select(0, i);  // [slots + 1, kv_heads, max_len, head_dim]
       at::Tensor cache_v = cache.v.select(0, i);
@@ -332,11 +337,13 @@ class LlamaModel {
       // Each row's slot, up to `context`: [B, kv_heads, context, head_dim].
       const at::Tensor keys = cache_k.narrow(2, 0, context).index_select(0, slots);
       const at::Tensor values = cache_v.narrow(2, 0, context).index_select(0, slots);
-      // A key/value head's `group` query heads are the rows of one product.
-      at::Tensor scores = at::matmul(q.view({rows, kv_heads, group, head_dim}), keys.transpose(2, 3)) * scale_;
-      scores.masked_fill_(future, -std::numeric_limits<double>::infinity());
-      const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(dtype_);
-      const at::Tensor attended = at::matmul(probs, values).view({rows, heads * head_dim});
+      // A key/value head's `group` query heads are the query rows of one
+      // attention over that head's keys: fused scaled dot-product attention
+      // (float32 accumulation and softmax inside the kernel).
+      const at::Tensor attended =
+          at::scaled_dot_product_attention(q.reshape({rows, kv_heads, group, head_dim}), keys, values, visible,
+                                           /*dropout_p=*/0.0, /*is_causal=*/false, scale_)
+              .reshape({rows, heads * head_dim});
       x = x + at::linear(attended, layer.o);
       x = x + mlp(detail::rms_norm(x, layer.post_norm, config_.rms_norm_eps), layer);
     }
