@@ -172,7 +172,7 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 
 # ---- build the CUDA-only targets ---------------------------------------------
 light_targets=$(cmake --build build/gpu --target help 2>/dev/null | sed -nE 's/^([A-Za-z0-9_]+): phony$/\1/p' |
-  grep -E '^(test_[a-z0-9_]+|[a-z0-9_]+_bench|kernel_chain|dynamic_batch|pipeline_throughput|device_loop|capture_audit)$' | grep -v torch | tr '\n' ' ')
+  grep -E '^(test_[a-z0-9_]+|[a-z0-9_]+_bench|kernel_chain|dynamic_batch|pipeline_throughput|device_loop|capture_audit)$' | grep -v -e torch -e llm_decode | tr '\n' ' ')
 if $run_cuda; then
   log "build (CUDA-only): $light_targets"
   start=$SECONDS
@@ -219,6 +219,12 @@ heavy_lane() {
   elif [ -n "$torch_prefix" ]; then
     fail "  test_torch was not built although PyTorch is installed"
   fi
+  # examples/llm_decode's model and engine (libtorch; its program runs in gpu-check.d/llm_decode.sh).
+  if [ -x build/gpu/tests/test_llm_decode ]; then
+    run_test_program build/gpu/tests/test_llm_decode
+  elif [ -n "$torch_prefix" ]; then
+    fail "  test_llm_decode was not built although PyTorch is installed"
+  fi
   $tests_only && return  # the steps run examples and benchmarks
   local extra name args
   for extra in scripts/gpu-check.d/*.sh; do
@@ -261,7 +267,7 @@ cuda_lane() {
   for exe in build/gpu/tests/test_*; do
     [ -x "$exe" ] || continue
     # test_*_multi (suite gpu_multi, two GPUs or more): gpu-check.d/nccl.sh, with every GPU.
-    case "$(basename "$exe")" in test_torch | test_*_multi) continue ;; esac
+    case "$(basename "$exe")" in test_torch | test_llm_decode | test_*_multi) continue ;; esac
     run_test_program "$exe"
   done
   if $tests_only; then
@@ -273,7 +279,7 @@ cuda_lane() {
     for tool in $tools; do
       for exe in build/gpu/tests/test_*; do
         [ -x "$exe" ] || continue
-        case "$(basename "$exe")" in *_host | *_multi | test_torch) continue ;; esac
+        case "$(basename "$exe")" in *_host | *_multi | test_torch | test_llm_decode) continue ;; esac
         # compute-sanitizer holds CUDA's profiling interface (CUPTI), which
         # allows one subscriber per process: the capture audit cannot run
         # under it (it says so, and throws). Its test program runs in full

@@ -23,7 +23,7 @@ namespace llm_decode {
 
 struct EngineOptions {
   std::vector<std::int64_t> batch_buckets{1, 2, 4, 8, 16, 32, 64};
-  std::vector<std::int64_t> context_buckets{128, 256, 512, 1024};
+  std::vector<std::int64_t> context_buckets{64, 128, 256, 512, 1024};
   std::size_t steps_per_launch = 1;
   StepMode mode = StepMode::graphed;
   bool capture_at_start = true;

@@ -74,7 +74,7 @@ struct Common {
   std::uint64_t seed = 1;
   std::int64_t max_len = 1024;
   std::vector<std::int64_t> batch_buckets{1, 2, 4, 8, 16, 32, 64};
-  std::vector<std::int64_t> context_buckets{128, 256, 512, 1024};
+  std::vector<std::int64_t> context_buckets{64, 128, 256, 512, 1024};
   std::string json;
 };
 

@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""Tables and goal ratios of the LLM decode benchmarks (docs/llm_decode.md).
+
+    python3 bench/llm_decode/summarize.py --cpp BENCH.json [--peers PEERS.json ...]
+        [--load LOAD.json] [--name small] [--markdown OUT.md]
+
+BENCH.json: `llm_decode bench --json` (C++ eager, graphed, graphed K steps per
+launch; graph memory; capture time). PEERS.json: one or more outputs of
+bench/llm_decode/decode_peers.py for the same weights (their peers are merged;
+a peer measured in two files keeps the first). LOAD.json: `llm_decode load
+--json`. Prints ms per step and tokens/s per method and batch size, then each
+goal of the issue as measured / target; exits 0 (the goals are reported, not
+enforced: a benchmark's result is information, the tests check correctness).
+"""
+import argparse
+import json
+import sys
+
+PEER_LABELS = {
+    "eager": "Python eager (llama.py step)",
+    "cuda_graphs": "Python torch.cuda.CUDAGraph per bucket",
+    "compile": "Python torch.compile reduce-overhead",
+    "hf_eager": "Hugging Face generate, eager",
+    "hf_static": "Hugging Face generate, static cache",
+}
+CPP_LABELS = {
+    "cpp_eager": "C++ eager (same kernels, no graphs)",
+    "cpp_graphed": "C++ replay, one step per launch",
+}
+
+
+def load_rows(cpp, peers):
+    """{method: {batch: (ms_per_step, tokens_per_s, extra)}}"""
+    rows = {}
+    for r in cpp.get("rows", []):
+        rows.setdefault(r["method"], {})[r["batch"]] = (r["ms_per_step"], r["tokens_per_s"], r)
+    for report in peers:
+        for name, peer in report.get("peers", {}).items():
+            if name in rows:
+                continue
+            for r in peer.get("results", []):
+                if r.get("status") == "ok" and r.get("ms_per_step"):
+                    rows.setdefault(name, {})[r["batch"]] = (r["ms_per_step"], r["tokens_per_s"], r)
+    return rows
+
+
+def label(method):
+    if method in CPP_LABELS:
+        return CPP_LABELS[method]
+    if method.startswith("cpp_graphed_k"):
+        return f"C++ replay, {method[len('cpp_graphed_k'):]} steps per launch (WHILE node)"
+    return PEER_LABELS.get(method, method)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cpp", required=True)
+    p.add_argument("--peers", nargs="*", default=[])
+    p.add_argument("--load")
+    p.add_argument("--name", default="")
+    p.add_argument("--markdown")
+    args = p.parse_args()
+    cpp = json.load(open(args.cpp))
+    peers = []
+    notes = []
+    for path in args.peers:
+        try:
+            peers.append(json.load(open(path)))
+        except (OSError, ValueError) as e:
+            notes.append(f"peers file {path}: {e}")
+    rows = load_rows(cpp, peers)
+    for report in peers:
+        for name, peer in report.get("peers", {}).items():
+            if peer.get("status") not in ("ok", None):
+                notes.append(f"{name}: {peer.get('status')}: {peer.get('error') or ''}".strip())
+    batches = sorted({b for m in rows.values() for b in m})
+    out = []
+    title = f" ({args.name})" if args.name else ""
+    out.append(f"### Decode steps{title}: ms per step / tokens per second")
+    out.append("")
+    out.append("| method | " + " | ".join(f"batch {b}" for b in batches) + " |")
+    out.append("|---|" + "---:|" * len(batches))
+    order = ["cpp_graphed"] + sorted(m for m in rows if m.startswith("cpp_graphed_k")) + ["cpp_eager"] + \
+        [m for m in PEER_LABELS if m in rows]
+    for m in order:
+        if m not in rows:
+            continue
+        cells = []
+        for b in batches:
+            if b in rows[m]:
+                ms, tps, _ = rows[m][b]
+                cells.append(f"{ms:.3f} / {tps:,.0f}")
+            else:
+                cells.append("—")
+        out.append(f"| {label(m)} | " + " | ".join(cells) + " |")
+    out.append("")
+
+    goals = []
+
+    def ratio(a, b):
+        return a / b if b else float("nan")
+
+    graphed = rows.get("cpp_graphed", {})
+    python_peers = [m for m in PEER_LABELS if m in rows]
+    for b in batches:
+        if b not in graphed:
+            continue
+        best = max(((rows[m][b][1], m) for m in python_peers if b in rows[m]), default=None)
+        if best:
+            r = ratio(graphed[b][1], best[0])
+            goals.append((f"replay / best Python peer ({best[1]}), batch {b}", r, ">= 1.0", r >= 1.0))
+    if 1 in graphed:
+        for peer, target in (("hf_static", 2.0), ("hf_eager", 10.0)):
+            if 1 in rows.get(peer, {}):
+                r = ratio(graphed[1][1], rows[peer][1][1])
+                goals.append((f"replay / {PEER_LABELS[peer]}, batch 1", r, f">= {target:g}", r >= target))
+        host = graphed[1][2].get("host_fraction")
+        if host is not None:
+            goals.append(("host time per step / step, batch 1", host, "<= 0.05", host <= 0.05))
+        for m in sorted(x for x in rows if x.startswith("cpp_graphed_k")):
+            if 1 in rows[m]:
+                r = ratio(rows[m][1][1], graphed[1][1])
+                goals.append((f"{label(m)} / one step per launch, batch 1", r, ">= 1.3", r >= 1.3))
+    memory = cpp.get("memory")
+    if memory and memory.get("ratio"):
+        goals.append(("graph memory, all buckets / the largest alone", memory["ratio"], "<= 1.25",
+                      memory["ratio"] <= 1.25))
+    capture = cpp.get("capture", {})
+    if "cpp_graphed" in capture:
+        c = capture["cpp_graphed"]
+        threads = capture.get("threads", {})
+        out.append(f"Start-up capture of {c['graphs']} graphs: {c['seconds_serial']:.2f} s on one thread"
+                   + (f", {threads['seconds']:.2f} s on {threads['threads']} threads" if threads else "")
+                   + f"; pool {c['pool_bytes'] / 2**20:.1f} MiB.")
+        out.append("")
+    if args.load:
+        load = json.load(open(args.load))
+        out.append(f"### Load test{title}: {load.get('requests')} requests per point, prompts {load.get('prompt_tokens')}, "
+                   f"outputs {load.get('new_tokens')} tokens, Poisson arrivals")
+        out.append("")
+        out.append("| batching | offered req/s | done req/s | tokens/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | finished |")
+        out.append("|---|---:|---:|---:|---:|---:|---:|")
+        by = {}
+        for r in load["rows"]:
+            by[(r["batching"], r["offered_rps"])] = r
+            out.append(f"| {r['batching']} | {r['offered_rps']:g} | {r['completed_rps']:.1f} | {r['tokens_per_s']:,.0f} | "
+                       f"{r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.1f} | {r['tpot_p50_ms']:.2f} / {r['tpot_p99_ms']:.2f} | "
+                       f"{r['finished']}/{r['requests']} |")
+        out.append("")
+        rates = sorted({rate for _, rate in by})
+        for rate in rates:
+            c, s = by.get(("continuous", rate)), by.get(("static", rate))
+            if c and s:
+                r = ratio(c["tokens_per_s"], s["tokens_per_s"])
+                ok = r >= 2.0 and c["tpot_p99_ms"] <= s["tpot_p99_ms"]
+                goals.append((f"continuous / static throughput at {rate:g} req/s offered (TPOT p99 {c['tpot_p99_ms']:.2f} vs "
+                              f"{s['tpot_p99_ms']:.2f} ms)", r, ">= 2, TPOT p99 no worse", ok))
+    out.append(f"### Goals{title}")
+    out.append("")
+    out.append("| goal | measured | target | |")
+    out.append("|---|---:|---|---|")
+    for name, value, target, ok in goals:
+        out.append(f"| {name} | {value:.3f} | {target} | {'met' if ok else 'MISSED'} |")
+    if notes:
+        out.append("")
+        out.extend(f"- {n}" for n in notes)
+    text = "\n".join(out)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# gpu-check step for examples/llm_decode (heavy lane; run by scripts/gpu-check.sh
+# after test_llm_decode ran with the other test programs):
+#   check:   random weights for the "small" preset; `llm_decode generate` with one
+#            and with 4 steps per launch (24 requests from 4 threads through
+#            continuous batching, every executor call replayed eagerly: the
+#            tokens must be equal bit for bit); scripts/llm_decode_compare.py
+#            (C++ against llama.py and Hugging Face on the same weights);
+#   measure: for each preset in REPLAY_LLM_PRESETS (default "small"): the C++
+#            benchmark (eager, graphed, graphed 4 steps per launch), the Python
+#            peers (bench/llm_decode/decode_peers.py: eager, torch.cuda.CUDAGraph,
+#            Hugging Face generate eager and static cache, torch.compile last,
+#            within what is left of the budget), the summary with the goals
+#            (bench/llm_decode/summarize.py); for "small" also the load test
+#            (continuous against static batching) and its plot.
+#   scripts/gpu-check.d/llm_decode.sh [all | check | measure]   (default: $REPLAY_LLM_MODE, else all)
+# Bounded by REPLAY_LLM_BUDGET_S (default 360 s; gpu-check.sh kills a step at
+# 420 s). Files in $OUT: llm_*.txt, llm_*.json, llm_load_small.png, llm_results.md.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+mode=${1:-${REPLAY_LLM_MODE:-all}}
+case "$mode" in
+  all | check | measure) ;;
+  *) echo "llm_decode: unknown mode '$mode' (all, check or measure)"; exit 2 ;;
+esac
+OUT=${OUT:-build/gpu-check}
+mkdir -p "$OUT"
+build=${REPLAY_BUILD_DIR:-build/gpu}
+exe=$build/examples/llm_decode/llm_decode
+weights=$build/llm_weights
+presets=${REPLAY_LLM_PRESETS:-small}
+budget=${REPLAY_LLM_BUDGET_S:-360}
+start=$SECONDS
+status=0
+step() { printf '[llm_decode %s +%ds] %s\n' "$(date +%T)" "$((SECONDS - start))" "$*"; }
+failed() { echo "llm_decode: $* FAILED"; status=1; }
+left() { echo $((budget - (SECONDS - start))); }
+bounded() {  # bounded SECONDS CMD...: at most SECONDS and at most what is left
+  local want=$1 cap
+  shift
+  cap=$(left)
+  [ "$cap" -lt "$want" ] && want=$cap
+  [ "$want" -lt 10 ] && { echo "llm_decode: no time left for: $*"; return 124; }
+  timeout "$want" "$@"
+}
+
+if [ ! -x "$exe" ]; then
+  if [ -n "${REPLAY_SKIP_TORCH:-}" ]; then
+    echo "llm_decode: skipped (REPLAY_SKIP_TORCH is set)"
+    exit 0
+  fi
+  echo "llm_decode: FAILED: $exe was not built (Torch, nlohmann_json and CLI11 are needed; see the CMake log)"
+  exit 1
+fi
+
+weights_for() {  # weights_for PRESET: writes them once
+  local dir=$weights/$1
+  [ -f "$dir/weights.pt" ] || "$exe" write-weights --preset "$1" --seed 1 --out "$dir" >/dev/null || return 1
+  echo "$dir"
+}
+
+if [ "$mode" != measure ]; then
+  small=$(weights_for small) || failed "writing the small weights"
+  for k in 1 4; do
+    step "generate, $k step(s) per launch: graphed engine against eager replays of its calls"
+    bounded 120 "$exe" generate --weights "$small" --steps-per-launch "$k" --json "$OUT/llm_generate_k$k.json" \
+      >"$OUT/llm_generate_k$k.txt" 2>&1 || failed "generate, $k step(s) per launch (rc=$?)"
+    tail -3 "$OUT/llm_generate_k$k.txt"
+  done
+  step "C++ against llama.py and Hugging Face (scripts/llm_decode_compare.py)"
+  bounded 120 python3 scripts/llm_decode_compare.py "$small" "$OUT/llm_generate_k1.json" \
+    --json "$OUT/llm_compare.json" >"$OUT/llm_compare.txt" 2>&1 || failed "the comparison with Python (rc=$?)"
+  tail -1 "$OUT/llm_compare.txt"
+fi
+
+if [ "$mode" != check ]; then
+  for preset in $presets; do
+    dir=$(weights_for "$preset") || { failed "writing the $preset weights"; continue; }
+    step "C++ benchmark ($preset)"
+    bounded 150 "$exe" bench --weights "$dir" --json "$OUT/llm_bench_$preset.json" >"$OUT/llm_bench_$preset.txt" 2>&1 ||
+      failed "C++ benchmark $preset (rc=$?)"
+    cat "$OUT/llm_bench_$preset.txt"
+    if [ "$preset" = small ]; then
+      step "load test (small): continuous against static batching"
+      bounded 120 "$exe" load --weights "$dir" --rates 50,100,200,400,800 --requests 256 \
+        --json "$OUT/llm_load_small.json" >"$OUT/llm_load_small.txt" 2>&1 || failed "load test (rc=$?)"
+      cat "$OUT/llm_load_small.txt"
+      python3 bench/llm_decode/plot_load.py "$OUT/llm_load_small.json" "$OUT/llm_load_small.png" \
+        --title "llm_decode, small preset: continuous against static batching" || failed "the load plot"
+    fi
+    # The peers share what is left; torch.compile goes last.
+    peers_budget=$(( $(left) - 20 ))
+    [ "$preset" = small ] && [ "$presets" != small ] && peers_budget=$(( peers_budget / 2 ))
+    if [ "$peers_budget" -gt 30 ]; then
+      step "Python peers ($preset, within ${peers_budget} s)"
+      timeout $((peers_budget + 20)) python3 bench/llm_decode/decode_peers.py --weights "$dir" \
+        --peers eager,cuda_graphs,hf_eager,hf_static,compile --repeats 3 --budget-s "$peers_budget" \
+        --compile-budget-s "$((peers_budget / 2))" --json "$OUT/llm_peers_$preset.json" \
+        >/dev/null 2>"$OUT/llm_peers_$preset.err"
+      rc=$?
+      [ "$rc" -le 1 ] || failed "Python peers $preset (rc=$rc)"  # 1: something not measured (in the JSON)
+      grep -E "^decode_peers: " "$OUT/llm_peers_$preset.err" | tail -5
+    else
+      echo "llm_decode: no time left for the Python peers ($preset)"
+    fi
+    load_args=()
+    [ -f "$OUT/llm_load_$preset.json" ] && load_args=(--load "$OUT/llm_load_$preset.json")
+    python3 bench/llm_decode/summarize.py --name "$preset" --cpp "$OUT/llm_bench_$preset.json" \
+      --peers "$OUT/llm_peers_$preset.json" "${load_args[@]}" --markdown "$OUT/llm_results_$preset.md" ||
+      failed "summary $preset"
+  done
+  cat "$OUT"/llm_results_*.md >"$OUT/llm_results.md" 2>/dev/null
+fi
+echo "llm_decode step: $((SECONDS - start)) s, $([ "$status" -eq 0 ] && echo ok || echo FAILED)"
+exit "$status"
