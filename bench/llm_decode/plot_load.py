@@ -32,9 +32,12 @@ def main():
     axes[0].set_ylabel("generated tokens/s")
     axes[1].set_ylabel("time per output token, ms (p99; faint: p50)")
     axes[2].set_ylabel("time to first token p99, ms")
+    rates = sorted({r["offered_rps"] for r in rows})
     for ax in axes:
         ax.set_xlabel("offered load, requests/s (Poisson)")
         ax.set_xscale("log")
+        ax.set_xticks(rates, [f"{r:g}" for r in rates])
+        ax.minorticks_off()
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     axes[2].set_yscale("log")
