@@ -43,7 +43,10 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
 
+#include <cuda_runtime_api.h>
+
 #include <replay/decode.hpp>
+#include <replay/error.hpp>
 #include <replay/torch.hpp>
 
 #include "kv_cache.hpp"
@@ -186,7 +189,13 @@ class LlamaExecutor {
       for (std::int64_t j = 0; j < steps; ++j) step(key[0], key[1]);
     }
     const std::int64_t read_rows = kRingRow - kCountsRow + steps;
-    host_out_.narrow(0, 0, read_rows).copy_(state_.narrow(0, kCountsRow, read_rows), /*non_blocking=*/true);
+    // Raw copies: at::Tensor::copy_ costs the host several microseconds of
+    // dispatch per call, a share of a step that matters at batch 1.
+    replay::check(::cudaMemcpyAsync(host_out_.data_ptr<std::int64_t>(),
+                                    state_.data_ptr<std::int64_t>() + kCountsRow * max_batch_,
+                                    static_cast<std::size_t>(read_rows * max_batch_) * sizeof(std::int64_t),
+                                    ::cudaMemcpyDeviceToHost, stream_->stream()),
+                  "cudaMemcpyAsync");
     const auto issued = std::chrono::steady_clock::now();
     stream_->synchronize();
     const auto returned = std::chrono::steady_clock::now();
@@ -268,7 +277,10 @@ class LlamaExecutor {
     }
     in[kLoopRow * n + 1] = steps;
     in[kLoopRow * n + 2] = 1;
-    state_.narrow(0, 0, kStagedRows).copy_(host_in_, /*non_blocking=*/true);
+    replay::check(::cudaMemcpyAsync(state_.data_ptr<std::int64_t>(), in,
+                                    static_cast<std::size_t>(kStagedRows * n) * sizeof(std::int64_t),
+                                    ::cudaMemcpyHostToDevice, stream_->stream()),
+                  "cudaMemcpyAsync");
   }
 
   // One decode step for the first `batch` rows, reading `context` positions:
