@@ -307,6 +307,16 @@ TEST_SUITE("host") {
     CHECK(audit::summary_for(calls[2], replay::AuditFindingKind::unsafe_call, std::nullopt, false,
                              replay::CaptureMode::relaxed)
               .find("another thread") != std::string::npos);
+    // In a this_thread capture an allocation that succeeded was made in
+    // relaxed mode (as PyTorch's allocator does); a synchronization waited
+    // on a stream outside the capture.
+    const std::string malloc_line = audit::summary_for(calls[0], replay::AuditFindingKind::unsafe_call, std::nullopt,
+                                                       false, replay::CaptureMode::this_thread);
+    CHECK(malloc_line.find("switched to CaptureMode::relaxed") != std::string::npos);
+    CHECK(malloc_line.find("the stream it waits on") == std::string::npos);
+    CHECK(audit::summary_for(calls[1], replay::AuditFindingKind::unsafe_call, std::nullopt, false,
+                             replay::CaptureMode::this_thread)
+              .find("the stream it waits on") != std::string::npos);
   }
 
   TEST_CASE("audit: the inventory compares launches on the capture's streams with the graph's nodes by name") {

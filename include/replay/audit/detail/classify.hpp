@@ -310,10 +310,17 @@ inline ::std::string summary_for(const AuditedCall& call, AuditFindingKind findi
     case AuditFindingKind::unsafe_call:
       break;
   }
-  const char* would = call.capturing_thread
-                          ? (mode == CaptureMode::relaxed ? "would break a capture in CaptureMode::this_thread or global"
-                                                          : "would break a capture of the stream it waits on")
-                          : "would break a capture in CaptureMode::global";
+  // An allocation or free that succeeded on the capturing thread of a
+  // this_thread or global capture was made with the thread switched to
+  // relaxed mode for it (PyTorch's caching allocator does that); anything
+  // else that succeeded there waits on work outside the capture.
+  const bool memory = call.kind == AuditCallKind::allocation || call.kind == AuditCallKind::free;
+  const char* would = !call.capturing_thread ? "would break a capture in CaptureMode::global"
+                      : mode == CaptureMode::relaxed
+                          ? "would break a capture in CaptureMode::this_thread or global"
+                      : memory ? "would break a capture in CaptureMode::this_thread or global (the thread was switched "
+                                 "to CaptureMode::relaxed for it)"
+                               : "would break a capture of the stream it waits on";
   return concat(what, op, " on ", describe_thread(call), where, " succeeded but ", would);
 }
 
