@@ -147,20 +147,34 @@ class LlamaExecutor {
   LlamaExecutor& operator=(const LlamaExecutor&) = delete;
   ~LlamaExecutor() = default;
 
-  // Prefills each prompt eagerly (one forward over the prompt) and reads the
-  // first tokens back with one copy.
+  // Prefills the prompts eagerly, packed into forwards of at most
+  // kPrefillPackTokens tokens (a prompt longer than that gets one of its
+  // own), and reads the first tokens back with one copy.
   void prefill(replay::PrefillBatch& batch) {
     const c10::cuda::CUDAGuard guard(device_);
     const c10::cuda::CUDAStreamGuard stream_guard(*stream_);
     const c10::InferenceMode inference;
     std::vector<at::Tensor> firsts;
-    firsts.reserve(batch.rows.size());
+    std::vector<std::int64_t> slots;
+    std::vector<at::Tensor> prompts;
+    std::int64_t packed = 0;
+    const auto flush = [&] {
+      if (prompts.empty()) return;
+      firsts.push_back(model_->prefill_many(*cache_, slots, prompts).argmax(-1));
+      slots.clear();
+      prompts.clear();
+      packed = 0;
+    };
     for (const replay::PrefillRow& row : batch.rows) {
-      const at::Tensor prompt =
-          at::tensor(std::vector<std::int64_t>(row.prompt.begin(), row.prompt.end()), at::kLong).to(device_);
-      firsts.push_back(model_->prefill(*cache_, static_cast<std::int64_t>(row.slot), prompt).argmax(-1));
+      const auto length = static_cast<std::int64_t>(row.prompt.size());
+      if (packed > 0 && packed + length > kPrefillPackTokens) flush();
+      slots.push_back(static_cast<std::int64_t>(row.slot));
+      prompts.push_back(
+          at::tensor(std::vector<std::int64_t>(row.prompt.begin(), row.prompt.end()), at::kLong).to(device_));
+      packed += length;
     }
-    const at::Tensor tokens = at::stack(firsts).to(at::kCPU);  // waits for the prefills
+    flush();
+    const at::Tensor tokens = at::cat(firsts).to(at::kCPU);  // waits for the prefills
     const auto* values = tokens.data_ptr<std::int64_t>();
     for (std::size_t r = 0; r < batch.rows.size(); ++r) batch.first_tokens[r] = static_cast<replay::TokenId>(values[r]);
     stats_.prefills += batch.rows.size();
@@ -242,6 +256,9 @@ class LlamaExecutor {
   static constexpr std::int64_t kSlotsRow = 0, kPositionsRow = 1, kTokensRow = 2, kLimitsRow = 3, kDoneRow = 4,
                                 kLoopRow = 5, kCountsRow = 6, kRingRow = 7;
   static constexpr std::int64_t kStagedRows = kRingRow;  // rows 0..6 are written by every launch's one copy
+  // Most prompt tokens packed into one prefill forward (its attention is
+  // [tokens x tokens] per head).
+  static constexpr std::int64_t kPrefillPackTokens = 512;
 
   static double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

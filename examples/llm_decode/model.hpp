@@ -85,6 +85,12 @@ inline at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double
   return at::rms_norm(x, {x.size(-1)}, weight, eps);
 }
 
+// Host integers as an int64 tensor on `device` (eager paths only: a copy
+// from the host).
+inline at::Tensor to_device(const std::vector<std::int64_t>& values, const at::Device& device) {
+  return at::tensor(values, at::TensorOptions().dtype(at::kLong)).to(device);
+}
+
 // Hugging Face's rotate_half and apply_rotary_pos_emb (the half-split form,
 // not the interleaved one of the original Llama code).
 inline at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -279,9 +285,52 @@ class LlamaModel {
                       std::to_string(cache.slots() - 1) + " (slot " + std::to_string(cache.spare_slot()) +
                       " is the spare one, for padding rows)");
     }
-    const at::Tensor hidden = prompt_hidden(tokens, &cache, slot);
-    const at::Tensor last = hidden.narrow(0, hidden.size(0) - 1, 1);
-    return at::linear(detail::rms_norm(last, norm_, config_.rms_norm_eps), lm_head_).squeeze(0).to(at::kFloat);
+    return prefill_many(cache, {slot}, {tokens})[0];
+  }
+
+  // Several prompts in one forward (eager, like prefill()): their tokens
+  // packed one after the other, each attending only to its own earlier
+  // tokens, each written into its slot. One pass over the weights and one
+  // set of kernels for all of them, where prompt-by-prompt prefill pays the
+  // kernel launches per prompt. Returns each prompt's last-position logits,
+  // [prompts, vocab] float32. Slots distinct and below slots(); the packed
+  // length is the caller's to bound (attention is [tokens x tokens]).
+  at::Tensor prefill_many(KvCache& cache, const std::vector<std::int64_t>& slots,
+                          const std::vector<at::Tensor>& prompts) const {
+    check_cache(cache);
+    if (slots.size() != prompts.size() || prompts.empty()) {
+      detail::invalid("prefill_many: " + std::to_string(slots.size()) + " slots for " + std::to_string(prompts.size()) +
+                      " prompts (one slot per prompt, at least one prompt)");
+    }
+    std::vector<std::int64_t> packed_slots;
+    std::vector<std::int64_t> packed_positions;
+    std::vector<std::int64_t> packed_segments;
+    std::vector<std::int64_t> last_rows;
+    for (std::size_t p = 0; p < prompts.size(); ++p) {
+      check_prompt(prompts[p]);
+      const std::int64_t slot = slots[p];
+      if (slot < 0 || slot >= cache.slots()) {
+        detail::invalid("prefill slot " + std::to_string(slot) + " is out of range: the cache has slots 0.." +
+                        std::to_string(cache.slots() - 1) + " (slot " + std::to_string(cache.spare_slot()) +
+                        " is the spare one, for padding rows)");
+      }
+      if (std::count(slots.begin(), slots.end(), slot) > 1) {
+        detail::invalid("prefill_many: slot " + std::to_string(slot) + " is given to more than one prompt");
+      }
+      for (std::int64_t t = 0; t < prompts[p].size(0); ++t) {
+        packed_slots.push_back(slot);
+        packed_positions.push_back(t);
+        packed_segments.push_back(static_cast<std::int64_t>(p));
+      }
+      last_rows.push_back(static_cast<std::int64_t>(packed_positions.size()) - 1);
+    }
+    const at::Tensor tokens = prompts.size() == 1 ? prompts[0] : at::cat(prompts);
+    const Packing packing{.slots = detail::to_device(packed_slots, device_),
+                          .positions = detail::to_device(packed_positions, device_),
+                          .segments = detail::to_device(packed_segments, device_)};
+    const at::Tensor hidden = packed_hidden(tokens, packing, &cache);
+    const at::Tensor last = hidden.index_select(0, detail::to_device(last_rows, device_));
+    return at::linear(detail::rms_norm(last, norm_, config_.rms_norm_eps), lm_head_).to(at::kFloat);
   }
 
   // One decode step for B rows, capture-safe: no host synchronization, no
@@ -379,7 +428,10 @@ class LlamaModel {
   // decode are tested against (and what Hugging Face computes for a prompt).
   at::Tensor forward_full(const at::Tensor& tokens) const {
     check_prompt(tokens);
-    const at::Tensor hidden = prompt_hidden(tokens, nullptr, 0);
+    const std::int64_t length = tokens.size(0);
+    const Packing packing{.slots = {}, .positions = positions_.narrow(0, 0, length),
+                          .segments = at::zeros({length}, positions_.options())};
+    const at::Tensor hidden = packed_hidden(tokens, packing, nullptr);
     return at::linear(detail::rms_norm(hidden, norm_, config_.rms_norm_eps), lm_head_).to(at::kFloat);
   }
 
@@ -466,18 +518,37 @@ class LlamaModel {
   // The hidden states [T, hidden] of a prompt before the final norm, with
   // causal attention over the prompt itself; its keys/values also go into
   // `cache` at `slot`, positions 0..T-1, when a cache is given.
-  at::Tensor prompt_hidden(const at::Tensor& tokens, KvCache* cache, std::int64_t slot) const {
+  // Where each packed token belongs: its slot (written when there is a
+  // cache), its position in its own prompt, and which prompt it is part of.
+  struct Packing {
+    at::Tensor slots;      // int64 [N] (undefined without a cache)
+    at::Tensor positions;  // int64 [N]
+    at::Tensor segments;   // int64 [N]
+  };
+
+  // The hidden states [N, hidden] of packed prompts, each token attending to
+  // the tokens of its own prompt up to its position; with a cache, each
+  // token's keys and values written at (its slot, its position).
+  at::Tensor packed_hidden(const at::Tensor& tokens, const Packing& packing, KvCache* cache) const {
     const std::int64_t length = tokens.size(0);
     const std::int64_t heads = config_.num_heads;
     const std::int64_t kv_heads = config_.num_kv_heads;
     const std::int64_t head_dim = config_.head_dim();
     const std::int64_t group = config_.group_size();
 
-    at::Tensor x = embed_.index_select(0, tokens);  // [T, hidden]
-    const at::Tensor cos = cos_.narrow(0, 0, length).unsqueeze(1);  // [T, 1, head_dim]
-    const at::Tensor sin = sin_.narrow(0, 0, length).unsqueeze(1);
-    const at::Tensor steps = positions_.narrow(0, 0, length);
-    const at::Tensor future = at::gt(steps.unsqueeze(0), steps.unsqueeze(1));  // [T, T]: key j after query t
+    at::Tensor x = embed_.index_select(0, tokens);  // [N, hidden]
+    const at::Tensor cos = cos_.index_select(0, packing.positions).unsqueeze(1);  // [N, 1, head_dim]
+    const at::Tensor sin = sin_.index_select(0, packing.positions).unsqueeze(1);
+    // [N, N]: key j is hidden from query t when it comes later in the same
+    // prompt or belongs to another prompt.
+    const at::Tensor future = at::gt(packing.positions.unsqueeze(0), packing.positions.unsqueeze(1))
+                                  .logical_or(at::ne(packing.segments.unsqueeze(0), packing.segments.unsqueeze(1)));
+    c10::List<std::optional<at::Tensor>> write_at;
+    if (cache != nullptr) {
+      write_at.push_back(packing.slots);
+      write_at.push_back(std::nullopt);  // every key/value head
+      write_at.push_back(packing.positions);
+    }
 
     for (std::int64_t i = 0; i < config_.num_layers; ++i) {
       const Layer& layer = layers_[static_cast<std::size_t>(i)];
@@ -487,15 +558,15 @@ class LlamaModel {
           qkv.narrow(1, heads * head_dim, kv_heads * head_dim).view({length, kv_heads, head_dim}), cos, sin);
       const at::Tensor v =
           qkv.narrow(1, (heads + kv_heads) * head_dim, kv_heads * head_dim).view({length, kv_heads, head_dim});
-      const at::Tensor keys = k.transpose(0, 1);  // [kv_heads, T, head_dim]
-      const at::Tensor values = v.transpose(0, 1);
       if (cache != nullptr) {
-        cache->k.select(0, i).select(0, slot).narrow(1, 0, length).copy_(keys);
-        cache->v.select(0, i).select(0, slot).narrow(1, 0, length).copy_(values);
+        cache->k.select(0, i).index_put_(write_at, k);
+        cache->v.select(0, i).index_put_(write_at, v);
       }
-      // [kv_heads, group * T, head_dim]: a key/value head's query heads stacked.
+      const at::Tensor keys = k.transpose(0, 1);  // [kv_heads, N, head_dim]
+      const at::Tensor values = v.transpose(0, 1);
+      // [kv_heads, group * N, head_dim]: a key/value head's query heads stacked.
       const at::Tensor queries = q.transpose(0, 1).reshape({kv_heads, group * length, head_dim});
-      at::Tensor scores = at::matmul(queries, keys.transpose(1, 2)) * scale_;  // [kv_heads, group * T, T]
+      at::Tensor scores = at::matmul(queries, keys.transpose(1, 2)) * scale_;  // [kv_heads, group * N, N]
       scores.view({kv_heads, group, length, length}).masked_fill_(future, -std::numeric_limits<double>::infinity());
       const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(dtype_);
       const at::Tensor attended =

@@ -197,6 +197,41 @@ TEST_SUITE("host") {
     }
   }
 
+  TEST_CASE("prefill_many packs prompts into one forward: each prompt's logits and cache rows as if prefilled alone") {
+    const LlamaConfig config = llm_decode_test::tiny_config(4, 2);
+    const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), cpu, at::kFloat);
+    const std::vector<std::vector<std::int64_t>> prompts{llm_decode_test::random_tokens(7, config.vocab_size),
+                                                         llm_decode_test::random_tokens(1, config.vocab_size),
+                                                         llm_decode_test::random_tokens(12, config.vocab_size)};
+    const std::vector<std::int64_t> slots{2, 0, 1};
+    KvCache alone(config, 3, cpu, at::kFloat);
+    KvCache packed(config, 3, cpu, at::kFloat);
+    std::vector<at::Tensor> inputs;
+    std::vector<at::Tensor> expected;
+    for (std::size_t p = 0; p < prompts.size(); ++p) {
+      inputs.push_back(llm_decode_test::int64_tensor(prompts[p], cpu));
+      expected.push_back(model.prefill(alone, slots[p], inputs.back()));
+    }
+    const at::Tensor logits = model.prefill_many(packed, slots, inputs);
+    REQUIRE(logits.sizes() == at::IntArrayRef({3, config.vocab_size}));
+    for (std::size_t p = 0; p < prompts.size(); ++p) {
+      CAPTURE(p);
+      CHECK(llm_decode_test::max_error(logits[static_cast<std::int64_t>(p)], expected[p]) < 1e-5);
+      const auto length = static_cast<std::int64_t>(prompts[p].size());
+      for (at::Tensor KvCache::*side : {&KvCache::k, &KvCache::v}) {
+        const at::Tensor a = (alone.*side).select(1, slots[p]).narrow(2, 0, length);
+        const at::Tensor b = (packed.*side).select(1, slots[p]).narrow(2, 0, length);
+        CHECK(llm_decode_test::max_error(b, a) < 1e-5);
+      }
+    }
+    // Nothing beyond each prompt was written.
+    CHECK(packed.k.select(1, 0).narrow(2, 1, config.max_len - 1).abs().max().item<float>() == 0.0F);
+    // Refusals: one slot per prompt, each slot once.
+    CHECK_THROWS_AS(model.prefill_many(packed, {0, 1}, {inputs[0]}), std::invalid_argument);
+    CHECK_THROWS_AS(model.prefill_many(packed, {1, 1}, {inputs[0], inputs[1]}), std::invalid_argument);
+    CHECK_THROWS_AS(model.prefill_many(packed, {}, {}), std::invalid_argument);
+  }
+
   TEST_CASE("save and load round-trip the weights and the logits, with Hugging Face's names, tied or not") {
     for (const bool tied : {true, false}) {
       CAPTURE(tied);
