@@ -13,12 +13,16 @@
 #            within what is left of the budget), the summary with the goals
 #            (bench/llm_decode/summarize.py); for "small" also the load test
 #            (continuous against static batching) and its plot.
-#   scripts/gpu-check.d/llm_decode.sh [all | check | measure]   (default: $REPLAY_LLM_MODE, else all)
+#   scripts/gpu-check.d/llm_decode.sh [all | check | measure]   (default: $REPLAY_LLM_MODE, else check)
+# gpu-check.sh runs the check (about 40 s); the measurement takes minutes
+# (the Python peers compile), so it is a run of its own, e.g.
+#   REPLAY_LLM_PRESETS="small 1b" REPLAY_LLM_BUDGET_S=540 scripts/gpu-check.d/llm_decode.sh measure
+# after a build of build/gpu (llm_decode's target).
 # Bounded by REPLAY_LLM_BUDGET_S (default 360 s; gpu-check.sh kills a step at
 # 420 s). Files in $OUT: llm_*.txt, llm_*.json, llm_load_small.png, llm_results.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-mode=${1:-${REPLAY_LLM_MODE:-all}}
+mode=${1:-${REPLAY_LLM_MODE:-check}}
 case "$mode" in
   all | check | measure) ;;
   *) echo "llm_decode: unknown mode '$mode' (all, check or measure)"; exit 2 ;;
