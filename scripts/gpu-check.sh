@@ -17,7 +17,7 @@
 #   REPLAY_CHECK_DEADLINE_S=n        stop starting steps after n seconds; steps
 #                                    cut short count as failures (default 3000)
 #   REPLAY_BENCH_FILTER=regex        only these benchmarks
-#   REPLAY_SKIP_TORCH=1              do not look for libtorch (test_torch is then not expected)
+#   REPLAY_SKIP_TORCH=1              do not look for libtorch (test_torch and test_llm_decode are then not expected)
 #   REPLAY_BENCH_MISS_OK=1           a benchmark ratio below its target is reported as
 #                                    MISS but does not fail the run (noisy machines)
 #
@@ -396,15 +396,18 @@ while read -r prog min; do
     expected_notes+="  $prog: not run by the lanes (needs two GPUs or more; scripts/gpu-check.d/nccl.sh runs it)"$'\n'
     continue ;;
   esac
-  if [ "$prog" = test_torch ] && [ -n "${REPLAY_SKIP_TORCH:-}" ]; then
+  # The libtorch test programs are the heavy lane's; the others the CUDA-only lane's.
+  heavy_program=false
+  case "$prog" in test_torch | test_llm_decode) heavy_program=true ;; esac
+  if $heavy_program && [ -n "${REPLAY_SKIP_TORCH:-}" ]; then
     expected_notes+="  $prog: not expected (REPLAY_SKIP_TORCH)"$'\n'
     continue
   fi
-  if [ "$prog" = test_torch ] && ! $run_heavy; then
+  if $heavy_program && ! $run_heavy; then
     expected_notes+="  $prog: the heavy lane's (--lane heavy)"$'\n'
     continue
   fi
-  [ "$prog" != test_torch ] && ! $run_cuda && continue  # the CUDA-only lane's (--lane cuda)
+  ! $heavy_program && ! $run_cuda && continue  # the CUDA-only lane's (--lane cuda)
   ran=$(awk -v n="$prog" '$1 == n {print $2 + $3}' "$OUT"/lane-*.counts 2>/dev/null | tail -1)
   if [ -z "$ran" ]; then
     expected_notes+="  FAIL: $prog (expected, at least $min cases) did not run"$'\n'
