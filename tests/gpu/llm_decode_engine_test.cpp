@@ -309,6 +309,43 @@ TEST_CASE("continuous batching with requests from several threads: every request
   }
 }
 
+TEST_CASE("DecodeEngine: refusals, cancellation mid-stream, and the freed slot serving the next request") {
+  const at::Device cuda(at::kCUDA, 0);
+  const LlamaModel model = tiny_model(cuda);
+  llm_decode::DecodeEngine engine(model, {.batch_buckets = {1, 2},
+                                          .context_buckets = {32, 64},
+                                          .steps_per_launch = 2,
+                                          .queue_capacity = 1});
+  // A prompt with no room for a token under max_len (64) is refused at once.
+  const replay::DecodeResult too_long = engine.submit({.prompt = std::vector<replay::TokenId>(64, 1)}).wait();
+  CHECK(too_long.status == replay::DecodeStatus::prompt_too_long);
+  CHECK(too_long.tokens.empty());
+  // Two long requests fill both slots; a cancelled one ends with a prefix of
+  // its tokens and its slot serves a request that was waiting.
+  replay::DecodeStream first = engine.submit({.prompt = {1, 2, 3}, .max_new_tokens = 50});
+  replay::DecodeStream second = engine.submit({.prompt = {4, 5}, .max_new_tokens = 50});
+  REQUIRE(first.next().has_value());  // running (the rest of its 50 tokens takes 25 launches)
+  REQUIRE(second.next().has_value());  // running too: both slots are taken, nothing waits
+  // Both slots are taken: this one waits, and fills the queue (capacity 1),
+  // so the next is refused at once.
+  replay::DecodeStream waiting = engine.submit({.prompt = {6, 7, 8}, .max_new_tokens = 4});
+  const replay::DecodeResult extra = engine.submit({.prompt = {9}, .max_new_tokens = 2}).wait();
+  CHECK(extra.status == replay::DecodeStatus::queue_full);
+  CHECK(extra.tokens.empty());
+  first.cancel();
+  const replay::DecodeResult cancelled = first.wait();
+  CHECK(cancelled.status == replay::DecodeStatus::cancelled);
+  CHECK(cancelled.tokens.size() < 50);
+  const replay::DecodeResult served = waiting.wait();
+  CHECK(served.status == replay::DecodeStatus::token_limit);
+  CHECK(served.tokens.size() == 4);
+  const replay::DecodeResult other = second.wait();
+  CHECK(other.status == replay::DecodeStatus::token_limit);
+  CHECK(other.tokens.size() == 50);
+  engine.shutdown(replay::DecodeShutdown::drain);
+  CHECK(engine.executor().capture_failures().empty());
+}
+
 TEST_CASE("a launch asking for more steps than the executor was made for is refused") {
   const at::Device cuda(at::kCUDA, 0);
   const LlamaModel model = tiny_model(cuda);
