@@ -13,10 +13,11 @@
 
 namespace llm_decode {
 
-// The smallest bucket that holds `n` (the last when none does: the caller checks).
+// The scheduler's smallest_bucket() (replay/decode/policy.hpp), refusing
+// `n` above the largest bucket instead of returning 0.
 inline std::int64_t smallest_bucket_for(const std::vector<std::int64_t>& buckets, std::int64_t n) {
-  for (const std::int64_t b : buckets) {
-    if (b >= n) return b;
+  if (const std::int64_t bucket = replay::smallest_bucket(buckets, static_cast<std::size_t>(n)); bucket > 0) {
+    return bucket;
   }
   throw std::invalid_argument("no bucket holds " + std::to_string(n) + " (the largest is " +
                               std::to_string(buckets.back()) + ")");

@@ -78,6 +78,15 @@ struct Common {
   std::string json;
 };
 
+// The executor options of the program's bucket lists.
+ExecutorOptions executor_options(const Common& c, StepMode mode, std::size_t steps = 1, int capture_threads = 1) {
+  return ExecutorOptions{.mode = mode,
+                         .batch_buckets = c.batch_buckets,
+                         .context_buckets = c.context_buckets,
+                         .steps_per_launch = steps,
+                         .capture_threads = capture_threads};
+}
+
 LlamaModel load_model(const Common& c) {
   const at::Device device(at::kCUDA, 0);
   if (!c.weights.empty()) return LlamaModel::load(c.weights, device);
@@ -98,10 +107,7 @@ int generate(const Common& c, std::size_t prompts, std::size_t new_tokens, std::
   // The graphed engine, its executor's calls recorded.
   llm_decode::KvCache cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
   LlamaExecutor graphed(model, cache,
-                        ExecutorOptions{.mode = StepMode::graphed,
-                                        .batch_buckets = c.batch_buckets,
-                                        .context_buckets = c.context_buckets,
-                                        .steps_per_launch = steps});
+                        executor_options(c, StepMode::graphed, steps));
   llm_decode::RecordingExecutor<LlamaExecutor> recording(graphed);
   std::vector<replay::DecodeResult> results(prompts);
   {
@@ -126,10 +132,7 @@ int generate(const Common& c, std::size_t prompts, std::size_t new_tokens, std::
   // The same calls, eagerly, on a fresh cache: the same kernels, so the same tokens bit for bit.
   llm_decode::KvCache eager_cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
   LlamaExecutor eager(model, eager_cache,
-                      ExecutorOptions{.mode = StepMode::eager,
-                                      .batch_buckets = c.batch_buckets,
-                                      .context_buckets = c.context_buckets,
-                                      .steps_per_launch = steps});
+                      executor_options(c, StepMode::eager, steps));
   std::string first_difference;
   const std::size_t differing = llm_decode::replay_recording(eager, recording.calls(), {}, &first_difference);
   std::size_t finished = 0;
@@ -235,10 +238,7 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
   for (const Method& m : methods) {
     llm_decode::KvCache cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
     LlamaExecutor executor(model, cache,
-                           ExecutorOptions{.mode = m.mode,
-                                           .batch_buckets = c.batch_buckets,
-                                           .context_buckets = c.context_buckets,
-                                           .steps_per_launch = m.steps});
+                           executor_options(c, m.mode, m.steps));
     if (m.mode == StepMode::graphed) {
       const auto& s = executor.stats();
       out["capture"][m.name] = {{"graphs", s.graphs},
@@ -297,10 +297,7 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
   if (capture_threads > 1) {
     llm_decode::KvCache cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
     LlamaExecutor threaded(model, cache,
-                           ExecutorOptions{.mode = StepMode::graphed,
-                                           .batch_buckets = c.batch_buckets,
-                                           .context_buckets = c.context_buckets,
-                                           .capture_threads = capture_threads});
+                           executor_options(c, StepMode::graphed, 1, capture_threads));
     out["capture"]["threads"] = {{"threads", capture_threads}, {"seconds", threaded.stats().capture_seconds}};
     std::printf("llm_decode bench: capture of all buckets on %d threads: %.2f s\n", capture_threads,
                 threaded.stats().capture_seconds);

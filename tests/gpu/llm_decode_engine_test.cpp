@@ -183,15 +183,24 @@ TEST_CASE("graphed steps give the eager steps' tokens bit for bit over random ba
     CAPTURE(steps);
     KvCache eager_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
     KvCache graphed_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+    KvCache threaded_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
     LlamaExecutor eager(model, eager_cache, options(StepMode::eager, steps));
     LlamaExecutor graphed(model, graphed_cache, options(StepMode::graphed, steps));
+    // The same buckets captured by 4 threads at once (capture_threads).
+    ExecutorOptions threaded_options = options(StepMode::graphed, steps);
+    threaded_options.capture_threads = 4;
+    LlamaExecutor threaded(model, threaded_cache, threaded_options);
     CHECK(graphed.capture_failures().empty());
+    CHECK(threaded.capture_failures().empty());
     CHECK(graphed.stats().graphs == kBatchBuckets.size() * kContextBuckets.size());
-    const std::size_t launches = run_random_schedule({&eager, &graphed}, steps, 100 + steps,
+    CHECK(threaded.stats().graphs == kBatchBuckets.size() * kContextBuckets.size());
+    const std::size_t launches = run_random_schedule({&eager, &graphed, &threaded}, steps, 100 + steps,
                                                      model.config().vocab_size, 64, 60);
     CHECK(launches > 30);
     // Every launch was a replay: the router saw no eager run.
     REQUIRE(graphed.router() != nullptr);
+    REQUIRE(threaded.router() != nullptr);
+    CHECK(threaded.router()->stats().hits == launches);
     CHECK(graphed.router()->stats().eager_fallbacks == 0);
     CHECK(graphed.router()->stats().eager_busy == 0);
     CHECK(graphed.router()->stats().hits == launches);
