@@ -30,6 +30,8 @@ struct EngineOptions {
   std::vector<replay::TokenId> eos_tokens{};
   std::size_t queue_capacity = 1024;
   std::size_t max_prefill_tokens = 0;
+  PrefillMode prefill = PrefillMode::bucketed;
+  std::vector<std::int64_t> prefill_buckets{};  // empty: the executor's default (ExecutorOptions)
   replay::DecodeBatching batching = replay::DecodeBatching::continuous;
   std::chrono::microseconds static_batch_delay{1000};
   replay::CaptureProgress<std::array<std::int64_t, 2>> on_capture_progress{};
@@ -48,6 +50,8 @@ class DecodeEngine {
                             .context_buckets = options.context_buckets,
                             .steps_per_launch = options.steps_per_launch,
                             .eos_tokens = options.eos_tokens,
+                            .prefill = options.prefill,
+                            .prefill_buckets = options.prefill_buckets,
                             .capture_at_start = options.capture_at_start,
                             .on_capture_progress = options.on_capture_progress})),
         scheduler_(std::make_unique<replay::DecodeScheduler<LlamaExecutor&>>(

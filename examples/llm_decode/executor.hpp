@@ -60,14 +60,32 @@ enum class StepMode : std::uint8_t {
   graphed,  // one replay per launch
 };
 
+// How admitted prompts are prefilled (packed into forwards either way).
+enum class PrefillMode : std::uint8_t {
+  // Each forward padded to the smallest prefill bucket that holds it: a
+  // replay of that bucket's graph in graphed mode, the same kernels op by op
+  // in eager mode. A prompt longer than the largest bucket gets an unpadded
+  // eager forward of its own.
+  bucketed,
+  // Every forward eager and unpadded, at most 512 packed tokens (a longer
+  // prompt gets one of its own): what an engine without prefill graphs does.
+  unpadded,
+};
+
 struct ExecutorOptions {
   StepMode mode = StepMode::graphed;
   std::vector<std::int64_t> batch_buckets;    // the scheduler's lists (DecodeOptions)
   std::vector<std::int64_t> context_buckets;  // each <= the model's max_len
   std::size_t steps_per_launch = 1;           // K steps per launch (a WHILE node when graphed and K > 1)
   std::vector<replay::TokenId> eos_tokens;
-  // Capture every (batch, context) bucket in the constructor (true), or each
-  // the first time a launch needs it.
+  PrefillMode prefill = PrefillMode::bucketed;
+  // Packed prompt tokens a bucketed prefill forward is padded to, strictly
+  // ascending, each at most the model's max_len; the largest is the most
+  // tokens packed into one forward. Empty: 64, 128, 256, 512 (those up to
+  // max_len; {max_len} when it is below 64).
+  std::vector<std::int64_t> prefill_buckets;
+  // Capture every bucket (decode and prefill) in the constructor (true), or
+  // each the first time a call needs it.
   bool capture_at_start = true;
   // Threads the start-up captures are spread over (captures into one memory
   // pool take turns, so this shows what threads buy, not a speed-up).
@@ -80,18 +98,22 @@ struct ExecutorOptions {
 struct ExecutorStats {
   std::uint64_t launches = 0;
   std::uint64_t steps = 0;               // steps run on the device (graphed multi-step: those the loop ran)
-  std::uint64_t prefills = 0;
+  std::uint64_t prefills = 0;             // prompts prefilled
+  std::uint64_t prefill_forwards = 0;     // forwards they took (packed)
+  double prefill_seconds = 0;             // prefill(): wall time, read-back included
   double host_seconds = 0;               // decode(): CPU time before the launch returned and after the read-back
   double launch_seconds = 0;             // decode(): wall time of whole launches
   double capture_seconds = 0;            // the constructor's captures
   std::size_t graph_pool_bytes = 0;      // the private pool after the captures
-  std::size_t graphs = 0;
+  std::size_t graphs = 0;                // decode graphs
+  std::size_t prefill_graphs = 0;
 };
 
 class LlamaExecutor {
  public:
   using Key = std::array<std::int64_t, 2>;  // {batch bucket, context bucket}
   using Router = replay::ShapeRouter<Key, replay::TorchGraphBackend>;
+  using PrefillRouter = replay::ShapeRouter<std::int64_t, replay::TorchGraphBackend>;
 
   LlamaExecutor(const LlamaModel& model, KvCache& cache, ExecutorOptions options)
       : model_(&model), cache_(&cache), options_(std::move(options)), device_(model.device()) {
@@ -111,6 +133,7 @@ class LlamaExecutor {
                                   std::to_string(options_.batch_buckets.back()) + ") exceeds the cache's slots (" +
                                   std::to_string(cache.slots()) + ")");
     }
+    check_prefill_buckets(model.config().max_len);
     max_batch_ = options_.batch_buckets.back();
     steps_ = static_cast<std::int64_t>(options_.steps_per_launch);
     const c10::cuda::CUDAGuard guard(device_);
@@ -121,13 +144,20 @@ class LlamaExecutor {
     state_ = at::zeros({kRingRow + steps_, max_batch_}, i64.device(device_));
     host_in_ = at::zeros({kStagedRows, max_batch_}, i64.pinned_memory(true));
     host_out_ = at::zeros({kRingRow - kCountsRow + steps_, max_batch_}, i64.pinned_memory(true));
+    host_first_ = at::zeros({cache.slots()}, i64.pinned_memory(true));
     eos_ = at::tensor(std::vector<std::int64_t>(options_.eos_tokens.begin(), options_.eos_tokens.end()), i64)
                .to(device_);
     stage_padding();
+    if (options_.prefill == PrefillMode::bucketed) make_prefill_state();
     if (options_.mode == StepMode::graphed) {
       make_router();
       if (options_.capture_at_start) {
         const auto start = std::chrono::steady_clock::now();
+        if (prefill_router_) {
+          stage_prefill_padding();
+          stats_.prefill_graphs = prefill_router_->capture_all(replay::StreamRef(stream_->stream()));
+          for (const std::int64_t n : options_.prefill_buckets) prefill_captured_.insert(n);
+        }
         if (options_.capture_threads > 1) {
           capture_on_threads();
         } else {
@@ -147,37 +177,69 @@ class LlamaExecutor {
   LlamaExecutor& operator=(const LlamaExecutor&) = delete;
   ~LlamaExecutor() = default;
 
-  // Prefills the prompts eagerly, packed into forwards of at most
-  // kPrefillPackTokens tokens (a prompt longer than that gets one of its
-  // own), and reads the first tokens back with one copy.
+  // Prefills the admitted prompts, packed into as few forwards as fit (see
+  // PrefillMode), and reads every first token back with one copy and one
+  // synchronization.
   void prefill(replay::PrefillBatch& batch) {
+    const auto start = std::chrono::steady_clock::now();
     const c10::cuda::CUDAGuard guard(device_);
     const c10::cuda::CUDAStreamGuard stream_guard(*stream_);
     const c10::InferenceMode inference;
-    std::vector<at::Tensor> firsts;
-    std::vector<std::int64_t> slots;
-    std::vector<at::Tensor> prompts;
+    const bool bucketed = options_.prefill == PrefillMode::bucketed;
+    const std::int64_t pack_limit = bucketed ? options_.prefill_buckets.back() : kPrefillPackTokens;
+    if (static_cast<std::int64_t>(batch.rows.size()) > cache_->slots()) {
+      throw std::invalid_argument("LlamaExecutor::prefill: " + std::to_string(batch.rows.size()) +
+                                  " prompts; the cache has " + std::to_string(cache_->slots()) + " slots");
+    }
+    // Packs of consecutive rows, each at most pack_limit tokens (a longer
+    // prompt alone).
+    std::vector<std::pair<std::size_t, std::size_t>> packs;  // [begin, end) rows
     std::int64_t packed = 0;
-    const auto flush = [&] {
-      if (prompts.empty()) return;
-      firsts.push_back(model_->prefill_many(*cache_, slots, prompts).argmax(-1));
-      slots.clear();
-      prompts.clear();
-      packed = 0;
-    };
-    for (const replay::PrefillRow& row : batch.rows) {
-      const auto length = static_cast<std::int64_t>(row.prompt.size());
-      if (packed > 0 && packed + length > kPrefillPackTokens) flush();
-      slots.push_back(static_cast<std::int64_t>(row.slot));
-      prompts.push_back(
-          at::tensor(std::vector<std::int64_t>(row.prompt.begin(), row.prompt.end()), at::kLong).to(device_));
+    for (std::size_t r = 0; r < batch.rows.size(); ++r) {
+      const auto length = static_cast<std::int64_t>(batch.rows[r].prompt.size());
+      if (packs.empty() || packed + length > pack_limit) {
+        packs.emplace_back(r, r);
+        packed = 0;
+      }
+      packs.back().second = r + 1;
       packed += length;
     }
-    flush();
-    const at::Tensor tokens = at::cat(firsts).to(at::kCPU);  // waits for the prefills
-    const auto* values = tokens.data_ptr<std::int64_t>();
-    for (std::size_t r = 0; r < batch.rows.size(); ++r) batch.first_tokens[r] = static_cast<replay::TokenId>(values[r]);
+    auto* firsts = host_first_.data_ptr<std::int64_t>();
+    for (std::size_t p = 0; p < packs.size(); ++p) {
+      const auto [begin, end] = packs[p];
+      std::int64_t tokens = 0;
+      for (std::size_t r = begin; r < end; ++r) tokens += static_cast<std::int64_t>(batch.rows[r].prompt.size());
+      if (bucketed && tokens <= pack_limit) {
+        const std::int64_t bucket = smallest_prefill_bucket(tokens);
+        if (options_.mode == StepMode::graphed && !prefill_captured_.contains(bucket)) capture_prefill_now(bucket);
+        stage_prefill(batch, begin, end, p);
+        if (options_.mode == StepMode::graphed) {
+          (void)prefill_router_->run(bucket, replay::StreamRef(stream_->stream()));
+        } else {
+          prefill_forward(bucket);
+        }
+        replay::check(::cudaMemcpyAsync(firsts + begin, prefill_first_.data_ptr<std::int64_t>(),
+                                        (end - begin) * sizeof(std::int64_t), ::cudaMemcpyDeviceToHost,
+                                        stream_->stream()),
+                      "cudaMemcpyAsync");
+      } else {
+        std::vector<std::int64_t> slots;
+        std::vector<at::Tensor> prompts;
+        for (std::size_t r = begin; r < end; ++r) {
+          slots.push_back(static_cast<std::int64_t>(batch.rows[r].slot));
+          prompts.push_back(
+              at::tensor(std::vector<std::int64_t>(batch.rows[r].prompt.begin(), batch.rows[r].prompt.end()), at::kLong)
+                  .to(device_));
+        }
+        host_first_.narrow(0, static_cast<std::int64_t>(begin), static_cast<std::int64_t>(end - begin))
+            .copy_(model_->prefill_many(*cache_, slots, prompts).argmax(-1), /*non_blocking=*/true);
+      }
+    }
+    stream_->synchronize();
+    for (std::size_t r = 0; r < batch.rows.size(); ++r) batch.first_tokens[r] = static_cast<replay::TokenId>(firsts[r]);
     stats_.prefills += batch.rows.size();
+    stats_.prefill_forwards += packs.size();
+    stats_.prefill_seconds += seconds_since(start);
   }
 
   // One launch: up to batch.max_steps steps for every row.
@@ -245,23 +307,134 @@ class LlamaExecutor {
     stats_.graph_pool_bytes = kept.graph_pool_bytes;
     stats_.graphs = kept.graphs;
   }
-  // The router (graphed mode), for its statistics.
+  // The routers (graphed mode), for their statistics.
   const Router* router() const noexcept { return router_.get(); }
+  const PrefillRouter* prefill_router() const noexcept { return prefill_router_.get(); }
   std::size_t graph_pool_bytes() const { return context_ ? context_->pool_reserved_bytes() : 0; }
   const c10::cuda::CUDAStream& stream() const noexcept { return *stream_; }
-  // One line per bucket whose capture failed (it runs eagerly); empty when every bucket is a graph.
+  // One line per bucket (decode or prefill) whose capture failed (it runs
+  // eagerly); empty when every bucket is a graph.
   const std::vector<std::string>& capture_failures() const noexcept { return capture_failures_; }
 
  private:
   static constexpr std::int64_t kSlotsRow = 0, kPositionsRow = 1, kTokensRow = 2, kLimitsRow = 3, kDoneRow = 4,
                                 kLoopRow = 5, kCountsRow = 6, kRingRow = 7;
   static constexpr std::int64_t kStagedRows = kRingRow;  // rows 0..6 are written by every launch's one copy
-  // Most prompt tokens packed into one prefill forward (its attention is
-  // [tokens x tokens] per head).
+  // Most prompt tokens packed into one unpadded prefill forward (its
+  // attention is [tokens x tokens] per head).
   static constexpr std::int64_t kPrefillPackTokens = 512;
+  // The bucketed prefill's device block, [5, width]: the packed tokens, their
+  // slots, positions and segments (-1 for padding), and the rows whose
+  // logits give each prompt's first token (the first cache.slots() entries).
+  static constexpr std::int64_t kPrefillTokensRow = 0, kPrefillSlotsRow = 1, kPrefillPositionsRow = 2,
+                                kPrefillSegmentsRow = 3, kPrefillLastRow = 4, kPrefillRows = 5;
 
   static double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  void check_prefill_buckets(std::int64_t max_len) {
+    std::vector<std::int64_t>& buckets = options_.prefill_buckets;
+    if (buckets.empty()) {
+      for (const std::int64_t n : {64, 128, 256, 512}) {
+        if (n <= max_len) buckets.push_back(n);
+      }
+      if (buckets.empty()) buckets.push_back(max_len);
+      return;
+    }
+    for (std::size_t i = 0; i < buckets.size(); ++i) {
+      if (buckets[i] < 1 || buckets[i] > max_len || (i > 0 && buckets[i] <= buckets[i - 1])) {
+        throw std::invalid_argument("LlamaExecutor: prefill_buckets must be strictly ascending, each in 1.." +
+                                    std::to_string(max_len) + " (the model's max_len); entry " + std::to_string(i) +
+                                    " is " + std::to_string(buckets[i]));
+      }
+    }
+  }
+
+  std::int64_t smallest_prefill_bucket(std::int64_t tokens) const {
+    return *std::lower_bound(options_.prefill_buckets.begin(), options_.prefill_buckets.end(), tokens);
+  }
+
+  void make_prefill_state() {
+    const auto i64 = at::TensorOptions().dtype(at::kLong);
+    prefill_width_ = std::max(options_.prefill_buckets.back(), cache_->slots());
+    prefill_state_ = at::zeros({kPrefillRows, prefill_width_}, i64.device(device_));
+    prefill_first_ = at::zeros({cache_->slots()}, i64.device(device_));
+    // One staging block per possible pack (at most one per slot) and one for
+    // the padding the captures run on: a pack's block is not rewritten before
+    // its copy ran (one synchronization per prefill() call).
+    host_prefill_in_ = at::zeros({cache_->slots() + 1, kPrefillRows, prefill_width_}, i64.pinned_memory(true));
+  }
+
+  // The block a capture and its warm-ups run on: every token padding.
+  void stage_prefill_padding() {
+    auto* in = host_prefill_in_.data_ptr<std::int64_t>() + cache_->slots() * kPrefillRows * prefill_width_;
+    fill_prefill_padding(in, 0);
+    replay::check(::cudaMemcpyAsync(prefill_state_.data_ptr<std::int64_t>(), in,
+                                    static_cast<std::size_t>(kPrefillRows * prefill_width_) * sizeof(std::int64_t),
+                                    ::cudaMemcpyHostToDevice, stream_->stream()),
+                  "cudaMemcpyAsync");
+  }
+
+  // Padding tokens from column `from` on: token 0 at positions 0, 1, ... of
+  // the spare slot, a segment (-1) of their own; logit rows 0.
+  void fill_prefill_padding(std::int64_t* in, std::int64_t from) const {
+    const std::int64_t w = prefill_width_;
+    const std::int64_t max_len = model_->config().max_len;
+    for (std::int64_t t = from; t < w; ++t) {
+      in[kPrefillTokensRow * w + t] = 0;
+      in[kPrefillSlotsRow * w + t] = cache_->spare_slot();
+      in[kPrefillPositionsRow * w + t] = (t - from) % max_len;
+      in[kPrefillSegmentsRow * w + t] = -1;
+    }
+    for (std::int64_t r = 0; r < w; ++r) in[kPrefillLastRow * w + r] = 0;
+  }
+
+  // Rows [begin, end) of the batch packed into staging block `block`, padding after them.
+  void stage_prefill(const replay::PrefillBatch& batch, std::size_t begin, std::size_t end, std::size_t block) {
+    const std::int64_t w = prefill_width_;
+    auto* in = host_prefill_in_.data_ptr<std::int64_t>() + static_cast<std::int64_t>(block) * kPrefillRows * w;
+    std::int64_t t = 0;
+    std::vector<std::int64_t> last_rows;
+    for (std::size_t r = begin; r < end; ++r) {
+      const replay::PrefillRow& row = batch.rows[r];
+      for (std::size_t i = 0; i < row.prompt.size(); ++i, ++t) {
+        in[kPrefillTokensRow * w + t] = row.prompt[i];
+        in[kPrefillSlotsRow * w + t] = static_cast<std::int64_t>(row.slot);
+        in[kPrefillPositionsRow * w + t] = static_cast<std::int64_t>(i);
+        in[kPrefillSegmentsRow * w + t] = static_cast<std::int64_t>(r - begin);
+      }
+      last_rows.push_back(t - 1);
+    }
+    fill_prefill_padding(in, t);
+    std::copy(last_rows.begin(), last_rows.end(), in + kPrefillLastRow * w);
+    replay::check(::cudaMemcpyAsync(prefill_state_.data_ptr<std::int64_t>(), in,
+                                    static_cast<std::size_t>(kPrefillRows * w) * sizeof(std::int64_t),
+                                    ::cudaMemcpyHostToDevice, stream_->stream()),
+                  "cudaMemcpyAsync");
+  }
+
+  // The bucketed prefill of `bucket` packed tokens, capture-safe: reads the
+  // staged block, writes every prompt's first token into prefill_first_.
+  void prefill_forward(std::int64_t bucket) {
+    const at::Tensor block = prefill_state_.narrow(1, 0, bucket);
+    const LlamaModel::Packing packing{.slots = block[kPrefillSlotsRow],
+                                      .positions = block[kPrefillPositionsRow],
+                                      .segments = block[kPrefillSegmentsRow]};
+    const at::Tensor logits = model_->prefill_packed(*cache_, block[kPrefillTokensRow], packing,
+                                                     prefill_state_[kPrefillLastRow].narrow(0, 0, cache_->slots()));
+    prefill_first_.copy_(logits.argmax(-1));
+  }
+
+  // Lazy prefill capture: the warm-ups and the capture run on padding only.
+  void capture_prefill_now(std::int64_t bucket) {
+    stage_prefill_padding();
+    const auto start = std::chrono::steady_clock::now();
+    (void)prefill_router_->capture({bucket}, replay::StreamRef(stream_->stream()));
+    stats_.capture_seconds += seconds_since(start);
+    prefill_captured_.insert(bucket);
+    stats_.prefill_graphs = prefill_captured_.size();
+    stats_.graph_pool_bytes = context_->pool_reserved_bytes();
   }
 
   // Every row padding: what the warm-ups and captures run on, so that they
@@ -354,6 +527,20 @@ class LlamaExecutor {
     router_ = std::make_unique<Router>(
         [this](const Key& key, replay::StreamRef) { step(key[0], key[1]); }, std::move(router_options),
         replay::TorchGraphBackend(context_, std::move(wrapper)));
+    if (options_.prefill == PrefillMode::bucketed) {
+      // The prefill graphs share the decode graphs' pool: one stream runs
+      // them all, one at a time.
+      replay::ShapeRouterOptions<std::int64_t> prefill_options =
+          replay::ShapeRouterOptions<std::int64_t>::bucketed(options_.prefill_buckets);
+      prefill_options.warmup_runs = 2;
+      prefill_options.oversize = replay::OversizePolicy::throw_error;
+      prefill_options.on_capture_failure = [this](const std::int64_t& tokens, std::string_view reason) {
+        capture_failures_.push_back("prefill bucket " + std::to_string(tokens) + ": " + std::string(reason));
+      };
+      prefill_router_ = std::make_unique<PrefillRouter>(
+          [this](const std::int64_t& tokens, replay::StreamRef) { prefill_forward(tokens); },
+          std::move(prefill_options), replay::TorchGraphBackend(context_));
+    }
   }
 
   // The start-up captures spread over options_.capture_threads threads.
@@ -414,6 +601,13 @@ class LlamaExecutor {
   std::shared_ptr<replay::TorchCaptureContext> context_;
   std::unique_ptr<Router> router_;
   std::set<Key> captured_;
+  std::int64_t prefill_width_ = 0;
+  at::Tensor prefill_state_;    // device, [5, prefill_width_] int64 (bucketed prefill)
+  at::Tensor prefill_first_;    // device, [slots] int64: the last prefill forward's first tokens
+  at::Tensor host_prefill_in_;  // pinned, [slots + 1, 5, prefill_width_]: staging blocks
+  at::Tensor host_first_;       // pinned, [slots] int64: every prompt's first token
+  std::unique_ptr<PrefillRouter> prefill_router_;
+  std::set<std::int64_t> prefill_captured_;
   std::vector<std::string> capture_failures_;
   ExecutorStats stats_;
 };

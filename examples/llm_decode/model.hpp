@@ -273,6 +273,15 @@ class LlamaModel {
   at::Device device() const { return device_; }
   at::ScalarType dtype() const { return dtype_; }
 
+  // Where each packed prompt token belongs: its slot (written when there is a
+  // cache), its position in its own prompt, and which prompt (segment) it is
+  // part of; tokens attend only to earlier tokens of their own segment.
+  struct Packing {
+    at::Tensor slots;      // int64 [N] (undefined without a cache)
+    at::Tensor positions;  // int64 [N]
+    at::Tensor segments;   // int64 [N]
+  };
+
   // Prefill of one prompt: writes its keys/values into `slot` at positions
   // 0..T-1 and returns the logits of its last position, [vocab] float32.
   // `tokens`: int64 [T] on the model's device, 1 <= T <= max_len. Eager:
@@ -328,9 +337,38 @@ class LlamaModel {
     const Packing packing{.slots = detail::to_device(packed_slots, device_),
                           .positions = detail::to_device(packed_positions, device_),
                           .segments = detail::to_device(packed_segments, device_)};
+    return prefill_packed(cache, tokens, packing, detail::to_device(last_rows, device_)).to(at::kFloat);
+  }
+
+  // The packed prefill over device tensors only, capture-safe (no host
+  // tensors, no synchronization): `tokens` and the packing's slots, positions
+  // and segments int64 [N], `last_rows` int64 [P], the packed rows whose
+  // logits to return. Returns [P, vocab] in the model dtype. Tokens of
+  // different segments never attend to each other, so padding tokens (a
+  // segment of their own, written into the spare slot) leave every prompt's
+  // keys and values alone. Only sizes are checked (values would need a
+  // synchronization): positions below max_len, slots below the cache's
+  // spare_slot() + 1 and rows below N are the caller's.
+  at::Tensor prefill_packed(KvCache& cache, const at::Tensor& tokens, const Packing& packing,
+                            const at::Tensor& last_rows) const {
+    check_cache(cache);
+    check_prompt(tokens);
+    const std::int64_t length = tokens.size(0);
+    for (const auto& [tensor, name] : {std::pair{&packing.slots, "slots"}, std::pair{&packing.positions, "positions"},
+                                       std::pair{&packing.segments, "segments"}}) {
+      if (!tensor->defined() || tensor->dim() != 1 || tensor->scalar_type() != at::kLong ||
+          tensor->device() != device_ || tensor->size(0) != length) {
+        detail::invalid(std::string("prefill_packed: the packing's ") + name + " must be int64 [" +
+                        std::to_string(length) + "] on " + device_.str() + " (one entry per packed token)");
+      }
+    }
+    if (!last_rows.defined() || last_rows.dim() != 1 || last_rows.scalar_type() != at::kLong ||
+        last_rows.device() != device_ || last_rows.size(0) < 1) {
+      detail::invalid("prefill_packed: last_rows must be a non-empty 1-D int64 tensor on " + device_.str());
+    }
     const at::Tensor hidden = packed_hidden(tokens, packing, &cache);
-    const at::Tensor last = hidden.index_select(0, detail::to_device(last_rows, device_));
-    return at::linear(detail::rms_norm(last, norm_, config_.rms_norm_eps), lm_head_).to(at::kFloat);
+    const at::Tensor last = hidden.index_select(0, last_rows);
+    return at::linear(detail::rms_norm(last, norm_, config_.rms_norm_eps), lm_head_);
   }
 
   // One decode step for B rows, capture-safe: no host synchronization, no
@@ -514,17 +552,6 @@ class LlamaModel {
     return at::linear(at::silu(gate_up.narrow(-1, 0, intermediate)) * gate_up.narrow(-1, intermediate, intermediate),
                       layer.down);
   }
-
-  // The hidden states [T, hidden] of a prompt before the final norm, with
-  // causal attention over the prompt itself; its keys/values also go into
-  // `cache` at `slot`, positions 0..T-1, when a cache is given.
-  // Where each packed token belongs: its slot (written when there is a
-  // cache), its position in its own prompt, and which prompt it is part of.
-  struct Packing {
-    at::Tensor slots;      // int64 [N] (undefined without a cache)
-    at::Tensor positions;  // int64 [N]
-    at::Tensor segments;   // int64 [N]
-  };
 
   // The hidden states [N, hidden] of packed prompts, each token attending to
   // the tokens of its own prompt up to its position; with a cache, each

@@ -43,12 +43,14 @@ LlamaModel tiny_model(const at::Device& device) {
 
 const std::vector<std::int64_t> kBatchBuckets{1, 2, 4, 8};
 const std::vector<std::int64_t> kContextBuckets{16, 32, 64};
+const std::vector<std::int64_t> kPrefillBuckets{8, 16, 32, 64};
 
 ExecutorOptions options(StepMode mode, std::size_t steps, bool capture_at_start = true) {
   return ExecutorOptions{.mode = mode,
                          .batch_buckets = kBatchBuckets,
                          .context_buckets = kContextBuckets,
                          .steps_per_launch = steps,
+                         .prefill_buckets = kPrefillBuckets,
                          .capture_at_start = capture_at_start};
 }
 
@@ -172,6 +174,13 @@ TEST_CASE("LlamaExecutor refuses options that cannot work, naming them") {
   KvCache small_cache(model.config(), 4, at::Device(at::kCPU), model.dtype());
   CHECK_THROWS_WITH_AS(LlamaExecutor(model, small_cache, options(StepMode::eager, 1)),
                        doctest::Contains("slots"), std::invalid_argument);
+  for (const std::vector<std::int64_t>& bad : {std::vector<std::int64_t>{16, 8}, std::vector<std::int64_t>{8, 8},
+                                               std::vector<std::int64_t>{0, 8}, std::vector<std::int64_t>{32, 128}}) {
+    ExecutorOptions bad_prefill = options(StepMode::eager, 1);
+    bad_prefill.prefill_buckets = bad;
+    CHECK_THROWS_WITH_AS(LlamaExecutor(model, cache, bad_prefill), doctest::Contains("prefill_buckets"),
+                         std::invalid_argument);
+  }
 }
 }
 
@@ -194,6 +203,7 @@ TEST_CASE("graphed steps give the eager steps' tokens bit for bit over random ba
     CHECK(threaded.capture_failures().empty());
     CHECK(graphed.stats().graphs == kBatchBuckets.size() * kContextBuckets.size());
     CHECK(threaded.stats().graphs == kBatchBuckets.size() * kContextBuckets.size());
+    CHECK(graphed.stats().prefill_graphs == kPrefillBuckets.size());
     const std::size_t launches = run_random_schedule({&eager, &graphed, &threaded}, steps, 100 + steps,
                                                      model.config().vocab_size, 64, 60);
     CHECK(launches > 30);
@@ -204,6 +214,13 @@ TEST_CASE("graphed steps give the eager steps' tokens bit for bit over random ba
     CHECK(graphed.router()->stats().eager_fallbacks == 0);
     CHECK(graphed.router()->stats().eager_busy == 0);
     CHECK(graphed.router()->stats().hits == launches);
+    // Every prefill forward was a replay of a prefill bucket's graph (the
+    // prompts, at most 3 of 24 tokens, always fit the largest bucket).
+    REQUIRE(graphed.prefill_router() != nullptr);
+    CHECK(graphed.prefill_router()->stats().eager_fallbacks == 0);
+    CHECK(graphed.prefill_router()->stats().hits == graphed.stats().prefill_forwards);
+    CHECK(graphed.stats().prefill_forwards > 0);
+    CHECK(eager.prefill_router() == nullptr);
   }
 }
 
@@ -212,12 +229,55 @@ TEST_CASE("a bucket captured lazily while sequences are live leaves their caches
   const LlamaModel model = tiny_model(cuda);
   KvCache eager_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
   KvCache lazy_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
-  LlamaExecutor eager(model, eager_cache, options(StepMode::eager, 2));
-  LlamaExecutor lazy(model, lazy_cache, options(StepMode::graphed, 2, /*capture_at_start=*/false));
+  // Small prefill buckets: prompts of up to 24 tokens, so some packs are
+  // split and some prompts (over 16 tokens) get an unpadded forward of their own.
+  ExecutorOptions eager_options = options(StepMode::eager, 2);
+  eager_options.prefill_buckets = {4, 8, 16};
+  ExecutorOptions lazy_options = options(StepMode::graphed, 2, /*capture_at_start=*/false);
+  lazy_options.prefill_buckets = {4, 8, 16};
+  LlamaExecutor eager(model, eager_cache, eager_options);
+  LlamaExecutor lazy(model, lazy_cache, lazy_options);
   CHECK(lazy.stats().graphs == 0);
+  CHECK(lazy.stats().prefill_graphs == 0);
   (void)run_random_schedule({&eager, &lazy}, 2, 5, model.config().vocab_size, 64, 40);
   CHECK(lazy.stats().graphs > 1);
+  CHECK(lazy.stats().prefill_graphs > 1);
   CHECK(lazy.capture_failures().empty());
+  // Some prompts were longer than the largest prefill bucket: eager forwards of their own.
+  CHECK(lazy.prefill_router()->stats().hits < lazy.stats().prefill_forwards);
+}
+
+TEST_CASE("bucketed prefill (padded, graphed) gives unpadded prefill's first tokens and cache within fp16 rounding") {
+  const at::Device cuda(at::kCUDA, 0);
+  const LlamaModel model = tiny_model(cuda);
+  std::mt19937_64 rng(21);
+  std::vector<std::vector<replay::TokenId>> prompts;
+  for (const std::size_t length : {3, 11, 1, 17, 6}) prompts.push_back(random_prompt(rng, length, model.config().vocab_size));
+  const std::vector<std::size_t> slots{4, 0, 7, 2, 5};
+  KvCache unpadded_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+  KvCache bucketed_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+  ExecutorOptions unpadded_options = options(StepMode::eager, 1);
+  unpadded_options.prefill = llm_decode::PrefillMode::unpadded;
+  LlamaExecutor unpadded(model, unpadded_cache, unpadded_options);
+  LlamaExecutor bucketed(model, bucketed_cache, options(StepMode::graphed, 1));
+  const auto expected = llm_decode::run_prefill(unpadded, slots, prompts);
+  const auto got = llm_decode::run_prefill(bucketed, slots, prompts);
+  CHECK(got == expected);
+  CHECK(bucketed.stats().prefill_forwards == 1);  // 38 tokens: one forward of the 64-token bucket
+  CHECK(bucketed.prefill_router()->stats().hits == 1);
+  for (std::size_t p = 0; p < prompts.size(); ++p) {
+    const auto slot = static_cast<std::int64_t>(slots[p]);
+    const auto length = static_cast<std::int64_t>(prompts[p].size());
+    for (const auto& [a, b] : {std::pair{&unpadded_cache.k, &bucketed_cache.k}, std::pair{&unpadded_cache.v, &bucketed_cache.v}}) {
+      const at::Tensor x = a->select(1, slot).narrow(2, 0, length).to(at::kFloat);
+      const at::Tensor y = b->select(1, slot).narrow(2, 0, length).to(at::kFloat);
+      CHECK(at::allclose(x, y, /*rtol=*/1e-2, /*atol=*/1e-2));
+    }
+  }
+  // Nothing outside the prompts' rows was written: the other slots and the
+  // positions past each prompt are still zero.
+  for (const std::int64_t slot : {1, 3, 6}) CHECK(bucketed_cache.k.select(1, slot).abs().sum().item<double>() == 0.0);
+  CHECK(bucketed_cache.k.select(1, 0).narrow(2, 11, 64 - 11).abs().sum().item<double>() == 0.0);
 }
 
 TEST_CASE("several steps per launch end early once every row hit an end-of-sequence token") {

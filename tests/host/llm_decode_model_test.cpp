@@ -232,6 +232,61 @@ TEST_SUITE("host") {
     CHECK_THROWS_AS(model.prefill_many(packed, {}, {}), std::invalid_argument);
   }
 
+  TEST_CASE("prefill_packed with padding tokens: each prompt's logits and cache rows as unpadded; padding writes only the spare slot") {
+    const LlamaConfig config = llm_decode_test::tiny_config(4, 2);
+    const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), cpu, at::kFloat);
+    const std::vector<std::vector<std::int64_t>> prompts{llm_decode_test::random_tokens(5, config.vocab_size),
+                                                         llm_decode_test::random_tokens(9, config.vocab_size)};
+    const std::vector<std::int64_t> slots{1, 0};
+    KvCache unpadded(config, 2, cpu, at::kFloat);
+    KvCache padded(config, 2, cpu, at::kFloat);
+    const at::Tensor expected = model.prefill_many(unpadded, slots, {llm_decode_test::int64_tensor(prompts[0], cpu),
+                                                                     llm_decode_test::int64_tensor(prompts[1], cpu)});
+    // 14 prompt tokens padded to 20 the way the executor stages them: token
+    // 0 in the spare slot at positions 0, 1, ..., segment -1; logit rows for
+    // 3 prompts (the third a padding row).
+    std::vector<std::int64_t> tokens, token_slots, positions, segments;
+    for (std::size_t p = 0; p < prompts.size(); ++p) {
+      for (std::size_t i = 0; i < prompts[p].size(); ++i) {
+        tokens.push_back(prompts[p][i]);
+        token_slots.push_back(slots[p]);
+        positions.push_back(static_cast<std::int64_t>(i));
+        segments.push_back(static_cast<std::int64_t>(p));
+      }
+    }
+    for (std::int64_t t = 0; t < 6; ++t) {
+      tokens.push_back(0);
+      token_slots.push_back(padded.spare_slot());
+      positions.push_back(t);
+      segments.push_back(-1);
+    }
+    const LlamaModel::Packing packing{.slots = llm_decode_test::int64_tensor(token_slots, cpu),
+                                      .positions = llm_decode_test::int64_tensor(positions, cpu),
+                                      .segments = llm_decode_test::int64_tensor(segments, cpu)};
+    const at::Tensor logits = model.prefill_packed(padded, llm_decode_test::int64_tensor(tokens, cpu), packing,
+                                                   llm_decode_test::int64_tensor({4, 13, 0}, cpu));
+    REQUIRE(logits.sizes() == at::IntArrayRef({3, config.vocab_size}));
+    CHECK(llm_decode_test::max_error(logits.narrow(0, 0, 2), expected) < 1e-5);
+    for (at::Tensor KvCache::*side : {&KvCache::k, &KvCache::v}) {
+      // The prompts' slots hold what unpadded prefill wrote (and nothing else).
+      CHECK(llm_decode_test::max_error((padded.*side).narrow(1, 0, 2), (unpadded.*side).narrow(1, 0, 2)) < 1e-5);
+      // The padding went to the spare slot, positions 0..5 only.
+      const at::Tensor spare = (padded.*side).select(1, padded.spare_slot());
+      CHECK(spare.narrow(2, 0, 6).abs().max().item<float>() > 0.0F);
+      CHECK(spare.narrow(2, 6, config.max_len - 6).abs().max().item<float>() == 0.0F);
+    }
+    // Sizes that do not match are refused before any kernel.
+    const LlamaModel::Packing short_packing{.slots = packing.slots.narrow(0, 0, 10),
+                                            .positions = packing.positions,
+                                            .segments = packing.segments};
+    CHECK_THROWS_WITH_AS(model.prefill_packed(padded, llm_decode_test::int64_tensor(tokens, cpu), short_packing,
+                                              llm_decode_test::int64_tensor({4}, cpu)),
+                         doctest::Contains("slots"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(model.prefill_packed(padded, llm_decode_test::int64_tensor(tokens, cpu), packing,
+                                              llm_decode_test::int64_tensor(std::vector<std::int64_t>{}, cpu)),
+                         doctest::Contains("last_rows"), std::invalid_argument);
+  }
+
   TEST_CASE("save and load round-trip the weights and the logits, with Hugging Face's names, tied or not") {
     for (const bool tied : {true, false}) {
       CAPTURE(tied);
