@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -509,6 +510,55 @@ TEST_SUITE("host") {
     CHECK(replay::plan_admission(three, 3, 1, true, batches) == 0);   // never while one runs
   }
 
+  TEST_CASE("decode policy: continuous admission grouped by min_admission") {
+    using replay::DecodeBatching;
+    using replay::plan_admission;
+    const std::vector<std::size_t> prompts{10, 10, 10, 40, 5};
+    const std::span<const std::size_t> waiting(prompts);
+    replay::DecodeAdmissionLimits grouped{DecodeBatching::continuous, 8, 0, 4};
+    // While sequences run: none until 4 can join together, waiting requests
+    // and free slots both ...
+    CHECK(plan_admission(waiting.first(3), 6, 2, false, grouped) == 0);  // 3 wait
+    CHECK(plan_admission(waiting, 3, 5, false, grouped) == 0);           // 3 slots free
+    CHECK(plan_admission(waiting.first(4), 6, 2, false, grouped) == 4);
+    CHECK(plan_admission(waiting, 6, 2, false, grouped) == 5);  // then all that fit
+    CHECK(plan_admission(waiting, 4, 4, false, grouped) == 4);
+    // ... or once the oldest is due (its delay passed, or a drain) ...
+    CHECK(plan_admission(waiting.first(1), 6, 2, true, grouped) == 1);
+    CHECK(plan_admission(waiting, 3, 5, true, grouped) == 3);
+    // ... and with nothing running, at once.
+    CHECK(plan_admission(waiting.first(1), 8, 0, false, grouped) == 1);
+    CHECK(plan_admission(waiting.first(3), 8, 0, false, grouped) == 3);
+    CHECK(plan_admission({}, 8, 2, true, grouped) == 0);
+    // max_prefill_tokens still cuts what is admitted (the first always goes).
+    grouped.max_prefill_tokens = 25;
+    CHECK(plan_admission(waiting, 6, 2, false, grouped) == 2);
+    CHECK(plan_admission(waiting.first(3), 6, 2, false, grouped) == 0);
+    CHECK(plan_admission(waiting.first(3), 6, 2, true, grouped) == 2);
+    CHECK(plan_admission(waiting.subspan(3), 6, 0, false, grouped) == 1);  // 40 alone, over the budget
+
+    // min_admission 1 admits at every boundary, as without it.
+    const replay::DecodeAdmissionLimits every{DecodeBatching::continuous, 8, 0, 1};
+    CHECK(plan_admission(waiting.first(1), 6, 2, false, every) == 1);
+    CHECK(plan_admission(waiting, 2, 6, false, every) == 2);
+
+    // Static batches do not look at it.
+    const replay::DecodeAdmissionLimits batches{DecodeBatching::static_batches, 4, 0, 4};
+    CHECK(plan_admission(waiting.first(3), 4, 0, false, batches) == 0);  // waits to fill, as before
+    CHECK(plan_admission(waiting.first(3), 4, 0, true, batches) == 3);
+    CHECK(plan_admission(waiting, 4, 0, false, batches) == 4);
+    CHECK(plan_admission(waiting, 3, 1, true, batches) == 0);  // never while one runs
+    const replay::DecodeAdmissionLimits batches_min_one{DecodeBatching::static_batches, 4, 0, 1};
+    CHECK(plan_admission(waiting.first(3), 4, 0, false, batches_min_one) == 0);
+
+    // The policy is constexpr.
+    static constexpr std::array<std::size_t, 2> two{10, 10};
+    static_assert(plan_admission(two, 6, 2, false, {DecodeBatching::continuous, 8, 0, 4}) == 0);
+    static_assert(plan_admission(two, 6, 2, true, {DecodeBatching::continuous, 8, 0, 4}) == 2);
+    static_assert(plan_admission(two, 6, 0, false, {DecodeBatching::continuous, 8, 0, 4}) == 2);
+    static_assert(plan_admission(two, 6, 2, false, {DecodeBatching::continuous, 8, 0, 2}) == 2);
+  }
+
   TEST_CASE("DecodeScheduler: bad options and an empty callback are refused with a clear usage_error") {
     auto model = std::make_shared<Model>();
     auto make = [&](replay::DecodeOptions options) {
@@ -536,6 +586,22 @@ TEST_SUITE("host") {
     options = small_options();
     options.queue_capacity = 0;
     CHECK_THROWS_WITH_AS(make(options), doctest::Contains("queue_capacity"), replay::usage_error);
+    options = small_options();
+    options.min_admission = 0;
+    CHECK_THROWS_WITH_AS(make(options), doctest::Contains("min_admission is 0; it must be at least 1"),
+                         replay::usage_error);
+    options = small_options();
+    options.max_slots = 0;  // the largest batch bucket, 8
+    options.min_admission = 9;
+    CHECK_THROWS_WITH_AS(make(options),
+                         doctest::Contains("min_admission is 9; it must be at least 1 and at most max_slots (8)"),
+                         replay::usage_error);
+    options.min_admission = 8;
+    CHECK_NOTHROW(make(options));
+    options = small_options();
+    options.admission_delay = -1us;
+    CHECK_THROWS_WITH_AS(make(options), doctest::Contains("admission_delay is -1 us; it must not be negative"),
+                         replay::usage_error);
 
     // Defaults fill in from each other.
     replay::DecodeOptions minimal;
@@ -758,6 +824,75 @@ TEST_SUITE("host") {
     for (std::size_t i = 2; i < standin->prefill_prompt_tokens.size(); ++i) {
       CHECK(standin->prefill_prompt_tokens[i] <= 25);
     }
+  }
+
+  TEST_CASE("DecodeScheduler: min_admission admits requests that arrive one by one in one prefill") {
+    // A long request runs; the worker blocks in its launches 3, 5, 7 and 9,
+    // and one more request arrives during each, so the boundaries after
+    // them see 1, 2, 3, then 4 waiting. Without grouping each is a prefill
+    // of its own; with min_admission 4 the four are one.
+    auto model = std::make_shared<Model>();
+    for (const std::size_t min_admission : {std::size_t{1}, std::size_t{4}}) {
+      CAPTURE(min_admission);
+      replay::DecodeOptions options = small_options();
+      options.min_admission = min_admission;
+      options.admission_delay = 30s;  // never due here
+      auto standin = std::make_shared<StandIn>(model, options);
+      standin->block_at = {3, 5, 7, 9};
+      Recorder recorder;
+      Scheduler scheduler(StandInExecutor(standin), options);
+      scheduler.submit({prompt_of(0, 2), 0}, recorder.callback(0));  // runs into max_len: 62 tokens
+      for (std::size_t id = 1; id <= 4; ++id) {
+        standin->wait_calls(2 * id + 1);
+        scheduler.submit({prompt_of(id, 3), 5}, recorder.callback(id));
+        standin->release();
+      }
+      REQUIRE(recorder.wait_finals(5));
+      CHECK(recorder.outcome(0).tokens == model->expected(0, 2, 0, options.max_len).first);
+      CHECK(recorder.outcome(0).status == DecodeStatus::context_limit);
+      for (std::size_t id = 1; id <= 4; ++id) {
+        CAPTURE(id);
+        const Outcome o = recorder.outcome(id);
+        CHECK(o.finals == 1);
+        CHECK(o.status == DecodeStatus::token_limit);
+        CHECK(o.tokens == model->expected(id, 3, 5, options.max_len).first);
+      }
+      const std::vector<std::vector<std::size_t>> expected_prefills =
+          min_admission == 1 ? std::vector<std::vector<std::size_t>>{{0}, {1}, {2}, {3}, {4}}
+                             : std::vector<std::vector<std::size_t>>{{0}, {1, 2, 3, 4}};
+      CHECK(scheduler.stats().prefills == expected_prefills.size());
+      std::lock_guard lock(standin->mutex);
+      CHECK(standin->prefill_ids == expected_prefills);
+      CHECK(standin->violations.empty());
+    }
+  }
+
+  TEST_CASE("DecodeScheduler: a request short of min_admission joins the running ones after admission_delay") {
+    auto model = std::make_shared<Model>();
+    replay::DecodeOptions options = small_options();
+    options.min_admission = 8;  // never reached: one request waits
+    options.admission_delay = 20ms;
+    auto standin = std::make_shared<StandIn>(model, options);
+    standin->block_at = {2};    // the runner's first launch holds the worker until the request waits
+    standin->call_delay = 1ms;  // the runner's 60 launches after it outlast the delay
+    Recorder recorder;
+    Scheduler scheduler(StandInExecutor(standin), options);
+    scheduler.submit({prompt_of(0, 2), 0}, recorder.callback(0));  // runs into max_len: 62 tokens
+    standin->wait_calls(2);
+    replay::DecodeStream lone = scheduler.submit({prompt_of(1, 3), 5});
+    standin->release();
+    const replay::DecodeResult result = lone.wait();
+    CHECK(result.status == DecodeStatus::token_limit);
+    CHECK(result.tokens == model->expected(1, 3, 5, options.max_len).first);
+    CHECK(result.queue_delay >= options.admission_delay);
+    CHECK(result.queue_delay < 5s);
+    REQUIRE(recorder.wait_finals(1));
+    CHECK(recorder.outcome(0).tokens == model->expected(0, 2, 0, options.max_len).first);
+    std::lock_guard lock(standin->mutex);
+    // Admitted alone, and while the runner ran (they shared launches).
+    CHECK(standin->prefill_ids == std::vector<std::vector<std::size_t>>{{0}, {1}});
+    CHECK(standin->mixed_launches > 0);
+    CHECK(standin->violations.empty());
   }
 
   TEST_CASE("DecodeScheduler: an executor failure fails the sequences of that call only; the rest are served") {

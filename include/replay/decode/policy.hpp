@@ -62,15 +62,20 @@ struct DecodeAdmissionLimits {
   DecodeBatching batching = DecodeBatching::continuous;
   ::std::size_t max_slots = 1;
   ::std::size_t max_prefill_tokens = 0;  // continuous only; 0: no limit
+  ::std::size_t min_admission = 1;       // continuous only: the fewest admitted together while sequences run
 };
 
 // How many of the waiting requests (their prompt lengths, oldest first) to
-// admit now, oldest first.
-//   - continuous: as many as there are free slots, cut where the prompts
-//     would exceed max_prefill_tokens (but at least one);
+// admit now, oldest first. `oldest_due`: the oldest has waited the policy's
+// delay (static_batch_delay for static batches, admission_delay for
+// continuous batching), or the scheduler drains.
+//   - continuous: none while sequences run, fewer than min_admission fit
+//     (free slots and waiting requests both) and the oldest is not due: each
+//     admission is a prefill that pauses the running sequences, so they are
+//     grouped. Otherwise as many as fit, cut where the prompts would exceed
+//     max_prefill_tokens (but at least one);
 //   - static_batches: none while a sequence runs; otherwise a whole batch
-//     (up to max_slots) once max_slots wait or `oldest_due` (the oldest has
-//     waited static_batch_delay, or the scheduler drains), else none.
+//     (up to max_slots) once max_slots wait or `oldest_due`, else none.
 constexpr ::std::size_t plan_admission(::std::span<const ::std::size_t> waiting_prompts, ::std::size_t free_slots,
                                        ::std::size_t active, bool oldest_due,
                                        const DecodeAdmissionLimits& limits) noexcept {
@@ -83,6 +88,9 @@ constexpr ::std::size_t plan_admission(::std::span<const ::std::size_t> waiting_
       return 0;
     }
     return fit;
+  }
+  if (active != 0 && fit < limits.min_admission && !oldest_due) {
+    return 0;
   }
   if (limits.max_prefill_tokens == 0) {
     return fit;

@@ -59,6 +59,16 @@ inline DecodeOptions checked_decode_options(DecodeOptions options, const ::std::
   if (options.static_batch_delay.count() < 0) {
     throw usage_error("DecodeScheduler: static_batch_delay must not be negative", where);
   }
+  if (options.min_admission == 0 || options.min_admission > options.max_slots) {
+    throw usage_error(concat("DecodeScheduler: min_admission is ", options.min_admission,
+                             "; it must be at least 1 and at most max_slots (", options.max_slots, ")"),
+                      where);
+  }
+  if (options.admission_delay.count() < 0) {
+    throw usage_error(concat("DecodeScheduler: admission_delay is ", options.admission_delay.count(),
+                             " us; it must not be negative"),
+                      where);
+  }
   return options;
 }
 

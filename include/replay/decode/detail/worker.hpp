@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "replay/decode/batch.hpp"
+#include "replay/decode/options.hpp"
 #include "replay/decode/policy.hpp"
 #include "replay/decode/stats.hpp"
 #include "replay/decode/status.hpp"
@@ -103,6 +104,9 @@ auto DecodeCore<Executor>::gather() -> Gathered {
     admit(clock::now());
     stats_.queue_depth = queue_.size();
     stats_.active = slots_.size();
+    // With sequences running the worker never sleeps: it steps them and
+    // decides again at the next boundary (requests held back for
+    // min_admission are reconsidered there, admission_delay included).
     if (!admitted_slots_.empty() || slots_.size() != 0 || !cancelled_waiting_.empty()) {
       return Gathered::work;
     }
@@ -113,7 +117,8 @@ auto DecodeCore<Executor>::gather() -> Gathered {
       }
       wakeup_->work.wait(lock, [&] { return changed() || !queue_.empty(); });
     } else {
-      // Static batches: wait for a full batch or for the oldest request's delay.
+      // Static batches (continuous batching admits at once when nothing
+      // runs): wait for a full batch or for the oldest request's delay.
       wakeup_->work.wait_until(lock, queue_.front().submitted + options_.static_batch_delay,
                                [&] { return changed() || queue_.size() >= options_.max_slots; });
     }
@@ -127,8 +132,14 @@ void DecodeCore<Executor>::admit(clock::time_point now) {
   for (::std::size_t i = 0; i < visible; ++i) {
     waiting_prompts_.push_back(queue_[i].prompt.size());
   }
-  const bool oldest_due = stopping_ || (!queue_.empty() && now - queue_.front().submitted >= options_.static_batch_delay);
-  const DecodeAdmissionLimits limits{options_.batching, options_.max_slots, options_.max_prefill_tokens};
+  // How long the oldest may wait for a static batch to fill, or (continuous)
+  // for min_admission requests to join the running ones together.
+  const ::std::chrono::microseconds delay = options_.batching == DecodeBatching::static_batches
+                                                ? options_.static_batch_delay
+                                                : options_.admission_delay;
+  const bool oldest_due = stopping_ || (!queue_.empty() && now - queue_.front().submitted >= delay);
+  const DecodeAdmissionLimits limits{options_.batching, options_.max_slots, options_.max_prefill_tokens,
+                                     options_.min_admission};
   const ::std::size_t take = plan_admission(waiting_prompts_, slots_.free(), slots_.size(), oldest_due, limits);
   for (::std::size_t i = 0; i < take; ++i) {
     DecodeSequence& sequence = queue_.front();
