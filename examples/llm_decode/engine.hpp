@@ -7,6 +7,7 @@
 //   llm_decode::DecodeEngine engine(model, {.batch_buckets = {1, 2, 4, 8}, .context_buckets = {128, 256, 512}});
 //   replay::DecodeStream s = engine.submit({.prompt = prompt, .max_new_tokens = 64});
 //   for (replay::TokenId t : s) print(t);
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -30,6 +31,9 @@ struct EngineOptions {
   std::vector<replay::TokenId> eos_tokens{};
   std::size_t queue_capacity = 1024;
   std::size_t max_prefill_tokens = 0;
+  // Continuous batching: group admissions (replay::DecodeOptions).
+  std::size_t min_admission = 1;
+  std::chrono::microseconds admission_delay{5000};
   PrefillMode prefill = PrefillMode::bucketed;
   std::vector<std::int64_t> prefill_buckets{};  // empty: the executor's default (ExecutorOptions)
   replay::DecodeBatching batching = replay::DecodeBatching::continuous;
@@ -61,8 +65,11 @@ class DecodeEngine {
                                               .context_buckets = options.context_buckets,
                                               .steps_per_launch = options.steps_per_launch,
                                               .eos_tokens = options.eos_tokens,
+                                              .vocab_size = static_cast<std::size_t>(model.config().vocab_size),
                                               .queue_capacity = options.queue_capacity,
                                               .max_prefill_tokens = options.max_prefill_tokens,
+                                              .min_admission = options.min_admission,
+                                              .admission_delay = options.admission_delay,
                                               .batching = options.batching,
                                               .static_batch_delay = options.static_batch_delay})) {}
 

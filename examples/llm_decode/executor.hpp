@@ -310,6 +310,8 @@ class LlamaExecutor {
   // The routers (graphed mode), for their statistics.
   const Router* router() const noexcept { return router_.get(); }
   const PrefillRouter* prefill_router() const noexcept { return prefill_router_.get(); }
+  // The prefill buckets in use (the default filled in when none were given).
+  const std::vector<std::int64_t>& prefill_buckets() const noexcept { return options_.prefill_buckets; }
   std::size_t graph_pool_bytes() const { return context_ ? context_->pool_reserved_bytes() : 0; }
   const c10::cuda::CUDAStream& stream() const noexcept { return *stream_; }
   // One line per bucket (decode or prefill) whose capture failed (it runs

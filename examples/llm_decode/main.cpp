@@ -10,6 +10,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -75,7 +76,13 @@ struct Common {
   std::int64_t max_len = 1024;
   std::vector<std::int64_t> batch_buckets{1, 2, 4, 8, 16, 32, 64};
   std::vector<std::int64_t> context_buckets{64, 128, 256, 512, 1024};
+  std::string prefill = "bucketed";            // bucketed | unpadded (PrefillMode)
+  std::vector<std::int64_t> prefill_buckets;   // empty: the executor's default
   std::string json;
+
+  llm_decode::PrefillMode prefill_mode() const {
+    return prefill == "unpadded" ? llm_decode::PrefillMode::unpadded : llm_decode::PrefillMode::bucketed;
+  }
 };
 
 // The executor options of the program's bucket lists.
@@ -84,6 +91,8 @@ ExecutorOptions executor_options(const Common& c, StepMode mode, std::size_t ste
                          .batch_buckets = c.batch_buckets,
                          .context_buckets = c.context_buckets,
                          .steps_per_launch = steps,
+                         .prefill = c.prefill_mode(),
+                         .prefill_buckets = c.prefill_buckets,
                          .capture_threads = capture_threads};
 }
 
@@ -191,6 +200,24 @@ struct BenchRow {
 
 // Decodes `new_tokens` tokens for `batch` prompts of `prompt_len` tokens,
 // `launch_steps` steps per launch; returns seconds per step (decode only).
+// Prefills `batch` prompts of `prompt_len` tokens into slots 0..batch-1;
+// returns the median seconds of `repeats` prefill calls (after a warm-up).
+double time_prefill(LlamaExecutor& executor, std::int64_t batch, std::size_t prompt_len, int repeats,
+                    std::mt19937_64& rng, std::int64_t vocab) {
+  std::vector<std::size_t> slots(static_cast<std::size_t>(batch));
+  std::iota(slots.begin(), slots.end(), std::size_t{0});
+  std::vector<std::vector<replay::TokenId>> prompts;
+  for (std::int64_t r = 0; r < batch; ++r) prompts.push_back(random_prompt(rng, prompt_len, vocab));
+  (void)llm_decode::run_prefill(executor, slots, prompts);
+  std::vector<double> seconds;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = Clock::now();
+    (void)llm_decode::run_prefill(executor, slots, prompts);
+    seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return percentile(seconds, 0.5);
+}
+
 double time_decode(LlamaExecutor& executor, const Common& c, std::int64_t batch, std::size_t prompt_len,
                    std::size_t new_tokens, std::size_t launch_steps, std::mt19937_64& rng, std::int64_t vocab) {
   std::vector<std::size_t> slots(static_cast<std::size_t>(batch));
@@ -235,11 +262,13 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
   };
   std::vector<Method> methods{{"cpp_eager", StepMode::eager, 1}, {"cpp_graphed", StepMode::graphed, 1}};
   for (const std::size_t k : multi_steps) methods.push_back({"cpp_graphed_k" + std::to_string(k), StepMode::graphed, k});
+  std::vector<std::int64_t> graphed_prefill_buckets;  // the executor's, defaults filled in
   for (const Method& m : methods) {
     llm_decode::KvCache cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
     LlamaExecutor executor(model, cache,
                            executor_options(c, m.mode, m.steps));
     if (m.mode == StepMode::graphed) {
+      graphed_prefill_buckets = executor.prefill_buckets();
       const auto& s = executor.stats();
       out["capture"][m.name] = {{"graphs", s.graphs},
                                 {"seconds_serial", s.capture_seconds},
@@ -274,16 +303,28 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
                              {"ms_per_step", row.ms_per_step},
                              {"tokens_per_s", row.tokens_per_s},
                              {"host_fraction", row.host_fraction}});
+      if (m.steps == 1) {
+        const double prefill_ms =
+            1e3 * time_prefill(executor, batch, prompt_len, std::max(repeats, 5), rng, model.config().vocab_size);
+        std::printf("llm_decode bench: %-18s prefill of %3lld prompts of %zu tokens: %8.3f ms\n", m.name.c_str(),
+                    static_cast<long long>(batch), prompt_len, prefill_ms);
+        out["prefill_rows"].push_back({{"method", m.name}, {"prompts", batch}, {"prompt", prompt_len},
+                                       {"prefill", c.prefill}, {"ms", prefill_ms}});
+      }
     }
   }
   // Graph memory: all buckets against the largest bucket alone (both captured
   // into a pool of their own, largest first).
   {
+    const std::int64_t largest_prefill_bucket = graphed_prefill_buckets.empty() ? 1 : graphed_prefill_buckets.back();
     llm_decode::KvCache cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
+    // The largest decode bucket and the largest prefill bucket.
     LlamaExecutor largest(model, cache,
                           ExecutorOptions{.mode = StepMode::graphed,
                                           .batch_buckets = {c.batch_buckets.back()},
-                                          .context_buckets = {c.context_buckets.back()}});
+                                          .context_buckets = {c.context_buckets.back()},
+                                          .prefill = c.prefill_mode(),
+                                          .prefill_buckets = {largest_prefill_bucket}});
     const auto all = out["capture"]["cpp_graphed"]["pool_bytes"].get<std::size_t>();
     const std::size_t alone = largest.stats().graph_pool_bytes;
     out["memory"] = {{"all_buckets_bytes", all},
@@ -308,6 +349,35 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
 
 // ---- load: Poisson arrivals, continuous against static batching ----
 
+// How many tokens each request asks for: uniform in [min, max], or min plus
+// an exponential tail of mean (mean - min), redrawn above max (a chat-like
+// mix of many short answers and a few long ones).
+struct OutputLengths {
+  std::string shape = "uniform";  // uniform | exponential
+  std::size_t min = 16, max = 192, mean = 96;
+
+  std::size_t draw(std::mt19937_64& rng) const {
+    if (shape == "uniform") return std::uniform_int_distribution<std::size_t>(min, max)(rng);
+    std::exponential_distribution<double> tail(1.0 / static_cast<double>(mean - min));
+    for (;;) {
+      const auto n = min + static_cast<std::size_t>(tail(rng));
+      if (n <= max) return n;
+    }
+  }
+  std::string describe() const {
+    return shape == "uniform" ? "uniform " + std::to_string(min) + ".." + std::to_string(max)
+                              : "exponential, mean " + std::to_string(mean) + ", " + std::to_string(min) + ".." +
+                                    std::to_string(max);
+  }
+};
+
+// A batching policy of the load test.
+struct LoadPolicy {
+  std::string name;  // continuous | grouped | static
+  replay::DecodeBatching batching = replay::DecodeBatching::continuous;
+  std::size_t min_admission = 1;
+};
+
 struct LoadResult {
   double offered_rps = 0;
   double throughput_tokens_per_s = 0;
@@ -316,17 +386,13 @@ struct LoadResult {
   std::size_t requests = 0, finished = 0, tokens = 0;
 };
 
-LoadResult run_load(const LlamaModel& model, const Common& c, replay::DecodeBatching batching, double rate,
-                    std::size_t requests, std::size_t steps, std::uint64_t seed) {
-  DecodeEngine engine(model, {.batch_buckets = c.batch_buckets,
-                              .context_buckets = c.context_buckets,
-                              .steps_per_launch = steps,
-                              .batching = batching,
-                              .static_batch_delay = std::chrono::microseconds(20000)});
+// One point: `requests` requests at Poisson arrivals of `rate` per second
+// into a running engine, until every one ended.
+LoadResult run_load(DecodeEngine& engine, const LlamaModel& model, double rate, std::size_t requests,
+                    const OutputLengths& lengths, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::exponential_distribution<double> gap(rate);
   std::uniform_int_distribution<std::size_t> prompt_len(8, 64);
-  std::uniform_int_distribution<std::size_t> output_len(16, 192);
   struct Timing {
     Clock::time_point submitted, first, last;
     std::size_t tokens = 0;
@@ -338,18 +404,21 @@ LoadResult run_load(const LlamaModel& model, const Common& c, replay::DecodeBatc
   double t = 0;
   for (std::size_t i = 0; i < requests; ++i) {
     load.push_back({.prompt = random_prompt(rng, prompt_len(rng), model.config().vocab_size),
-                    .max_new_tokens = output_len(rng)});
+                    .max_new_tokens = lengths.draw(rng)});
     t += gap(rng);
     arrivals.push_back(t);
   }
-  std::atomic<std::size_t> ended{0};
+  std::mutex ended_mutex;
+  std::condition_variable ended_changed;
+  std::size_t ended = 0;
+  Clock::time_point last_end;
   const auto start = Clock::now();
   std::vector<replay::DecodeHandle> handles;
   for (std::size_t i = 0; i < requests; ++i) {
     std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
                                               std::chrono::duration<double>(arrivals[i])));
     timings[i].submitted = Clock::now();
-    handles.push_back(engine.submit(std::move(load[i]), [&timings, &ended, i](const replay::DecodeUpdate& u) {
+    handles.push_back(engine.submit(std::move(load[i]), [&, i](const replay::DecodeUpdate& u) {
       const auto now = Clock::now();
       Timing& timing = timings[i];
       if (!u.tokens.empty()) {
@@ -359,12 +428,17 @@ LoadResult run_load(const LlamaModel& model, const Common& c, replay::DecodeBatc
       }
       if (u.done()) {
         timing.ok = replay::is_finished(u.status);
-        ended.fetch_add(1);
+        const std::lock_guard lock(ended_mutex);
+        ++ended;
+        last_end = now;
+        ended_changed.notify_all();
       }
     }));
   }
-  engine.shutdown(replay::DecodeShutdown::drain);
-  const auto end = Clock::now();
+  {
+    std::unique_lock lock(ended_mutex);
+    ended_changed.wait(lock, [&] { return ended == requests; });
+  }
   LoadResult r;
   r.offered_rps = rate;
   r.requests = requests;
@@ -379,7 +453,7 @@ LoadResult run_load(const LlamaModel& model, const Common& c, replay::DecodeBatc
                      static_cast<double>(timing.tokens - 1));
     }
   }
-  const double seconds = std::chrono::duration<double>(end - start).count();
+  const double seconds = std::chrono::duration<double>(last_end - start).count();
   r.throughput_tokens_per_s = static_cast<double>(r.tokens) / seconds;
   r.completed_rps = static_cast<double>(r.finished) / seconds;
   r.ttft_p50_ms = percentile(ttft, 0.5);
@@ -389,21 +463,55 @@ LoadResult run_load(const LlamaModel& model, const Common& c, replay::DecodeBatc
   return r;
 }
 
-int load(const Common& c, const std::vector<double>& rates, std::size_t requests, std::size_t steps) {
+struct LoadSettings {
+  std::vector<double> rates;
+  std::size_t requests = 256;
+  std::size_t steps = 1;
+  std::vector<std::string> policies{"continuous", "grouped", "static"};
+  std::size_t min_admission = 8;
+  std::int64_t admission_delay_us = 5000;
+  OutputLengths lengths;
+};
+
+int load(const Common& c, const LoadSettings& settings) {
   const LlamaModel model = load_model(c);
-  Json out{{"preset", c.preset}, {"requests", requests}, {"rows", Json::array()},
-           {"prompt_tokens", "uniform 8..64"}, {"new_tokens", "uniform 16..192"}};
+  Json out{{"preset", c.preset},
+           {"requests", settings.requests},
+           {"rows", Json::array()},
+           {"prompt_tokens", "uniform 8..64"},
+           {"new_tokens", settings.lengths.describe()},
+           {"prefill", c.prefill},
+           {"min_admission", settings.min_admission},
+           {"admission_delay_us", settings.admission_delay_us}};
   bool all_finished = true;
-  for (const double rate : rates) {
-    for (const auto batching : {replay::DecodeBatching::continuous, replay::DecodeBatching::static_batches}) {
-      const char* name = batching == replay::DecodeBatching::continuous ? "continuous" : "static";
-      const LoadResult r = run_load(model, c, batching, rate, requests, steps, c.seed + 11);
+  for (const std::string& name : settings.policies) {
+    LoadPolicy policy{.name = name};
+    if (name == "static") {
+      policy.batching = replay::DecodeBatching::static_batches;
+    } else if (name == "grouped") {
+      policy.min_admission = settings.min_admission;
+    } else if (name != "continuous") {
+      throw std::invalid_argument("--policies: '" + name + "' is none of continuous, grouped, static");
+    }
+    // One engine per policy (its graphs captured once), every rate through it.
+    DecodeEngine engine(model, {.batch_buckets = c.batch_buckets,
+                                .context_buckets = c.context_buckets,
+                                .steps_per_launch = settings.steps,
+                                .min_admission = policy.min_admission,
+                                .admission_delay = std::chrono::microseconds(settings.admission_delay_us),
+                                .prefill = c.prefill_mode(),
+                                .prefill_buckets = c.prefill_buckets,
+                                .batching = policy.batching,
+                                .static_batch_delay = std::chrono::microseconds(20000)});
+    for (const double rate : settings.rates) {
+      const LoadResult r = run_load(engine, model, rate, settings.requests, settings.lengths, c.seed + 11);
       all_finished &= r.finished == r.requests;
       std::printf("llm_decode load: %-10s offered %7.1f req/s: %6.1f req/s done, %9.0f tokens/s; TTFT p50 %8.1f p99 "
                   "%8.1f ms; TPOT p50 %6.2f p99 %6.2f ms; %zu/%zu finished\n",
-                  name, rate, r.completed_rps, r.throughput_tokens_per_s, r.ttft_p50_ms, r.ttft_p99_ms, r.tpot_p50_ms,
-                  r.tpot_p99_ms, r.finished, r.requests);
-      out["rows"].push_back({{"batching", name},
+                  policy.name.c_str(), rate, r.completed_rps, r.throughput_tokens_per_s, r.ttft_p50_ms, r.ttft_p99_ms,
+                  r.tpot_p50_ms, r.tpot_p99_ms, r.finished, r.requests);
+      std::fflush(stdout);
+      out["rows"].push_back({{"batching", policy.name},
                              {"offered_rps", rate},
                              {"completed_rps", r.completed_rps},
                              {"tokens_per_s", r.throughput_tokens_per_s},
@@ -414,6 +522,16 @@ int load(const Common& c, const std::vector<double>& rates, std::size_t requests
                              {"finished", r.finished},
                              {"requests", r.requests}});
     }
+    engine.shutdown(replay::DecodeShutdown::drain);
+    const auto& stats = engine.executor().stats();
+    out["prefill_stats"][policy.name] = {{"prompts", stats.prefills},
+                                         {"forwards", stats.prefill_forwards},
+                                         {"seconds", stats.prefill_seconds}};
+    std::printf("llm_decode load: %-10s %llu prompts prefilled in %llu forwards, %.3f ms per forward\n",
+                policy.name.c_str(), static_cast<unsigned long long>(stats.prefills),
+                static_cast<unsigned long long>(stats.prefill_forwards),
+                stats.prefill_forwards > 0 ? 1e3 * stats.prefill_seconds / static_cast<double>(stats.prefill_forwards)
+                                           : 0.0);
   }
   write_json(c.json, out);
   return all_finished ? 0 : 1;
@@ -432,6 +550,11 @@ int main(int argc, char** argv) {
     sub->add_option("--max-len", c.max_len, "positions per cache slot (random weights)")->capture_default_str();
     sub->add_option("--batch-buckets", c.batch_buckets, "batch sizes a launch is padded to")->delimiter(',');
     sub->add_option("--context-buckets", c.context_buckets, "context lengths a launch reads up to")->delimiter(',');
+    sub->add_option("--prefill", c.prefill, "bucketed (padded to prefill buckets, graphed) or unpadded (eager)")
+        ->check(CLI::IsMember({"bucketed", "unpadded"}))
+        ->capture_default_str();
+    sub->add_option("--prefill-buckets", c.prefill_buckets, "packed prompt tokens a prefill is padded to")
+        ->delimiter(',');
     sub->add_option("--json", c.json, "write the results to this file");
   };
   std::string out_dir;
@@ -461,13 +584,27 @@ int main(int argc, char** argv) {
   bench_app->add_option("--repeats", repeats)->capture_default_str();
   bench_app->add_option("--capture-threads", capture_threads)->capture_default_str();
 
-  std::vector<double> rates{50, 200, 800};
-  std::size_t requests = 256;
+  LoadSettings load_settings{.rates = {50, 200, 800}};
   CLI::App* load_app = app.add_subcommand("load", "Poisson load test: continuous against static batching");
   add_common(load_app);
-  load_app->add_option("--rates", rates, "offered requests per second")->delimiter(',');
-  load_app->add_option("--requests", requests)->capture_default_str();
-  load_app->add_option("--steps-per-launch", steps)->capture_default_str();
+  load_app->add_option("--rates", load_settings.rates, "offered requests per second")->delimiter(',');
+  load_app->add_option("--requests", load_settings.requests)->capture_default_str();
+  load_app->add_option("--steps-per-launch", load_settings.steps)->capture_default_str();
+  load_app
+      ->add_option("--policies", load_settings.policies,
+                   "continuous (admit at every step), grouped (continuous, admissions grouped), static")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"continuous", "grouped", "static"}));
+  load_app->add_option("--min-admission", load_settings.min_admission, "grouped: requests admitted together")
+      ->capture_default_str();
+  load_app->add_option("--admission-delay-us", load_settings.admission_delay_us, "grouped: the longest a request waits for its group")
+      ->capture_default_str();
+  load_app->add_option("--output-lengths", load_settings.lengths.shape, "new tokens per request: uniform or exponential")
+      ->check(CLI::IsMember({"uniform", "exponential"}))
+      ->capture_default_str();
+  load_app->add_option("--new-tokens-min", load_settings.lengths.min)->capture_default_str();
+  load_app->add_option("--new-tokens-max", load_settings.lengths.max)->capture_default_str();
+  load_app->add_option("--new-tokens-mean", load_settings.lengths.mean, "exponential: the mean")->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
   if (new_tokens < 2) {
@@ -492,7 +629,14 @@ int main(int argc, char** argv) {
       std::sort(multi_steps.begin(), multi_steps.end());
       return bench(c, batches, prompt_len, new_tokens, multi_steps, repeats, capture_threads);
     }
-    if (load_app->parsed()) return load(c, rates, requests, steps);
+    if (load_app->parsed()) {
+      const OutputLengths& l = load_settings.lengths;
+      if (l.min < 1 || l.min > l.max || (l.shape == "exponential" && (l.mean <= l.min || l.mean >= l.max))) {
+        std::fprintf(stderr, "llm_decode: new tokens need 1 <= min <= max (and min < mean < max for exponential)\n");
+        return 2;
+      }
+      return load(c, load_settings);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "llm_decode: %s\n", e.what());
     return 1;

@@ -12,14 +12,17 @@
 #            Hugging Face generate eager and static cache, torch.compile last,
 #            within what is left of the budget), the summary with the goals
 #            (bench/llm_decode/summarize.py); for "small" also the load test
-#            (continuous against static batching) and its plot.
+#            (continuous, grouped and static batching; uniform and exponential
+#            output lengths) and its plots.
 #   scripts/gpu-check.d/llm_decode.sh [all | check | measure]   (default: $REPLAY_LLM_MODE, else check)
 # gpu-check.sh runs the check (about 40 s); the measurement takes minutes
 # (the Python peers compile), so it is a run of its own, e.g.
 #   REPLAY_LLM_PRESETS="small 1b" REPLAY_LLM_BUDGET_S=540 scripts/gpu-check.d/llm_decode.sh measure
 # after a build of build/gpu (llm_decode's target).
 # Bounded by REPLAY_LLM_BUDGET_S (default 360 s; gpu-check.sh kills a step at
-# 420 s). Files in $OUT: llm_*.txt, llm_*.json, llm_load_small.png, llm_results.md.
+# 420 s). REPLAY_LLM_PEERS: the Python peers to measure (default all:
+# eager,cuda_graphs,hf_eager,hf_static,compile). Files in $OUT: llm_*.txt,
+# llm_*.json, llm_load_small_{uniform,exponential}.png, llm_results.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-${REPLAY_LLM_MODE:-check}}
@@ -85,12 +88,20 @@ if [ "$mode" != check ]; then
       failed "C++ benchmark $preset (rc=$?)"
     cat "$OUT/llm_bench_$preset.txt"
     if [ "$preset" = small ]; then
-      step "load test (small): continuous against static batching"
-      bounded 120 "$exe" load --weights "$dir" --rates 50,100,200,400,800 --requests 256 \
-        --json "$OUT/llm_load_small.json" >"$OUT/llm_load_small.txt" 2>&1 || failed "load test (rc=$?)"
-      cat "$OUT/llm_load_small.txt"
-      python3 bench/llm_decode/plot_load.py "$OUT/llm_load_small.json" "$OUT/llm_load_small.png" \
-        --title "llm_decode, small preset: continuous against static batching" || failed "the load plot"
+      # Two output-length mixes: uniform, and a chat-like exponential tail.
+      for lengths in uniform exponential; do
+        step "load test (small, $lengths output lengths): continuous, grouped and static batching"
+        length_args=(--output-lengths uniform --new-tokens-min 16 --new-tokens-max 192)
+        [ "$lengths" = exponential ] &&
+          length_args=(--output-lengths exponential --new-tokens-min 8 --new-tokens-mean 128 --new-tokens-max 768)
+        bounded 150 "$exe" load --weights "$dir" --rates 50,100,200,400,800 --requests 256 "${length_args[@]}" \
+          --json "$OUT/llm_load_small_$lengths.json" >"$OUT/llm_load_small_$lengths.txt" 2>&1 ||
+          failed "load test, $lengths (rc=$?)"
+        cat "$OUT/llm_load_small_$lengths.txt"
+        python3 bench/llm_decode/plot_load.py "$OUT/llm_load_small_$lengths.json" "$OUT/llm_load_small_$lengths.png" \
+          --title "llm_decode, small preset, $lengths output lengths: continuous, grouped and static batching" ||
+          failed "the load plot ($lengths)"
+      done
     fi
     # The peers share what is left; torch.compile goes last.
     peers_budget=$(( $(left) - 20 ))
@@ -98,7 +109,7 @@ if [ "$mode" != check ]; then
     if [ "$peers_budget" -gt 30 ]; then
       step "Python peers ($preset, within ${peers_budget} s)"
       timeout $((peers_budget + 20)) python3 bench/llm_decode/decode_peers.py --weights "$dir" \
-        --peers eager,cuda_graphs,hf_eager,hf_static,compile --repeats 3 --budget-s "$peers_budget" \
+        --peers "${REPLAY_LLM_PEERS:-eager,cuda_graphs,hf_eager,hf_static,compile}" --repeats 3 --budget-s "$peers_budget" \
         --compile-budget-s "$((peers_budget / 2))" --json "$OUT/llm_peers_$preset.json" \
         >/dev/null 2>"$OUT/llm_peers_$preset.err"
       rc=$?
@@ -108,7 +119,7 @@ if [ "$mode" != check ]; then
       echo "llm_decode: no time left for the Python peers ($preset)"
     fi
     load_args=()
-    [ -f "$OUT/llm_load_$preset.json" ] && load_args=(--load "$OUT/llm_load_$preset.json")
+    for f in "$OUT"/llm_load_"$preset"_*.json; do [ -f "$f" ] && load_args+=(--load "$f"); done
     python3 bench/llm_decode/summarize.py --name "$preset" --cpp "$OUT/llm_bench_$preset.json" \
       --peers "$OUT/llm_peers_$preset.json" "${load_args[@]}" --markdown "$OUT/llm_results_$preset.md" ||
       failed "summary $preset"

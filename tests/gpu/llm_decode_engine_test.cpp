@@ -389,6 +389,12 @@ TEST_CASE("DecodeEngine: refusals, cancellation mid-stream, and the freed slot s
   const replay::DecodeResult too_long = engine.submit({.prompt = std::vector<replay::TokenId>(64, 1)}).wait();
   CHECK(too_long.status == replay::DecodeStatus::prompt_too_long);
   CHECK(too_long.tokens.empty());
+  // A token outside the vocabulary is refused before it reaches the device
+  // (where it would index out of bounds).
+  const auto vocab = static_cast<replay::TokenId>(model.config().vocab_size);
+  const replay::DecodeResult outside = engine.submit({.prompt = {1, vocab, 2}}).wait();
+  CHECK(outside.status == replay::DecodeStatus::invalid_request);
+  CHECK(outside.message.find("outside the vocabulary") != std::string::npos);
   // Two long requests fill both slots; a cancelled one ends with a prefix of
   // its tokens and its slot serves a request that was waiting.
   replay::DecodeStream first = engine.submit({.prompt = {1, 2, 3}, .max_new_tokens = 50});

@@ -714,6 +714,31 @@ TEST_SUITE("host") {
     CHECK(standin->violations.empty());
   }
 
+  TEST_CASE("DecodeScheduler: with vocab_size, a prompt token outside the vocabulary is refused at once, naming it") {
+    auto model = std::make_shared<Model>();
+    replay::DecodeOptions options = small_options();
+    options.vocab_size = 100;
+    auto standin = std::make_shared<StandIn>(model, options);
+    Recorder recorder;
+    Scheduler scheduler(StandInExecutor(standin), options);
+    scheduler.submit({{5, 100, 7}, 2}, recorder.callback(0));
+    const Outcome high = recorder.outcome(0);  // delivered before submit() returned
+    CHECK(high.finals == 1);
+    CHECK(high.status == DecodeStatus::invalid_request);
+    CHECK(high.tokens.empty());
+    CHECK(high.message.find("prompt token 1 is 100, outside the vocabulary (0..99)") != std::string::npos);
+    scheduler.submit({{-1}, 2}, recorder.callback(1));
+    CHECK(recorder.outcome(1).status == DecodeStatus::invalid_request);
+    CHECK(recorder.outcome(1).message.find("prompt token 0 is -1") != std::string::npos);
+    scheduler.submit({{0, 99}, 2}, recorder.callback(2));  // the vocabulary's ends are accepted
+    REQUIRE(recorder.wait_finals(3));
+    CHECK(recorder.outcome(2).status == DecodeStatus::token_limit);
+    CHECK(recorder.outcome(2).tokens.size() == 2);
+    CHECK(scheduler.stats().invalid == 2);
+    std::lock_guard lock(standin->mutex);
+    CHECK(standin->violations.empty());
+  }
+
   TEST_CASE("DecodeScheduler: every launch takes the smallest batch and context buckets that fit") {
     const replay::DecodeOptions options = small_options();
     Workload work(48, options.max_len, replay_test::rng(), 40);

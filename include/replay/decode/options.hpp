@@ -47,6 +47,10 @@ struct DecodeOptions {
   // Tokens that end a sequence (it keeps them as its last token). Empty:
   // sequences end at max_new_tokens or max_len only.
   ::std::vector<TokenId> eos_tokens{};
+  // The model's vocabulary size: a prompt token outside 0..vocab_size-1 is
+  // refused (invalid_request) on the submitting thread, before it could index
+  // out of bounds on the device. 0: tokens are not checked.
+  ::std::size_t vocab_size = 0;
   // Most requests waiting for a slot; at capacity submit() refuses with
   // DecodeStatus::queue_full. At least 1.
   ::std::size_t queue_capacity = 1024;

@@ -25,7 +25,7 @@ enum class DecodeStatus : ::std::uint8_t {
   context_limit,    // finished early: prompt and tokens reached max_len (the cache slot is full)
   cancelled,        // cancel() (or its update callback threw): ended at a step boundary with the tokens so far
   failed,           // the executor threw in a call this request was part of; message says what
-  invalid_request,  // an empty prompt; never queued
+  invalid_request,  // an empty prompt, or a token outside vocab_size; never queued
   prompt_too_long,  // the prompt leaves no room for a new token under max_len; never queued
   queue_full,       // queue_capacity requests were waiting; never queued
   shut_down,        // submitted after shutdown began, or ended by a cancelling shutdown

@@ -67,9 +67,16 @@ class DecodeCore {
 
     DecodeStatus refusal = DecodeStatus::running;
     ::std::string why;
+    const auto out_of_vocabulary = ::std::find_if(sequence.prompt.begin(), sequence.prompt.end(), [&](TokenId t) {
+      return options_.vocab_size != 0 && (t < 0 || static_cast<::std::size_t>(t) >= options_.vocab_size);
+    });
     if (sequence.prompt.empty()) {
       refusal = DecodeStatus::invalid_request;
       why = "the prompt is empty; give at least one token";
+    } else if (out_of_vocabulary != sequence.prompt.end()) {
+      refusal = DecodeStatus::invalid_request;
+      why = concat("prompt token ", out_of_vocabulary - sequence.prompt.begin(), " is ", *out_of_vocabulary,
+                   ", outside the vocabulary (0..", options_.vocab_size - 1, ")");
     } else if (sequence.prompt.size() >= options_.max_len) {
       refusal = DecodeStatus::prompt_too_long;
       why = concat("a prompt of ", sequence.prompt.size(), " tokens leaves no room for a new token under max_len (",
