@@ -135,15 +135,16 @@ class LlamaExecutor {
     }
     check_prefill_buckets(model.config().max_len);
     max_batch_ = options_.batch_buckets.back();
+    columns_ = std::max<std::int64_t>(max_batch_, 3);  // row 5 holds 3 loop counters
     steps_ = static_cast<std::int64_t>(options_.steps_per_launch);
     const c10::cuda::CUDAGuard guard(device_);
     stream_.emplace(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index()));
     const c10::cuda::CUDAStreamGuard stream_guard(*stream_);
     const c10::InferenceMode inference;
     const auto i64 = at::TensorOptions().dtype(at::kLong);
-    state_ = at::zeros({kRingRow + steps_, max_batch_}, i64.device(device_));
-    host_in_ = at::zeros({kStagedRows, max_batch_}, i64.pinned_memory(true));
-    host_out_ = at::zeros({kRingRow - kCountsRow + steps_, max_batch_}, i64.pinned_memory(true));
+    state_ = at::zeros({kRingRow + steps_, columns_}, i64.device(device_));
+    host_in_ = at::zeros({kStagedRows, columns_}, i64.pinned_memory(true));
+    host_out_ = at::zeros({kRingRow - kCountsRow + steps_, columns_}, i64.pinned_memory(true));
     host_first_ = at::zeros({cache.slots()}, i64.pinned_memory(true));
     eos_ = at::tensor(std::vector<std::int64_t>(options_.eos_tokens.begin(), options_.eos_tokens.end()), i64)
                .to(device_);
@@ -268,8 +269,8 @@ class LlamaExecutor {
     // Raw copies: at::Tensor::copy_ costs the host several microseconds of
     // dispatch per call, a share of a step that matters at batch 1.
     replay::check(::cudaMemcpyAsync(host_out_.data_ptr<std::int64_t>(),
-                                    state_.data_ptr<std::int64_t>() + kCountsRow * max_batch_,
-                                    static_cast<std::size_t>(read_rows * max_batch_) * sizeof(std::int64_t),
+                                    state_.data_ptr<std::int64_t>() + kCountsRow * columns_,
+                                    static_cast<std::size_t>(read_rows * columns_) * sizeof(std::int64_t),
                                     ::cudaMemcpyDeviceToHost, stream_->stream()),
                   "cudaMemcpyAsync");
     const auto issued = std::chrono::steady_clock::now();
@@ -281,14 +282,14 @@ class LlamaExecutor {
       ran = 0;
       for (std::int64_t j = 0; j < steps; ++j) {
         bool any = false;
-        for (std::size_t r = 0; r < batch.rows.size(); ++r) any |= out[(1 + j) * max_batch_ + r] >= 0;
+        for (std::size_t r = 0; r < batch.rows.size(); ++r) any |= out[(1 + j) * columns_ + r] >= 0;
         if (any) ran = j + 1;
       }
     }
     for (std::size_t r = 0; r < batch.rows.size(); ++r) {
       const std::int64_t count = out[r];
       for (std::int64_t j = 0; j < count; ++j) {
-        batch.emit(r, static_cast<replay::TokenId>(out[(1 + j) * max_batch_ + static_cast<std::int64_t>(r)]));
+        batch.emit(r, static_cast<replay::TokenId>(out[(1 + j) * columns_ + static_cast<std::int64_t>(r)]));
       }
     }
     const auto end = std::chrono::steady_clock::now();
@@ -454,7 +455,7 @@ class LlamaExecutor {
     // The pinned block is reused: the previous launch's copy from it has
     // completed (decode() synchronized before returning).
     auto* in = host_in_.data_ptr<std::int64_t>();
-    const std::int64_t n = max_batch_;
+    const std::int64_t n = columns_;
     const std::int64_t spare = cache_->spare_slot();
     for (std::int64_t r = 0; r < n; ++r) {
       const bool real = r < static_cast<std::int64_t>(batch.rows.size());
@@ -521,7 +522,7 @@ class LlamaExecutor {
     };
     replay::TorchGraphWrapper wrapper;
     if (steps_ > 1) {
-      const std::int64_t* keep_going = state_.data_ptr<std::int64_t>() + kLoopRow * max_batch_ + 2;
+      const std::int64_t* keep_going = state_.data_ptr<std::int64_t>() + kLoopRow * columns_ + 2;
       wrapper = [keep_going](replay::GraphRef captured, replay::StreamRef) {
         return make_decode_loop(captured, keep_going);
       };
@@ -595,6 +596,7 @@ class LlamaExecutor {
   at::Device device_;
   std::optional<c10::cuda::CUDAStream> stream_;  // set in the constructor, after the options are checked
   std::int64_t max_batch_ = 0;
+  std::int64_t columns_ = 0;  // of state_: max_batch_, at least 3
   std::int64_t steps_ = 1;
   at::Tensor state_;     // device, [7 + K, max_batch] int64 (see the top of this file)
   at::Tensor host_in_;   // pinned, rows 0..6

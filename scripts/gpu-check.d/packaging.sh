@@ -14,13 +14,15 @@ if [ $rc -ne 0 ]; then
   echo "packaging: a consumer failed"
   exit 1
 fi
-if echo "$log" | grep -q 'graph round trip was not run'; then
+# grep -q reads a here-string, not a pipe: it stops at its first match, and
+# under pipefail an echo cut short by that (SIGPIPE) would fail the check.
+if grep -q 'graph round trip was not run' <<<"$log"; then
   echo "packaging: a consumer found no CUDA device"
   exit 1
 fi
-echo "$log" | grep -q 'consumer: replay .*: ok' || { echo "packaging: no consumer ran its round trip"; exit 1; }
+grep -q 'consumer: replay .*: ok' <<<"$log" || { echo "packaging: no consumer ran its round trip"; exit 1; }
 if [ -z "${REPLAY_SKIP_TORCH:-}" ]; then
-  echo "$log" | grep -q 'consumer: replay .* with its torch adapter: ok' ||
+  grep -q 'consumer: replay .* with its torch adapter: ok' <<<"$log" ||
     { echo "packaging: the torch consumer did not run its graph round trip on the GPU"; exit 1; }
 fi
 echo "packaging: consumers ran their graph round trip"

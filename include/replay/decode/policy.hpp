@@ -62,7 +62,9 @@ struct DecodeAdmissionLimits {
   DecodeBatching batching = DecodeBatching::continuous;
   ::std::size_t max_slots = 1;
   ::std::size_t max_prefill_tokens = 0;  // continuous only; 0: no limit
-  ::std::size_t min_admission = 1;       // continuous only: the fewest admitted together while sequences run
+  // Continuous only: the fewest requests admitted together while sequences
+  // run (unless the oldest is due).
+  ::std::size_t min_admission = 1;
 };
 
 // How many of the waiting requests (their prompt lengths, oldest first) to
