@@ -135,7 +135,9 @@ def main():
         out.append("")
     for load_path in args.load or []:
         load = json.load(open(load_path))
-        out.append(f"### Load test{title}: {load.get('requests')} requests per point, prompts {load.get('prompt_tokens')}, "
+        per_point = (f"at least {load.get('requests')} requests and {load['seconds']:g} s of arrivals per point"
+                     if load.get("seconds") else f"{load.get('requests')} requests per point")
+        out.append(f"### Load test{title}: {per_point}, prompts {load.get('prompt_tokens')}, "
                    f"outputs {load.get('new_tokens')} tokens, Poisson arrivals; prefill {load.get('prefill', 'unpadded')}"
                    + (f", grouped: {load['min_admission']} requests or {load['admission_delay_us'] / 1000:g} ms"
                       if "min_admission" in load else ""))

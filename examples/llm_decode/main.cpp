@@ -465,11 +465,12 @@ LoadResult run_load(DecodeEngine& engine, const LlamaModel& model, double rate, 
 
 struct LoadSettings {
   std::vector<double> rates;
-  std::size_t requests = 256;
+  std::size_t requests = 256;  // per point, at least
+  double seconds = 0;          // > 0: per point also at least rate x seconds requests
   std::size_t steps = 1;
   std::vector<std::string> policies{"continuous", "grouped", "static"};
   std::size_t min_admission = 8;
-  std::int64_t admission_delay_us = 5000;
+  std::int64_t admission_delay_us = 20000;
   OutputLengths lengths;
 };
 
@@ -477,6 +478,7 @@ int load(const Common& c, const LoadSettings& settings) {
   const LlamaModel model = load_model(c);
   Json out{{"preset", c.preset},
            {"requests", settings.requests},
+           {"seconds", settings.seconds},
            {"rows", Json::array()},
            {"prompt_tokens", "uniform 8..64"},
            {"new_tokens", settings.lengths.describe()},
@@ -504,7 +506,11 @@ int load(const Common& c, const LoadSettings& settings) {
                                 .batching = policy.batching,
                                 .static_batch_delay = std::chrono::microseconds(20000)});
     for (const double rate : settings.rates) {
-      const LoadResult r = run_load(engine, model, rate, settings.requests, settings.lengths, c.seed + 11);
+      // Enough requests that the run is mostly steady state, not the ramp
+      // and the drain of a few batches.
+      const std::size_t requests =
+          std::max(settings.requests, static_cast<std::size_t>(rate * std::max(settings.seconds, 0.0)));
+      const LoadResult r = run_load(engine, model, rate, requests, settings.lengths, c.seed + 11);
       all_finished &= r.finished == r.requests;
       std::printf("llm_decode load: %-10s offered %7.1f req/s: %6.1f req/s done, %9.0f tokens/s; TTFT p50 %8.1f p99 "
                   "%8.1f ms; TPOT p50 %6.2f p99 %6.2f ms; %zu/%zu finished\n",
@@ -588,7 +594,9 @@ int main(int argc, char** argv) {
   CLI::App* load_app = app.add_subcommand("load", "Poisson load test: continuous against static batching");
   add_common(load_app);
   load_app->add_option("--rates", load_settings.rates, "offered requests per second")->delimiter(',');
-  load_app->add_option("--requests", load_settings.requests)->capture_default_str();
+  load_app->add_option("--requests", load_settings.requests, "requests per point, at least")->capture_default_str();
+  load_app->add_option("--seconds", load_settings.seconds, "per point also at least rate x seconds requests")
+      ->capture_default_str();
   load_app->add_option("--steps-per-launch", load_settings.steps)->capture_default_str();
   load_app
       ->add_option("--policies", load_settings.policies,
@@ -597,7 +605,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"continuous", "grouped", "static"}));
   load_app->add_option("--min-admission", load_settings.min_admission, "grouped: requests admitted together")
       ->capture_default_str();
-  load_app->add_option("--admission-delay-us", load_settings.admission_delay_us, "grouped: the longest a request waits for its group")
+  load_app
+      ->add_option("--admission-delay-us", load_settings.admission_delay_us,
+                   "grouped: the longest the scheduler goes without an admission while requests wait")
       ->capture_default_str();
   load_app->add_option("--output-lengths", load_settings.lengths.shape, "new tokens per request: uniform or exponential")
       ->check(CLI::IsMember({"uniform", "exponential"}))

@@ -94,7 +94,7 @@ if [ "$mode" != check ]; then
         length_args=(--output-lengths uniform --new-tokens-min 16 --new-tokens-max 192)
         [ "$lengths" = exponential ] &&
           length_args=(--output-lengths exponential --new-tokens-min 8 --new-tokens-mean 128 --new-tokens-max 768)
-        bounded 150 "$exe" load --weights "$dir" --rates 50,100,200,400,800 --requests 256 "${length_args[@]}" \
+        bounded 200 "$exe" load --weights "$dir" --rates 50,100,200,400,800 --requests 128 --seconds 3 "${length_args[@]}" \
           --json "$OUT/llm_load_small_$lengths.json" >"$OUT/llm_load_small_$lengths.txt" 2>&1 ||
           failed "load test, $lengths (rc=$?)"
         cat "$OUT/llm_load_small_$lengths.txt"

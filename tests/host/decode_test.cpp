@@ -559,6 +559,34 @@ TEST_SUITE("host") {
     static_assert(plan_admission(two, 6, 2, false, {DecodeBatching::continuous, 8, 0, 2}) == 2);
   }
 
+  TEST_CASE("decode policy: admission_delay counts from the last admission, static_batch_delay from the arrival") {
+    using std::chrono::milliseconds;
+    using replay::DecodeBatching;
+    using replay::admission_due;
+    // Under load: the oldest request arrived long ago (t = 0), the last
+    // admission was 2 ms ago: not due yet with a 5 ms delay.
+    static_assert(!admission_due(DecodeBatching::continuous, milliseconds(100), milliseconds(0), milliseconds(98),
+                                 milliseconds(5)));
+    CHECK_FALSE(admission_due(DecodeBatching::continuous, milliseconds(100), milliseconds(0), milliseconds(98),
+                              milliseconds(5)));
+    // 5 ms after the last admission: due.
+    CHECK(admission_due(DecodeBatching::continuous, milliseconds(103), milliseconds(0), milliseconds(98), milliseconds(5)));
+    // A request that arrived after the last admission waits its own delay.
+    CHECK_FALSE(admission_due(DecodeBatching::continuous, milliseconds(103), milliseconds(100), milliseconds(98),
+                              milliseconds(5)));
+    CHECK(admission_due(DecodeBatching::continuous, milliseconds(105), milliseconds(100), milliseconds(98),
+                        milliseconds(5)));
+    // Static batches count from the oldest request's arrival only.
+    CHECK(admission_due(DecodeBatching::static_batches, milliseconds(100), milliseconds(0), milliseconds(98),
+                        milliseconds(5)));
+    CHECK_FALSE(admission_due(DecodeBatching::static_batches, milliseconds(3), milliseconds(0), milliseconds(2),
+                              milliseconds(5)));
+    // With real clock time points, and no admission yet (the epoch).
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(admission_due(DecodeBatching::continuous, t0 + milliseconds(6), t0, std::chrono::steady_clock::time_point{},
+                        std::chrono::microseconds(5000)));
+  }
+
   TEST_CASE("DecodeScheduler: bad options and an empty callback are refused with a clear usage_error") {
     auto model = std::make_shared<Model>();
     auto make = [&](replay::DecodeOptions options) {

@@ -15,7 +15,8 @@ namespace replay {
 enum class DecodeBatching : ::std::uint8_t {
   // Every iteration, as slots free up: a sequence joins the running batch as
   // soon as one ends (continuous, or in-flight, batching), or once
-  // min_admission can join together (admission_delay at most).
+  // min_admission can join together (or admission_delay after the last
+  // admission).
   continuous,
   // Only when no sequence is running: a batch starts when max_slots requests
   // wait or the oldest has waited static_batch_delay, and runs until every
@@ -60,14 +61,18 @@ struct DecodeOptions {
   ::std::size_t max_prefill_tokens = 0;
   // continuous only: while sequences run, waiting requests are admitted only
   // once this many can join together (free slots and waiting requests both),
-  // or once the oldest has waited admission_delay. Each admission is one
+  // or once admission_delay has passed since the last admission (and since
+  // the oldest waiting request arrived). Each admission is one
   // prefill call that pauses every running sequence, so grouping admissions
   // trades some time to first token for fewer pauses. With no sequence
   // running, waiting requests are admitted at once. 1: at every step boundary.
   // At least 1, at most max_slots.
   ::std::size_t min_admission = 1;
-  // continuous only: the longest the oldest waiting request waits for
-  // min_admission to be reached while sequences run. Not negative.
+  // continuous only: while requests wait and sequences run, the longest the
+  // scheduler goes without an admission (counted from the last admission, or
+  // from the oldest request's arrival if later) before it admits however few
+  // fit. Counted from the last admission, not from the oldest's arrival: under
+  // load the oldest has always waited long, and grouping would stop. Not negative.
   ::std::chrono::microseconds admission_delay{5000};
   DecodeBatching batching = DecodeBatching::continuous;
   // static_batches only: how long the oldest waiting request waits for a

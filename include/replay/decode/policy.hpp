@@ -67,10 +67,23 @@ struct DecodeAdmissionLimits {
   ::std::size_t min_admission = 1;
 };
 
+// Whether the waiting requests are due for admission however few fit.
+// Static batches: the oldest has waited `delay` (static_batch_delay).
+// Continuous batching: `delay` (admission_delay) has passed both since the
+// oldest arrived and since the last admission: under load the queue's
+// oldest request has always waited long, and counting from its arrival
+// alone would admit at every step, the pauses grouping is meant to save.
+template <class TimePoint, class Duration>
+constexpr bool admission_due(DecodeBatching batching, TimePoint now, TimePoint oldest_submitted,
+                             TimePoint last_admission, Duration delay) noexcept {
+  const TimePoint since =
+      batching == DecodeBatching::continuous ? ::std::max(oldest_submitted, last_admission) : oldest_submitted;
+  return now - since >= delay;
+}
+
 // How many of the waiting requests (their prompt lengths, oldest first) to
-// admit now, oldest first. `oldest_due`: the oldest has waited the policy's
-// delay (static_batch_delay for static batches, admission_delay for
-// continuous batching), or the scheduler drains.
+// admit now, oldest first. `oldest_due`: admission_due() (the policy's delay
+// has passed), or the scheduler drains.
 //   - continuous: none while sequences run, fewer than min_admission fit
 //     (free slots and waiting requests both) and the oldest is not due: each
 //     admission is a prefill that pauses the running sequences, so they are

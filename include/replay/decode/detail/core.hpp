@@ -232,6 +232,7 @@ class DecodeCore {
   ::std::vector<::std::size_t> admitted_slots_;     // admitted this iteration, to prefill
   ::std::vector<DecodeSequence> cancelled_waiting_;  // left the queue cancelled this iteration
   ::std::vector<::std::size_t> waiting_prompts_;
+  clock::time_point last_admission_{};  // continuous batching's admission_delay counts from it
   ::std::vector<PrefillRow> prefill_rows_;
   ::std::vector<TokenId> first_tokens_;
   ::std::vector<DecodeRow> rows_;

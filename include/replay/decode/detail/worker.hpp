@@ -137,10 +137,15 @@ void DecodeCore<Executor>::admit(clock::time_point now) {
   const ::std::chrono::microseconds delay = options_.batching == DecodeBatching::static_batches
                                                 ? options_.static_batch_delay
                                                 : options_.admission_delay;
-  const bool oldest_due = stopping_ || (!queue_.empty() && now - queue_.front().submitted >= delay);
+  const bool oldest_due =
+      stopping_ ||
+      (!queue_.empty() && admission_due(options_.batching, now, queue_.front().submitted, last_admission_, delay));
   const DecodeAdmissionLimits limits{options_.batching, options_.max_slots, options_.max_prefill_tokens,
                                      options_.min_admission};
   const ::std::size_t take = plan_admission(waiting_prompts_, slots_.free(), slots_.size(), oldest_due, limits);
+  if (take > 0) {
+    last_admission_ = now;
+  }
   for (::std::size_t i = 0; i < take; ++i) {
     DecodeSequence& sequence = queue_.front();
     sequence.queue_delay = ::std::chrono::duration_cast<::std::chrono::microseconds>(now - sequence.submitted);
