@@ -383,7 +383,7 @@ struct LoadResult {
   double throughput_tokens_per_s = 0;
   double completed_rps = 0;
   double ttft_p50_ms = 0, ttft_p99_ms = 0, tpot_p50_ms = 0, tpot_p99_ms = 0;
-  std::size_t requests = 0, finished = 0, tokens = 0;
+  std::size_t requests = 0, finished = 0, refused = 0, tokens = 0;
 };
 
 // One point: `requests` requests at Poisson arrivals of `rate` per second
@@ -397,6 +397,7 @@ LoadResult run_load(DecodeEngine& engine, const LlamaModel& model, double rate, 
     Clock::time_point submitted, first, last;
     std::size_t tokens = 0;
     bool ok = false;
+    bool refused = false;
   };
   std::vector<Timing> timings(requests);
   std::vector<replay::DecodeRequest> load;
@@ -428,6 +429,7 @@ LoadResult run_load(DecodeEngine& engine, const LlamaModel& model, double rate, 
       }
       if (u.done()) {
         timing.ok = replay::is_finished(u.status);
+        timing.refused = replay::is_refusal(u.status);
         const std::lock_guard lock(ended_mutex);
         ++ended;
         last_end = now;
@@ -444,6 +446,7 @@ LoadResult run_load(DecodeEngine& engine, const LlamaModel& model, double rate, 
   r.requests = requests;
   std::vector<double> ttft, tpot;
   for (const Timing& timing : timings) {
+    r.refused += timing.refused ? 1 : 0;
     if (!timing.ok) continue;
     ++r.finished;
     r.tokens += timing.tokens;
@@ -486,6 +489,12 @@ int load(const Common& c, const LoadSettings& settings) {
            {"min_admission", settings.min_admission},
            {"admission_delay_us", settings.admission_delay_us}};
   bool all_finished = true;
+  // The queue holds every request of a point: an overloaded point shows in
+  // the waiting times, not in refusals that would change what is served.
+  std::size_t most_requests = settings.requests;
+  for (const double rate : settings.rates) {
+    most_requests = std::max(most_requests, static_cast<std::size_t>(rate * std::max(settings.seconds, 0.0)));
+  }
   for (const std::string& name : settings.policies) {
     LoadPolicy policy{.name = name};
     if (name == "static") {
@@ -499,6 +508,7 @@ int load(const Common& c, const LoadSettings& settings) {
     DecodeEngine engine(model, {.batch_buckets = c.batch_buckets,
                                 .context_buckets = c.context_buckets,
                                 .steps_per_launch = settings.steps,
+                                .queue_capacity = most_requests,
                                 .min_admission = policy.min_admission,
                                 .admission_delay = std::chrono::microseconds(settings.admission_delay_us),
                                 .prefill = c.prefill_mode(),
@@ -513,9 +523,9 @@ int load(const Common& c, const LoadSettings& settings) {
       const LoadResult r = run_load(engine, model, rate, requests, settings.lengths, c.seed + 11);
       all_finished &= r.finished == r.requests;
       std::printf("llm_decode load: %-10s offered %7.1f req/s: %6.1f req/s done, %9.0f tokens/s; TTFT p50 %8.1f p99 "
-                  "%8.1f ms; TPOT p50 %6.2f p99 %6.2f ms; %zu/%zu finished\n",
+                  "%8.1f ms; TPOT p50 %6.2f p99 %6.2f ms; %zu/%zu finished, %zu refused\n",
                   policy.name.c_str(), rate, r.completed_rps, r.throughput_tokens_per_s, r.ttft_p50_ms, r.ttft_p99_ms,
-                  r.tpot_p50_ms, r.tpot_p99_ms, r.finished, r.requests);
+                  r.tpot_p50_ms, r.tpot_p99_ms, r.finished, r.requests, r.refused);
       std::fflush(stdout);
       out["rows"].push_back({{"batching", policy.name},
                              {"offered_rps", rate},
@@ -526,6 +536,7 @@ int load(const Common& c, const LoadSettings& settings) {
                              {"tpot_p50_ms", r.tpot_p50_ms},
                              {"tpot_p99_ms", r.tpot_p99_ms},
                              {"finished", r.finished},
+                             {"refused", r.refused},
                              {"requests", r.requests}});
     }
     engine.shutdown(replay::DecodeShutdown::drain);

@@ -8,6 +8,11 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <condition_variable>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
 #include <map>
 #include <random>
 #include <string>
@@ -160,6 +165,49 @@ std::size_t run_random_schedule(std::vector<LlamaExecutor*> executors, std::size
   }
   return launches;
 }
+
+// Holds the thread that calls its callback (a DecodeScheduler's worker) at
+// each running update until allow() lets that many return.
+struct Gate {
+  struct Result {
+    std::vector<replay::TokenId> tokens;
+    replay::DecodeStatus status = replay::DecodeStatus::running;
+  };
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::size_t entered = 0;
+  std::size_t allowed = 0;
+  bool done = false;
+  Result result;
+
+  std::function<void(const replay::DecodeUpdate&)> callback() {
+    return [this](const replay::DecodeUpdate& u) {
+      std::unique_lock lock(mutex);
+      result.tokens.insert(result.tokens.end(), u.tokens.begin(), u.tokens.end());
+      ++entered;
+      if (u.done()) {
+        result.status = u.status;
+        done = true;
+      }
+      changed.notify_all();
+      if (!u.done()) changed.wait(lock, [&] { return allowed >= entered; });
+    };
+  }
+  void wait_entered(std::size_t n) {
+    std::unique_lock lock(mutex);
+    changed.wait(lock, [&] { return entered >= n; });
+  }
+  void allow(std::size_t n) {
+    const std::lock_guard lock(mutex);
+    allowed = n;
+    changed.notify_all();
+  }
+  Result wait_done() {
+    std::unique_lock lock(mutex);
+    changed.wait(lock, [&] { return done; });
+    return result;
+  }
+};
 
 }  // namespace
 
@@ -388,10 +436,15 @@ TEST_CASE("continuous batching with requests from several threads: every request
 TEST_CASE("DecodeEngine: refusals, cancellation mid-stream, and the freed slot serving the next request") {
   const at::Device cuda(at::kCUDA, 0);
   const LlamaModel model = tiny_model(cuda);
+  Gate gate;  // before the engine: the worker may call it until the engine stops
   llm_decode::DecodeEngine engine(model, {.batch_buckets = {1, 2},
                                           .context_buckets = {32, 64},
                                           .steps_per_launch = 2,
                                           .queue_capacity = 1});
+  // On any way out of this case (a failed REQUIRE too), let the worker go
+  // before the engine's destructor waits for it.
+  const std::unique_ptr<Gate, void (*)(Gate*)> release(
+      &gate, [](Gate* g) { g->allow(std::numeric_limits<std::size_t>::max()); });
   // A prompt with no room for a token under max_len (64) is refused at once.
   const replay::DecodeResult too_long = engine.submit({.prompt = std::vector<replay::TokenId>(64, 1)}).wait();
   CHECK(too_long.status == replay::DecodeStatus::prompt_too_long);
@@ -402,23 +455,28 @@ TEST_CASE("DecodeEngine: refusals, cancellation mid-stream, and the freed slot s
   const replay::DecodeResult outside = engine.submit({.prompt = {1, vocab, 2}}).wait();
   CHECK(outside.status == replay::DecodeStatus::invalid_request);
   CHECK(outside.message.find("outside the vocabulary") != std::string::npos);
-  // Two long requests fill both slots; a cancelled one ends with a prefix of
-  // its tokens and its slot serves a request that was waiting.
-  replay::DecodeStream first = engine.submit({.prompt = {1, 2, 3}, .max_new_tokens = 50});
-  replay::DecodeStream second = engine.submit({.prompt = {4, 5}, .max_new_tokens = 50});
-  REQUIRE(first.next().has_value());  // running (the rest of its 50 tokens takes 25 launches)
-  REQUIRE(second.next().has_value());  // running too: both slots are taken, nothing waits
-  // Both slots are taken: this one waits, and fills the queue (capacity 1),
-  // so the next is refused at once.
-  replay::DecodeStream waiting = engine.submit({.prompt = {6, 7, 8}, .max_new_tokens = 4});
+  // The first request's callback holds the engine's worker at each of its
+  // updates until the test lets it go on, so what the test does in between
+  // happens at a known point (no launch runs meanwhile), whatever the GPU's speed.
+  replay::DecodeHandle first = engine.submit({.prompt = {1, 2, 3}, .max_new_tokens = 50}, gate.callback());
+  gate.wait_entered(1);  // `first` is prefilled, in a slot; the worker waits in its callback
+  replay::DecodeStream second = engine.submit({.prompt = {4, 5}, .max_new_tokens = 50});  // waits: the queue is full now
   const replay::DecodeResult extra = engine.submit({.prompt = {9}, .max_new_tokens = 2}).wait();
   CHECK(extra.status == replay::DecodeStatus::queue_full);
   CHECK(extra.tokens.empty());
+  // One launch for `first`, then the next iteration admits `second` (its
+  // prefill's token comes before that iteration's launch) and runs both.
+  gate.allow(2);
+  gate.wait_entered(3);
+  REQUIRE(second.next().has_value());
+  // Both slots are taken: this one waits for a slot.
+  replay::DecodeStream waiting = engine.submit({.prompt = {6, 7, 8}, .max_new_tokens = 4});
   first.cancel();
-  const replay::DecodeResult cancelled = first.wait();
+  gate.allow(std::numeric_limits<std::size_t>::max());
+  const Gate::Result cancelled = gate.wait_done();
   CHECK(cancelled.status == replay::DecodeStatus::cancelled);
-  CHECK(cancelled.tokens.size() < 50);
-  const replay::DecodeResult served = waiting.wait();
+  CHECK(cancelled.tokens.size() == 5);  // the prefill's token and two launches of 2
+  const replay::DecodeResult served = waiting.wait();  // in the slot `first` freed
   CHECK(served.status == replay::DecodeStatus::token_limit);
   CHECK(served.tokens.size() == 4);
   const replay::DecodeResult other = second.wait();
