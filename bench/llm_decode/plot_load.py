@@ -28,8 +28,9 @@ def main():
         pts = sorted((r for r in rows if r["batching"] == batching), key=lambda r: r["offered_rps"])
         x = [r["offered_rps"] for r in pts]
         axes[0].plot(x, [r["tokens_per_s"] for r in pts], style, label=batching)
-        axes[1].plot(x, [r["tpot_p99_ms"] for r in pts], style, label=batching)
-        axes[1].plot(x, [r["tpot_p50_ms"] for r in pts], style, alpha=0.4, label=f"{batching} (p50)")
+        (p99,) = axes[1].plot(x, [r["tpot_p99_ms"] for r in pts], style, label=batching)
+        axes[1].plot(x, [r["tpot_p50_ms"] for r in pts], style, color=p99.get_color(), alpha=0.4,
+                     label=f"{batching} (p50)")
         axes[2].plot(x, [r["ttft_p99_ms"] for r in pts], style, label=batching)
     axes[0].set_ylabel("generated tokens/s")
     axes[1].set_ylabel("time per output token, ms (p99; faint: p50)")
