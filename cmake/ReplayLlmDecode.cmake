@@ -25,9 +25,11 @@ function(replay_llm_decode_model)
   add_library(llm_decode_model INTERFACE)
   target_include_directories(llm_decode_model INTERFACE ${PROJECT_SOURCE_DIR}/examples/llm_decode)
   target_link_libraries(llm_decode_model INTERFACE replay::torch nlohmann_json::nlohmann_json)
-  # Several decode steps per launch: the WHILE node around the captured step
-  # is set by a kernel (loop_control.cu, nvcc); the rest is host code.
-  add_library(llm_decode_loop STATIC ${PROJECT_SOURCE_DIR}/examples/llm_decode/loop_control.cu)
+  # The device code, compiled by nvcc: the kernel that sets the WHILE node
+  # around the captured step (several steps per launch, loop_control.cu) and
+  # the fused decode kernels (fused_kernels.cu); the rest is host code.
+  add_library(llm_decode_loop STATIC ${PROJECT_SOURCE_DIR}/examples/llm_decode/loop_control.cu
+                                     ${PROJECT_SOURCE_DIR}/examples/llm_decode/fused_kernels.cu)
   target_link_libraries(llm_decode_loop PUBLIC replay::replay)
   # One CUDA runtime in the program: libtorch's shared one.
   set_target_properties(llm_decode_loop PROPERTIES CUDA_RUNTIME_LIBRARY Shared)

@@ -26,6 +26,7 @@ PEER_LABELS = {
 CPP_LABELS = {
     "cpp_eager": "C++ eager (same kernels, no graphs)",
     "cpp_graphed": "C++ replay, one step per launch",
+    "cpp_graphed_fused": "C++ replay, fused kernels (DecodeKernels::fused)",
 }
 
 
@@ -80,7 +81,7 @@ def main():
     out.append("")
     out.append("| method | " + " | ".join(f"batch {b}" for b in batches) + " |")
     out.append("|---|" + "---:|" * len(batches))
-    order = ["cpp_graphed"] + sorted(m for m in rows if m.startswith("cpp_graphed_k")) + ["cpp_eager"] + \
+    order = ["cpp_graphed"] + (["cpp_graphed_fused"] if "cpp_graphed_fused" in rows else []) + sorted(m for m in rows if m.startswith("cpp_graphed_k")) + ["cpp_eager"] + \
         [m for m in PEER_LABELS if m in rows]
     for m in order:
         if m not in rows:
@@ -109,6 +110,11 @@ def main():
         if best:
             r = ratio(graphed[b][1], best[0])
             goals.append((f"replay / best Python peer ({best[1]}), batch {b}", r, ">= 1.0", r >= 1.0))
+            fused = rows.get("cpp_graphed_fused", {})
+            if b in fused:
+                r = ratio(fused[b][1], best[0])
+                goals.append((f"replay, fused kernels / best Python peer ({best[1]}), batch {b}", r, ">= 1.0",
+                              r >= 1.0))
     if 1 in graphed:
         for peer, target in (("hf_static", 2.0), ("hf_eager", 10.0)):
             if 1 in rows.get(peer, {}):

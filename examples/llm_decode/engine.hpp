@@ -34,6 +34,7 @@ struct EngineOptions {
   // Continuous batching: group admissions (replay::DecodeOptions).
   std::size_t min_admission = 1;
   std::chrono::microseconds admission_delay{5000};
+  DecodeKernels kernels = DecodeKernels::aten;
   PrefillMode prefill = PrefillMode::bucketed;
   std::vector<std::int64_t> prefill_buckets{};  // empty: the executor's default (ExecutorOptions)
   replay::DecodeBatching batching = replay::DecodeBatching::continuous;
@@ -54,6 +55,7 @@ class DecodeEngine {
                             .context_buckets = options.context_buckets,
                             .steps_per_launch = options.steps_per_launch,
                             .eos_tokens = options.eos_tokens,
+                            .kernels = options.kernels,
                             .prefill = options.prefill,
                             .prefill_buckets = options.prefill_buckets,
                             .capture_at_start = options.capture_at_start,

@@ -78,6 +78,8 @@ struct ExecutorOptions {
   std::vector<std::int64_t> context_buckets;  // each <= the model's max_len
   std::size_t steps_per_launch = 1;           // K steps per launch (a WHILE node when graphed and K > 1)
   std::vector<replay::TokenId> eos_tokens;
+  // The decode step's kernels (model.hpp): ATen operators, or fused kernels.
+  DecodeKernels kernels = DecodeKernels::aten;
   PrefillMode prefill = PrefillMode::bucketed;
   // Packed prompt tokens a bucketed prefill forward is padded to, strictly
   // ascending, each at most the model's max_len; the largest is the most
@@ -134,6 +136,7 @@ class LlamaExecutor {
                                   std::to_string(cache.slots()) + ")");
     }
     check_prefill_buckets(model.config().max_len);
+    if (options_.kernels == DecodeKernels::fused) check_fused(model);
     max_batch_ = options_.batch_buckets.back();
     columns_ = std::max<std::int64_t>(max_batch_, 3);  // row 5 holds 3 loop counters
     steps_ = static_cast<std::int64_t>(options_.steps_per_launch);
@@ -354,6 +357,31 @@ class LlamaExecutor {
     }
   }
 
+  // What DecodeKernels::fused can take, checked before any capture.
+  void check_fused(const LlamaModel& model) const {
+    const LlamaConfig& config = model.config();
+    if (model.dtype() != at::kHalf || !model.device().is_cuda()) {
+      throw std::invalid_argument("LlamaExecutor: kernels = DecodeKernels::fused needs the model in fp16 on a CUDA "
+                                  "device, not " + std::string(c10::toString(model.dtype())) + " on " +
+                                  model.device().str());
+    }
+    if (config.group_size() > fused::kMaxQueryGroup || config.head_dim() % 2 != 0) {
+      throw std::invalid_argument("LlamaExecutor: kernels = DecodeKernels::fused takes at most " +
+                                  std::to_string(fused::kMaxQueryGroup) +
+                                  " query heads per key/value head and an even head_dim; this model has " +
+                                  std::to_string(config.group_size()) + " and " + std::to_string(config.head_dim()));
+    }
+    const std::size_t shared = fused::attention_shared_bytes(static_cast<int>(config.group_size()),
+                                                             static_cast<int>(config.head_dim()),
+                                                             options_.context_buckets.back());
+    if (shared > fused::kAttentionSharedLimit) {
+      throw std::invalid_argument("LlamaExecutor: kernels = DecodeKernels::fused: the context bucket " +
+                                  std::to_string(options_.context_buckets.back()) + " needs " +
+                                  std::to_string(shared) + " bytes of shared memory for the attention; at most " +
+                                  std::to_string(fused::kAttentionSharedLimit));
+    }
+  }
+
   std::int64_t smallest_prefill_bucket(std::int64_t tokens) const {
     return *std::lower_bound(options_.prefill_buckets.begin(), options_.prefill_buckets.end(), tokens);
   }
@@ -490,7 +518,7 @@ class LlamaExecutor {
     const at::Tensor active = done.eq(0);
     const at::Tensor live_slots = at::where(active, slots, cache_->spare_slot());
     const at::Tensor live_positions = at::where(active, positions, 0);
-    const at::Tensor logits = model_->decode(*cache_, live_slots, live_positions, tokens, context);
+    const at::Tensor logits = model_->decode(*cache_, live_slots, live_positions, tokens, context, options_.kernels);
     const at::Tensor next = logits.argmax(-1);
     // The ring row of this step: loop[0] is the step index, below K within a
     // launch (staged as 0); warm-ups repeat the step without staging, hence

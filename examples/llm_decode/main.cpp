@@ -76,10 +76,14 @@ struct Common {
   std::int64_t max_len = 1024;
   std::vector<std::int64_t> batch_buckets{1, 2, 4, 8, 16, 32, 64};
   std::vector<std::int64_t> context_buckets{64, 128, 256, 512, 1024};
+  std::string kernels = "aten";                // aten | fused (DecodeKernels)
   std::string prefill = "bucketed";            // bucketed | unpadded (PrefillMode)
   std::vector<std::int64_t> prefill_buckets;   // empty: the executor's default
   std::string json;
 
+  llm_decode::DecodeKernels decode_kernels() const {
+    return kernels == "fused" ? llm_decode::DecodeKernels::fused : llm_decode::DecodeKernels::aten;
+  }
   llm_decode::PrefillMode prefill_mode() const {
     return prefill == "unpadded" ? llm_decode::PrefillMode::unpadded : llm_decode::PrefillMode::bucketed;
   }
@@ -91,6 +95,7 @@ ExecutorOptions executor_options(const Common& c, StepMode mode, std::size_t ste
                          .batch_buckets = c.batch_buckets,
                          .context_buckets = c.context_buckets,
                          .steps_per_launch = steps,
+                         .kernels = c.decode_kernels(),
                          .prefill = c.prefill_mode(),
                          .prefill_buckets = c.prefill_buckets,
                          .capture_threads = capture_threads};
@@ -259,58 +264,74 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
     std::string name;
     StepMode mode;
     std::size_t steps;
+    llm_decode::DecodeKernels kernels;
   };
-  std::vector<Method> methods{{"cpp_eager", StepMode::eager, 1}, {"cpp_graphed", StepMode::graphed, 1}};
-  for (const std::size_t k : multi_steps) methods.push_back({"cpp_graphed_k" + std::to_string(k), StepMode::graphed, k});
+  const llm_decode::DecodeKernels kernels = c.decode_kernels();
+  std::vector<Method> methods{{"cpp_eager", StepMode::eager, 1, kernels}, {"cpp_graphed", StepMode::graphed, 1, kernels}};
+  for (const std::size_t k : multi_steps) {
+    methods.push_back({"cpp_graphed_k" + std::to_string(k), StepMode::graphed, k, kernels});
+  }
+  // The fused kernels' row beside the operators' (a failure there is
+  // reported in the JSON and does not stop the other rows).
+  if (kernels == llm_decode::DecodeKernels::aten) {
+    methods.push_back({"cpp_graphed_fused", StepMode::graphed, 1, llm_decode::DecodeKernels::fused});
+  }
   std::vector<std::int64_t> graphed_prefill_buckets;  // the executor's, defaults filled in
   for (const Method& m : methods) {
-    llm_decode::KvCache cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
-    LlamaExecutor executor(model, cache,
-                           executor_options(c, m.mode, m.steps));
-    if (m.mode == StepMode::graphed) {
-      graphed_prefill_buckets = executor.prefill_buckets();
-      const auto& s = executor.stats();
-      out["capture"][m.name] = {{"graphs", s.graphs},
-                                {"seconds_serial", s.capture_seconds},
-                                {"pool_bytes", s.graph_pool_bytes},
-                                {"failures", executor.capture_failures()}};
-      std::printf("llm_decode bench: %s: %zu graphs captured in %.2f s, pool %.1f MiB%s\n", m.name.c_str(), s.graphs,
-                  s.capture_seconds, static_cast<double>(s.graph_pool_bytes) / (1 << 20),
-                  executor.capture_failures().empty() ? "" : " (SOME CAPTURES FAILED)");
-    }
-    for (const std::int64_t batch : batches) {
-      (void)time_decode(executor, c, batch, prompt_len, std::min<std::size_t>(new_tokens, 16), m.steps, rng,
-                        model.config().vocab_size);  // warm-up
-      std::vector<double> per_step;
-      double host = 0;
-      double launch = 0;
-      for (int r = 0; r < repeats; ++r) {
-        per_step.push_back(
-            time_decode(executor, c, batch, prompt_len, new_tokens, m.steps, rng, model.config().vocab_size));
-        host += executor.stats().host_seconds;
-        launch += executor.stats().launch_seconds;
+    try {
+      llm_decode::KvCache cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
+      ExecutorOptions method_options = executor_options(c, m.mode, m.steps);
+      method_options.kernels = m.kernels;
+      LlamaExecutor executor(model, cache, method_options);
+      if (m.mode == StepMode::graphed) {
+        graphed_prefill_buckets = executor.prefill_buckets();
+        const auto& s = executor.stats();
+        out["capture"][m.name] = {{"graphs", s.graphs},
+                                  {"seconds_serial", s.capture_seconds},
+                                  {"pool_bytes", s.graph_pool_bytes},
+                                  {"failures", executor.capture_failures()}};
+        std::printf("llm_decode bench: %s: %zu graphs captured in %.2f s, pool %.1f MiB%s\n", m.name.c_str(), s.graphs,
+                    s.capture_seconds, static_cast<double>(s.graph_pool_bytes) / (1 << 20),
+                    executor.capture_failures().empty() ? "" : " (SOME CAPTURES FAILED)");
       }
-      BenchRow row{.method = m.name,
-                   .batch = batch,
-                   .ms_per_step = percentile(per_step, 0.5) * 1e3,
-                   .tokens_per_s = static_cast<double>(batch) / percentile(per_step, 0.5),
-                   .host_fraction = launch > 0 ? host / launch : 0};
-      std::printf("llm_decode bench: %-18s batch %3lld: %8.3f ms/step %10.0f tokens/s  host %.1f%% of a launch\n",
-                  row.method.c_str(), static_cast<long long>(batch), row.ms_per_step, row.tokens_per_s,
-                  100 * row.host_fraction);
-      out["rows"].push_back({{"method", row.method},
-                             {"batch", row.batch},
-                             {"ms_per_step", row.ms_per_step},
-                             {"tokens_per_s", row.tokens_per_s},
-                             {"host_fraction", row.host_fraction}});
-      if (m.steps == 1) {
-        const double prefill_ms =
-            1e3 * time_prefill(executor, batch, prompt_len, std::max(repeats, 5), rng, model.config().vocab_size);
-        std::printf("llm_decode bench: %-18s prefill of %3lld prompts of %zu tokens: %8.3f ms\n", m.name.c_str(),
-                    static_cast<long long>(batch), prompt_len, prefill_ms);
-        out["prefill_rows"].push_back({{"method", m.name}, {"prompts", batch}, {"prompt", prompt_len},
-                                       {"prefill", c.prefill}, {"ms", prefill_ms}});
+      for (const std::int64_t batch : batches) {
+        (void)time_decode(executor, c, batch, prompt_len, std::min<std::size_t>(new_tokens, 16), m.steps, rng,
+                          model.config().vocab_size);  // warm-up
+        std::vector<double> per_step;
+        double host = 0;
+        double launch = 0;
+        for (int r = 0; r < repeats; ++r) {
+          per_step.push_back(
+              time_decode(executor, c, batch, prompt_len, new_tokens, m.steps, rng, model.config().vocab_size));
+          host += executor.stats().host_seconds;
+          launch += executor.stats().launch_seconds;
+        }
+        BenchRow row{.method = m.name,
+                     .batch = batch,
+                     .ms_per_step = percentile(per_step, 0.5) * 1e3,
+                     .tokens_per_s = static_cast<double>(batch) / percentile(per_step, 0.5),
+                     .host_fraction = launch > 0 ? host / launch : 0};
+        std::printf("llm_decode bench: %-18s batch %3lld: %8.3f ms/step %10.0f tokens/s  host %.1f%% of a launch\n",
+                    row.method.c_str(), static_cast<long long>(batch), row.ms_per_step, row.tokens_per_s,
+                    100 * row.host_fraction);
+        out["rows"].push_back({{"method", row.method},
+                               {"batch", row.batch},
+                               {"ms_per_step", row.ms_per_step},
+                               {"tokens_per_s", row.tokens_per_s},
+                               {"host_fraction", row.host_fraction}});
+        if (m.steps == 1 && m.kernels == kernels) {  // the prefill is the same in the fused row
+          const double prefill_ms =
+              1e3 * time_prefill(executor, batch, prompt_len, std::max(repeats, 5), rng, model.config().vocab_size);
+          std::printf("llm_decode bench: %-18s prefill of %3lld prompts of %zu tokens: %8.3f ms\n", m.name.c_str(),
+                      static_cast<long long>(batch), prompt_len, prefill_ms);
+          out["prefill_rows"].push_back({{"method", m.name}, {"prompts", batch}, {"prompt", prompt_len},
+                                         {"prefill", c.prefill}, {"ms", prefill_ms}});
+        }
       }
+    } catch (const std::exception& e) {
+      if (m.kernels != llm_decode::DecodeKernels::fused || kernels == llm_decode::DecodeKernels::fused) throw;
+      std::printf("llm_decode bench: %s FAILED: %s\n", m.name.c_str(), e.what());
+      out["failures"][m.name] = e.what();
     }
   }
   // Graph memory: all buckets against the largest bucket alone (both captured
@@ -511,6 +532,7 @@ int load(const Common& c, const LoadSettings& settings) {
                                 .queue_capacity = most_requests,
                                 .min_admission = policy.min_admission,
                                 .admission_delay = std::chrono::microseconds(settings.admission_delay_us),
+                                .kernels = c.decode_kernels(),
                                 .prefill = c.prefill_mode(),
                                 .prefill_buckets = c.prefill_buckets,
                                 .batching = policy.batching,
@@ -567,6 +589,9 @@ int main(int argc, char** argv) {
     sub->add_option("--max-len", c.max_len, "positions per cache slot (random weights)")->capture_default_str();
     sub->add_option("--batch-buckets", c.batch_buckets, "batch sizes a launch is padded to")->delimiter(',');
     sub->add_option("--context-buckets", c.context_buckets, "context lengths a launch reads up to")->delimiter(',');
+    sub->add_option("--kernels", c.kernels, "the decode step's kernels: aten (operators) or fused")
+        ->check(CLI::IsMember({"aten", "fused"}))
+        ->capture_default_str();
     sub->add_option("--prefill", c.prefill, "bucketed (padded to prefill buckets, graphed) or unpadded (eager)")
         ->check(CLI::IsMember({"bucketed", "unpadded"}))
         ->capture_default_str();

@@ -16,6 +16,7 @@
 // the position mask) on the device.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/cuda/CUDAStream.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
@@ -36,9 +37,23 @@
 #include <vector>
 
 #include "config.hpp"
+#include "fused_kernels.hpp"
 #include "kv_cache.hpp"
 
 namespace llm_decode {
+
+// The kernels a decode step issues.
+enum class DecodeKernels : std::uint8_t {
+  // ATen operators, one by one (about 20 per layer): the reference, and the
+  // same operators as llama.py's step.
+  aten,
+  // fused_kernels.hpp: rotary and cache write, decode attention reading the
+  // cache by slot, residual add with RMSNorm, SiLU x up (8 kernels per layer
+  // with the 4 products). CUDA and fp16 only. Agrees with `aten` to fp16
+  // rounding, not bit for bit (it rounds once where the operators round at
+  // each step).
+  fused,
+};
 
 // The name of a weight in Hugging Face's LlamaForCausalLM state dict and its shape.
 struct WeightShape {
@@ -381,7 +396,7 @@ class LlamaModel {
   // logits [B, vocab] in the model dtype. Only sizes are checked here (values
   // would need a synchronization); check_decode_values() checks the values.
   at::Tensor decode(KvCache& cache, const at::Tensor& slots, const at::Tensor& positions, const at::Tensor& tokens,
-                    std::int64_t context) const {
+                    std::int64_t context, DecodeKernels kernels = DecodeKernels::aten) const {
     check_cache(cache);
     check_rows(tokens, "tokens", -1);
     const std::int64_t rows = tokens.size(0);
@@ -391,6 +406,7 @@ class LlamaModel {
       detail::invalid("decode context " + std::to_string(context) + " must be in 1.." + std::to_string(config_.max_len) +
                       " (max_position_embeddings)");
     }
+    if (kernels == DecodeKernels::fused) return decode_fused(cache, slots, positions, tokens, context);
     const std::int64_t heads = config_.num_heads;
     const std::int64_t kv_heads = config_.num_kv_heads;
     const std::int64_t head_dim = config_.head_dim();
@@ -602,6 +618,59 @@ class LlamaModel {
       x = x + mlp(detail::rms_norm(x, layer.post_norm, config_.rms_norm_eps), layer);
     }
     return x;
+  }
+
+  static __half* half_ptr(const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); }
+
+  // decode() with DecodeKernels::fused: the same math, 8 kernels per layer.
+  // Capture-safe like decode(): device tensors only, torch's allocator, the
+  // current stream.
+  at::Tensor decode_fused(KvCache& cache, const at::Tensor& slots, const at::Tensor& positions,
+                          const at::Tensor& tokens, std::int64_t context) const {
+    if (!device_.is_cuda() || dtype_ != at::kHalf) {
+      detail::invalid("DecodeKernels::fused needs the model in fp16 on a CUDA device; this one is " +
+                      std::string(c10::toString(dtype_)) + " on " + device_.str() + " (use DecodeKernels::aten)");
+    }
+    const auto rows = static_cast<int>(tokens.size(0));
+    const auto heads = static_cast<int>(config_.num_heads);
+    const auto kv_heads = static_cast<int>(config_.num_kv_heads);
+    const auto head_dim = static_cast<int>(config_.head_dim());
+    const auto hidden = static_cast<int>(config_.hidden_size);
+    const auto intermediate = static_cast<int>(config_.intermediate_size);
+    const auto eps = static_cast<float>(config_.rms_norm_eps);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    const at::TensorOptions options = embed_.options();
+    const at::Tensor slot_index = slots.contiguous();
+    const at::Tensor position_index = positions.contiguous();
+    const auto* slot_data = slot_index.data_ptr<std::int64_t>();
+    const auto* position_data = position_index.data_ptr<std::int64_t>();
+
+    at::Tensor x = embed_.index_select(0, tokens);  // [B, hidden], the residual stream
+    at::Tensor h = at::empty_like(x);                // the normed input of the next product
+    fused::add_rms_norm(half_ptr(x), nullptr, half_ptr(layers_[0].input_norm), half_ptr(h), rows, hidden, eps, stream);
+    const at::Tensor q = at::empty({rows, heads, head_dim}, options);
+    const at::Tensor attended = at::empty({rows, heads * head_dim}, options);
+    const at::Tensor act = at::empty({rows, intermediate}, options);
+    for (std::int64_t i = 0; i < config_.num_layers; ++i) {
+      const Layer& layer = layers_[static_cast<std::size_t>(i)];
+      const at::Tensor cache_k = cache.k.select(0, i);
+      const at::Tensor cache_v = cache.v.select(0, i);
+      const at::Tensor qkv = at::linear(h, layer.qkv);
+      fused::rotary_and_cache_write(half_ptr(qkv), qkv.stride(0), half_ptr(cos_), half_ptr(sin_), position_data,
+                                    slot_data, half_ptr(q), half_ptr(cache_k), half_ptr(cache_v), rows, heads,
+                                    kv_heads, head_dim, config_.max_len, stream);
+      fused::decode_attention(half_ptr(q), half_ptr(cache_k), half_ptr(cache_v), slot_data, position_data,
+                              half_ptr(attended), rows, heads, kv_heads, head_dim, config_.max_len,
+                              static_cast<int>(context), static_cast<float>(scale_), stream);
+      const at::Tensor o = at::linear(attended, layer.o);
+      fused::add_rms_norm(half_ptr(x), half_ptr(o), half_ptr(layer.post_norm), half_ptr(h), rows, hidden, eps, stream);
+      fused::silu_mul(half_ptr(at::linear(h, layer.gate_up)), half_ptr(act), rows, intermediate, stream);
+      const at::Tensor down = at::linear(act, layer.down);
+      const at::Tensor& next_norm =
+          i + 1 < config_.num_layers ? layers_[static_cast<std::size_t>(i + 1)].input_norm : norm_;
+      fused::add_rms_norm(half_ptr(x), half_ptr(down), half_ptr(next_norm), half_ptr(h), rows, hidden, eps, stream);
+    }
+    return at::linear(h, lm_head_);
   }
 
   // The cache must be one made for this model: a mismatch would index out of

@@ -57,11 +57,13 @@ const std::vector<std::int64_t> kBatchBuckets{1, 2, 4, 8};
 const std::vector<std::int64_t> kContextBuckets{16, 32, 64};
 const std::vector<std::int64_t> kPrefillBuckets{8, 16, 32, 64};
 
-ExecutorOptions options(StepMode mode, std::size_t steps, bool capture_at_start = true) {
+ExecutorOptions options(StepMode mode, std::size_t steps, bool capture_at_start = true,
+                        llm_decode::DecodeKernels kernels = llm_decode::DecodeKernels::aten) {
   return ExecutorOptions{.mode = mode,
                          .batch_buckets = kBatchBuckets,
                          .context_buckets = kContextBuckets,
                          .steps_per_launch = steps,
+                         .kernels = kernels,
                          .prefill_buckets = kPrefillBuckets,
                          .capture_at_start = capture_at_start};
 }
@@ -236,6 +238,9 @@ TEST_CASE("LlamaExecutor refuses options that cannot work, naming them") {
     CHECK_THROWS_WITH_AS(LlamaExecutor(model, cache, bad_prefill), doctest::Contains("prefill_buckets"),
                          std::invalid_argument);
   }
+  // The fused kernels need fp16 on a CUDA device: refused before any capture.
+  CHECK_THROWS_WITH_AS(LlamaExecutor(model, cache, options(StepMode::eager, 1, true, llm_decode::DecodeKernels::fused)),
+                       doctest::Contains("DecodeKernels::fused"), std::invalid_argument);
 }
 }
 
@@ -276,6 +281,25 @@ TEST_CASE("graphed steps give the eager steps' tokens bit for bit over random ba
     CHECK(graphed.prefill_router()->stats().hits == graphed.stats().prefill_forwards);
     CHECK(graphed.stats().prefill_forwards > 0);
     CHECK(eager.prefill_router() == nullptr);
+  }
+}
+
+TEST_CASE("fused kernels: graphed steps give the eager steps' tokens bit for bit over random batch compositions") {
+  const at::Device cuda(at::kCUDA, 0);
+  const LlamaModel model = tiny_model(cuda);
+  const auto fused = llm_decode::DecodeKernels::fused;
+  for (const std::size_t steps : {std::size_t{1}, std::size_t{3}}) {
+    CAPTURE(steps);
+    KvCache eager_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+    KvCache fused_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+    LlamaExecutor eager(model, eager_cache, options(StepMode::eager, steps, true, fused));
+    LlamaExecutor graphed(model, fused_cache, options(StepMode::graphed, steps, true, fused));
+    CHECK(graphed.capture_failures().empty());
+    const std::size_t launches =
+        run_random_schedule({&eager, &graphed}, steps, 300 + steps, model.config().vocab_size, 64, 40);
+    CHECK(launches > 20);
+    REQUIRE(graphed.router() != nullptr);
+    CHECK(graphed.router()->stats().hits == launches);
   }
 }
 

@@ -87,6 +87,69 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     }
   }
 
+  TEST_CASE("fp16 on CUDA: the fused decode kernels give the operators' logits, cache rows and greedy tokens") {
+    for (const auto& [heads, kv_heads] : {std::pair{4, 2}, std::pair{4, 1}, std::pair{4, 4}}) {
+      CAPTURE(heads);
+      CAPTURE(kv_heads);
+      const LlamaConfig config = llm_decode_test::tiny_config(heads, kv_heads);
+      const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
+      const std::vector<Sequence> sequences = three_sequences(config.vocab_size);
+      for (const std::int64_t context : {std::int64_t{0}, std::int64_t{32}}) {
+        CAPTURE(context);
+        KvCache aten_cache(config, 3, gpu, at::kHalf);
+        KvCache fused_cache(config, 3, gpu, at::kHalf);
+        // Two padding rows in the spare slot beside the sequences.
+        const std::vector<at::Tensor> aten = llm_decode_test::cached_logits(model, aten_cache, sequences, context, 5);
+        const std::vector<at::Tensor> fused = llm_decode_test::cached_logits(model, fused_cache, sequences, context, 5,
+                                                                             llm_decode::DecodeKernels::fused);
+        for (std::size_t s = 0; s < sequences.size(); ++s) {
+          CAPTURE(s);
+          REQUIRE(fused[s].sizes() == aten[s].sizes());
+          CHECK(llm_decode_test::max_error(fused[s], aten[s]) < kFp16Tolerance);
+          const at::Tensor full = llm_decode_test::full_logits(model, sequences[s]);
+          CHECK(llm_decode_test::max_error(fused[s], full) < kFp16Tolerance);
+          const double scale = full.abs().max().item<double>();
+          CHECK(llm_decode_test::clear_argmax_mismatches(fused[s], full, kFp16Tolerance * scale) == 0);
+        }
+        // The same keys and values cached in the sequences' slots (the spare
+        // slot holds whatever the padding rows wrote).
+        for (at::Tensor KvCache::*side : {&KvCache::k, &KvCache::v}) {
+          CHECK(llm_decode_test::max_error((fused_cache.*side).narrow(1, 0, 3).to(at::kFloat),
+                                           (aten_cache.*side).narrow(1, 0, 3).to(at::kFloat)) < kFp16Tolerance);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("the fused decode kernels captured in a CUDA graph replay to their eager logits, bit for bit") {
+    const LlamaConfig config = LlamaConfig::preset("tiny");
+    const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
+    KvCache cache(config, 3, gpu, at::kHalf);
+    cache.k.normal_();  // some history in every slot
+    cache.v.normal_();
+    const std::int64_t context = 32;
+    const at::Tensor slots = llm_decode_test::int64_tensor({1, 0, cache.spare_slot(), 2}, gpu);
+    const at::Tensor positions = llm_decode_test::int64_tensor({11, 5, 0, 2}, gpu);
+    const at::Tensor tokens = llm_decode_test::int64_tensor(llm_decode_test::random_tokens(4, config.vocab_size), gpu);
+    const auto fused = llm_decode::DecodeKernels::fused;
+    const at::Tensor cache_before = at::stack({cache.k, cache.v}).clone();
+    const at::Tensor eager = model.decode(cache, slots, positions, tokens, context, fused).clone();
+    const at::Tensor cache_after_eager = at::stack({cache.k, cache.v}).clone();
+
+    auto capture_context = std::make_shared<replay::TorchCaptureContext>(gpu);
+    replay::TorchGraphBackend backend(capture_context);
+    const replay::StreamRef stream(at::cuda::getCurrentCUDAStream().stream());
+    at::Tensor graphed;
+    replay::CapturedGraph<replay::TorchGraphExec> captured = backend.capture(
+        stream, [&](replay::StreamRef) { graphed = model.decode(cache, slots, positions, tokens, context, fused); });
+    REQUIRE(graphed.defined());
+    cache.k.copy_(cache_before.select(0, 0));
+    cache.v.copy_(cache_before.select(0, 1));
+    backend.launch(captured.exec, stream);
+    CHECK(graphed.equal(eager));
+    CHECK(at::stack({cache.k, cache.v}).equal(cache_after_eager));
+  }
+
   TEST_CASE("decode captured in a CUDA graph replays to the eager logits and cache writes, bit for bit") {
     const LlamaConfig config = LlamaConfig::preset("tiny");
     const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);

@@ -472,6 +472,11 @@ TEST_SUITE("host") {
     CHECK(contains(invalid_argument_message([&] { (void)model.decode(cache, slots, t({3, 0, 1}), tokens, 8); }),
                    "decode positions has 3 rows"));
     CHECK(contains(invalid_argument_message([&] { (void)model.decode(cache, t({}), t({}), t({}), 8); }), "empty"));
+    // The fused kernels: fp16 on a CUDA device only.
+    CHECK(contains(invalid_argument_message([&] {
+                     (void)model.decode(cache, slots, positions, tokens, 8, llm_decode::DecodeKernels::fused);
+                   }),
+                   "DecodeKernels::fused needs the model in fp16 on a CUDA device"));
     CHECK(contains(invalid_argument_message([&] { (void)model.decode(cache, slots.to(at::kInt), positions, tokens, 8); }),
                    "decode slots must be a 1-D int64 tensor"));
     CHECK(contains(invalid_argument_message([&] { (void)model.decode(cache, slots, positions, tokens, 0); }),

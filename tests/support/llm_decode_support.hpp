@@ -61,7 +61,8 @@ inline std::vector<Sequence> three_sequences(std::int64_t vocab, std::int64_t to
 // position 0, token 0) up to `pad_to` rows; `context` 0 means max_len.
 inline std::vector<at::Tensor> cached_logits(const llm_decode::LlamaModel& model, llm_decode::KvCache& cache,
                                              const std::vector<Sequence>& sequences, std::int64_t context = 0,
-                                             std::int64_t pad_to = 0) {
+                                             std::int64_t pad_to = 0,
+                                             llm_decode::DecodeKernels kernels = llm_decode::DecodeKernels::aten) {
   const at::Device device = model.device();
   if (context == 0) {
     context = model.config().max_len;
@@ -96,7 +97,7 @@ inline std::vector<at::Tensor> cached_logits(const llm_decode::LlamaModel& model
       tokens.push_back(0);
     }
     const at::Tensor logits = model.decode(cache, int64_tensor(slots, device), int64_tensor(positions, device),
-                                           int64_tensor(tokens, device), context);
+                                           int64_tensor(tokens, device), context, kernels);
     for (std::size_t r = 0; r < running.size(); ++r) {
       rows[running[r]].push_back(logits[static_cast<std::int64_t>(r)].to(at::kFloat));
     }
