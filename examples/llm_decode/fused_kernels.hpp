@@ -5,7 +5,9 @@
 // 8 (4 products, 4 of these). Defined in fused_kernels.cu (nvcc); declared
 // here with plain types for the libtorch side. fp16 tensors, contiguous rows;
 // each launcher checks its launch (replay::check_last_launch) and runs on
-// `stream`, so a capture of that stream records it.
+// `stream`, so a capture of that stream records it. fused::host has the same
+// functions over host memory, running the kernels' code as one thread: what
+// the tests check the math and the indexing with where there is no GPU.
 #include <cstddef>
 #include <cstdint>
 
@@ -58,5 +60,20 @@ void add_rms_norm(__half* x, const __half* delta, const __half* weight, __half* 
 // SwiGLU's product: out = silu(gate) * up in float32, rounded once.
 //   gate_up: [rows, 2 * width] (gate, then up); out: [rows, width]
 void silu_mul(const __half* gate_up, __half* out, int rows, int width, cudaStream_t stream);
+
+// The same over host memory (the stream is not used): the kernels' code, one
+// thread at a time.
+namespace host {
+void rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
+                            const std::int64_t* positions, const std::int64_t* slots, __half* q_out, __half* cache_k,
+                            __half* cache_v, int rows, int heads, int kv_heads, int head_dim, std::int64_t max_len,
+                            cudaStream_t stream);
+void decode_attention(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
+                      const std::int64_t* positions, __half* out, int rows, int heads, int kv_heads, int head_dim,
+                      std::int64_t max_len, int context, float scale, cudaStream_t stream);
+void add_rms_norm(__half* x, const __half* delta, const __half* weight, __half* out, int rows, int width, float eps,
+                  cudaStream_t stream);
+void silu_mul(const __half* gate_up, __half* out, int rows, int width, cudaStream_t stream);
+}  // namespace host
 
 }  // namespace llm_decode::fused

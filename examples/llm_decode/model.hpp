@@ -49,9 +49,9 @@ enum class DecodeKernels : std::uint8_t {
   aten,
   // fused_kernels.hpp: rotary and cache write, decode attention reading the
   // cache by slot, residual add with RMSNorm, SiLU x up (8 kernels per layer
-  // with the 4 products). CUDA and fp16 only. Agrees with `aten` to fp16
-  // rounding, not bit for bit (it rounds once where the operators round at
-  // each step).
+  // with the 4 products). fp16 only; on the CPU the kernels' host versions
+  // run (for tests). Agrees with `aten` to fp16 rounding, not bit for bit (it
+  // rounds once where the operators round at each step).
   fused,
 };
 
@@ -622,15 +622,30 @@ class LlamaModel {
 
   static __half* half_ptr(const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); }
 
+  // The fused kernels of one device kind: fused_kernels.hpp's launchers, or
+  // their host versions (same signatures) for a model on the CPU.
+  struct FusedKernels {
+    decltype(&fused::rotary_and_cache_write) rotary_and_cache_write;
+    decltype(&fused::decode_attention) decode_attention;
+    decltype(&fused::add_rms_norm) add_rms_norm;
+    decltype(&fused::silu_mul) silu_mul;
+  };
+
   // decode() with DecodeKernels::fused: the same math, 8 kernels per layer.
   // Capture-safe like decode(): device tensors only, torch's allocator, the
   // current stream.
   at::Tensor decode_fused(KvCache& cache, const at::Tensor& slots, const at::Tensor& positions,
                           const at::Tensor& tokens, std::int64_t context) const {
-    if (!device_.is_cuda() || dtype_ != at::kHalf) {
-      detail::invalid("DecodeKernels::fused needs the model in fp16 on a CUDA device; this one is " +
+    if (dtype_ != at::kHalf || !(device_.is_cuda() || device_.is_cpu())) {
+      detail::invalid("DecodeKernels::fused needs the model in fp16 (on a CUDA device; on the CPU its kernels' host "
+                      "versions run); this one is " +
                       std::string(c10::toString(dtype_)) + " on " + device_.str() + " (use DecodeKernels::aten)");
     }
+    static constexpr FusedKernels on_device{fused::rotary_and_cache_write, fused::decode_attention, fused::add_rms_norm,
+                                            fused::silu_mul};
+    static constexpr FusedKernels on_host{fused::host::rotary_and_cache_write, fused::host::decode_attention,
+                                          fused::host::add_rms_norm, fused::host::silu_mul};
+    const FusedKernels& k = device_.is_cuda() ? on_device : on_host;
     const auto rows = static_cast<int>(tokens.size(0));
     const auto heads = static_cast<int>(config_.num_heads);
     const auto kv_heads = static_cast<int>(config_.num_kv_heads);
@@ -638,7 +653,7 @@ class LlamaModel {
     const auto hidden = static_cast<int>(config_.hidden_size);
     const auto intermediate = static_cast<int>(config_.intermediate_size);
     const auto eps = static_cast<float>(config_.rms_norm_eps);
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    const cudaStream_t stream = device_.is_cuda() ? c10::cuda::getCurrentCUDAStream(device_.index()).stream() : nullptr;
     const at::TensorOptions options = embed_.options();
     const at::Tensor slot_index = slots.contiguous();
     const at::Tensor position_index = positions.contiguous();
@@ -647,7 +662,7 @@ class LlamaModel {
 
     at::Tensor x = embed_.index_select(0, tokens);  // [B, hidden], the residual stream
     at::Tensor h = at::empty_like(x);                // the normed input of the next product
-    fused::add_rms_norm(half_ptr(x), nullptr, half_ptr(layers_[0].input_norm), half_ptr(h), rows, hidden, eps, stream);
+    k.add_rms_norm(half_ptr(x), nullptr, half_ptr(layers_[0].input_norm), half_ptr(h), rows, hidden, eps, stream);
     const at::Tensor q = at::empty({rows, heads, head_dim}, options);
     const at::Tensor attended = at::empty({rows, heads * head_dim}, options);
     const at::Tensor act = at::empty({rows, intermediate}, options);
@@ -656,19 +671,19 @@ class LlamaModel {
       const at::Tensor cache_k = cache.k.select(0, i);
       const at::Tensor cache_v = cache.v.select(0, i);
       const at::Tensor qkv = at::linear(h, layer.qkv);
-      fused::rotary_and_cache_write(half_ptr(qkv), qkv.stride(0), half_ptr(cos_), half_ptr(sin_), position_data,
-                                    slot_data, half_ptr(q), half_ptr(cache_k), half_ptr(cache_v), rows, heads,
-                                    kv_heads, head_dim, config_.max_len, stream);
-      fused::decode_attention(half_ptr(q), half_ptr(cache_k), half_ptr(cache_v), slot_data, position_data,
-                              half_ptr(attended), rows, heads, kv_heads, head_dim, config_.max_len,
-                              static_cast<int>(context), static_cast<float>(scale_), stream);
+      k.rotary_and_cache_write(half_ptr(qkv), qkv.stride(0), half_ptr(cos_), half_ptr(sin_), position_data, slot_data,
+                               half_ptr(q), half_ptr(cache_k), half_ptr(cache_v), rows, heads, kv_heads, head_dim,
+                               config_.max_len, stream);
+      k.decode_attention(half_ptr(q), half_ptr(cache_k), half_ptr(cache_v), slot_data, position_data,
+                         half_ptr(attended), rows, heads, kv_heads, head_dim, config_.max_len,
+                         static_cast<int>(context), static_cast<float>(scale_), stream);
       const at::Tensor o = at::linear(attended, layer.o);
-      fused::add_rms_norm(half_ptr(x), half_ptr(o), half_ptr(layer.post_norm), half_ptr(h), rows, hidden, eps, stream);
-      fused::silu_mul(half_ptr(at::linear(h, layer.gate_up)), half_ptr(act), rows, intermediate, stream);
+      k.add_rms_norm(half_ptr(x), half_ptr(o), half_ptr(layer.post_norm), half_ptr(h), rows, hidden, eps, stream);
+      k.silu_mul(half_ptr(at::linear(h, layer.gate_up)), half_ptr(act), rows, intermediate, stream);
       const at::Tensor down = at::linear(act, layer.down);
       const at::Tensor& next_norm =
           i + 1 < config_.num_layers ? layers_[static_cast<std::size_t>(i + 1)].input_norm : norm_;
-      fused::add_rms_norm(half_ptr(x), half_ptr(down), half_ptr(next_norm), half_ptr(h), rows, hidden, eps, stream);
+      k.add_rms_norm(half_ptr(x), half_ptr(down), half_ptr(next_norm), half_ptr(h), rows, hidden, eps, stream);
     }
     return at::linear(h, lm_head_);
   }
