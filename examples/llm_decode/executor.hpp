@@ -4,7 +4,9 @@
 // (batch bucket, context bucket) through a ShapeRouter over TorchGraphBackend,
 // all in one private memory pool, and with steps_per_launch > 1 the captured
 // step repeated inside a WHILE node (loop_control.hpp) until every row is done
-// or the launch's step budget is spent.
+// or the launch's step budget is spent. Prefill: the admitted prompts packed
+// into forwards padded to prefill buckets, one graph per bucket in the same
+// pool (PrefillMode).
 //
 // Every launch, graphed or eager, reads one block of static device state and
 // writes its tokens into a ring in the same block, so a launch costs one
@@ -14,7 +16,8 @@
 //   3 limits (tokens the row may produce in this launch; 0 for padding),
 //   4 done (0/1), 5 [0] steps run, [1] the launch's step budget, [2] keep going,
 //   6 counts (tokens produced), 7 .. 7 + K - 1 the ring (step j's tokens; -1 for
-//   a row that was done).
+//   a row that was done). Columns: one per row of the largest batch bucket,
+//   at least 3 (row 5's counters).
 //
 // A row that is done (padding, its limit reached, or an end-of-sequence token)
 // keeps computing with its slot switched to the cache's spare slot at
