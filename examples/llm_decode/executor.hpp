@@ -81,7 +81,8 @@ struct ExecutorOptions {
   std::vector<std::int64_t> context_buckets;  // each <= the model's max_len
   std::size_t steps_per_launch = 1;           // K steps per launch (a WHILE node when graphed and K > 1)
   std::vector<replay::TokenId> eos_tokens;
-  // The decode step's kernels (model.hpp): ATen operators, or fused kernels.
+  // The kernels of the decode step and of the bucketed prefill (model.hpp):
+  // ATen operators, or fused kernels.
   DecodeKernels kernels = DecodeKernels::aten;
   PrefillMode prefill = PrefillMode::bucketed;
   // Packed prompt tokens a bucketed prefill forward is padded to, strictly
@@ -455,8 +456,9 @@ class LlamaExecutor {
     const LlamaModel::Packing packing{.slots = block[kPrefillSlotsRow],
                                       .positions = block[kPrefillPositionsRow],
                                       .segments = block[kPrefillSegmentsRow]};
-    const at::Tensor logits = model_->prefill_packed(*cache_, block[kPrefillTokensRow], packing,
-                                                     prefill_state_[kPrefillLastRow].narrow(0, 0, cache_->slots()));
+    const at::Tensor logits =
+        model_->prefill_packed(*cache_, block[kPrefillTokensRow], packing,
+                               prefill_state_[kPrefillLastRow].narrow(0, 0, cache_->slots()), options_.kernels);
     prefill_first_.copy_(logits.argmax(-1));
   }
 

@@ -363,9 +363,14 @@ class LlamaModel {
   // segment of their own, written into the spare slot) leave every prompt's
   // keys and values alone. Only sizes are checked (values would need a
   // synchronization): positions below max_len, slots below the cache's
-  // spare_slot() + 1 and rows below N are the caller's.
+  // spare_slot() + 1 and rows below N are the caller's. With
+  // DecodeKernels::fused the prompts' tokens are the rows of one fused decode
+  // step: every token's key and value is written into the cache first, then
+  // each token attends to its own slot up to its own position, which is the
+  // causal attention within its prompt (prompts are told apart by their
+  // slots; the segments are not read).
   at::Tensor prefill_packed(KvCache& cache, const at::Tensor& tokens, const Packing& packing,
-                            const at::Tensor& last_rows) const {
+                            const at::Tensor& last_rows, DecodeKernels kernels = DecodeKernels::aten) const {
     check_cache(cache);
     check_prompt(tokens);
     const std::int64_t length = tokens.size(0);
@@ -380,6 +385,9 @@ class LlamaModel {
     if (!last_rows.defined() || last_rows.dim() != 1 || last_rows.scalar_type() != at::kLong ||
         last_rows.device() != device_ || last_rows.size(0) < 1) {
       detail::invalid("prefill_packed: last_rows must be a non-empty 1-D int64 tensor on " + device_.str());
+    }
+    if (kernels == DecodeKernels::fused) {
+      return decode_fused(cache, packing.slots, packing.positions, tokens, /*context=*/length, &last_rows);
     }
     const at::Tensor hidden = packed_hidden(tokens, packing, &cache);
     const at::Tensor last = hidden.index_select(0, last_rows);
@@ -634,8 +642,10 @@ class LlamaModel {
   // decode() with DecodeKernels::fused: the same math, 8 kernels per layer.
   // Capture-safe like decode(): device tensors only, torch's allocator, the
   // current stream.
+  // `logit_rows`: when given, only these rows' logits are computed.
   at::Tensor decode_fused(KvCache& cache, const at::Tensor& slots, const at::Tensor& positions,
-                          const at::Tensor& tokens, std::int64_t context) const {
+                          const at::Tensor& tokens, std::int64_t context,
+                          const at::Tensor* logit_rows = nullptr) const {
     if (dtype_ != at::kHalf || !(device_.is_cuda() || device_.is_cpu())) {
       detail::invalid("DecodeKernels::fused needs the model in fp16 (on a CUDA device; on the CPU its kernels' host "
                       "versions run); this one is " +
@@ -685,7 +695,7 @@ class LlamaModel {
           i + 1 < config_.num_layers ? layers_[static_cast<std::size_t>(i + 1)].input_norm : norm_;
       k.add_rms_norm(half_ptr(x), half_ptr(down), half_ptr(next_norm), half_ptr(h), rows, hidden, eps, stream);
     }
-    return at::linear(h, lm_head_);
+    return at::linear(logit_rows != nullptr ? h.index_select(0, *logit_rows) : h, lm_head_);
   }
 
   // The cache must be one made for this model: a mismatch would index out of

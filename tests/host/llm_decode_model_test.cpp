@@ -320,6 +320,49 @@ TEST_SUITE("host") {
     }
   }
 
+  TEST_CASE("prefill_packed with the fused kernels (their host versions): the operators' logits and cache rows") {
+    constexpr double kFp16Tolerance = 2e-2;
+    const LlamaConfig config = llm_decode_test::tiny_config(4, 2);
+    const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), cpu, at::kHalf);
+    // Two prompts (slots 1 and 0) and padding tokens in the spare slot, as the executor stages them.
+    const std::vector<std::vector<std::int64_t>> prompts{llm_decode_test::random_tokens(6, config.vocab_size),
+                                                         llm_decode_test::random_tokens(11, config.vocab_size)};
+    const std::vector<std::int64_t> slots{1, 0};
+    std::vector<std::int64_t> tokens, token_slots, positions, segments;
+    for (std::size_t p = 0; p < prompts.size(); ++p) {
+      for (std::size_t i = 0; i < prompts[p].size(); ++i) {
+        tokens.push_back(prompts[p][i]);
+        token_slots.push_back(slots[p]);
+        positions.push_back(static_cast<std::int64_t>(i));
+        segments.push_back(static_cast<std::int64_t>(p));
+      }
+    }
+    KvCache aten_cache(config, 2, cpu, at::kHalf);
+    for (std::int64_t t = 0; t < 7; ++t) {
+      tokens.push_back(0);
+      token_slots.push_back(aten_cache.spare_slot());
+      positions.push_back(t);
+      segments.push_back(-1);
+    }
+    const LlamaModel::Packing packing{.slots = llm_decode_test::int64_tensor(token_slots, cpu),
+                                      .positions = llm_decode_test::int64_tensor(positions, cpu),
+                                      .segments = llm_decode_test::int64_tensor(segments, cpu)};
+    const at::Tensor input = llm_decode_test::int64_tensor(tokens, cpu);
+    const at::Tensor last_rows = llm_decode_test::int64_tensor({5, 16, 0}, cpu);
+    KvCache fused_cache(config, 2, cpu, at::kHalf);
+    const at::Tensor aten = model.prefill_packed(aten_cache, input, packing, last_rows).to(at::kFloat);
+    const at::Tensor fused =
+        model.prefill_packed(fused_cache, input, packing, last_rows, llm_decode::DecodeKernels::fused).to(at::kFloat);
+    REQUIRE(fused.sizes() == aten.sizes());
+    CHECK(llm_decode_test::max_error(fused.narrow(0, 0, 2), aten.narrow(0, 0, 2)) < kFp16Tolerance);
+    CHECK(llm_decode_test::clear_argmax_mismatches(fused.narrow(0, 0, 2), aten.narrow(0, 0, 2),
+                                                   kFp16Tolerance * aten.abs().max().item<double>()) == 0);
+    for (at::Tensor KvCache::*side : {&KvCache::k, &KvCache::v}) {
+      CHECK(llm_decode_test::max_error((fused_cache.*side).narrow(1, 0, 2).to(at::kFloat),
+                                       (aten_cache.*side).narrow(1, 0, 2).to(at::kFloat)) < kFp16Tolerance);
+    }
+  }
+
   TEST_CASE("save and load round-trip the weights and the logits, with Hugging Face's names, tied or not") {
     for (const bool tied : {true, false}) {
       CAPTURE(tied);
