@@ -105,6 +105,37 @@ bool same_weights(const LlamaModel::StateDict& a, const LlamaModel::StateDict& b
 // A long sequence of 20 tokens, 5 of them the prompt, among short ones.
 std::vector<Sequence> three_sequences(std::int64_t vocab) { return llm_decode_test::three_sequences(vocab, 20, 5); }
 
+// Prompts packed the way the executor stages a bucketed prefill: each
+// prompt's tokens in its slot at positions 0, 1, ..., segment = its index;
+// then `padding` tokens 0 in the spare slot at positions 0, 1, ..., segment -1.
+struct PackedPrompts {
+  at::Tensor tokens;
+  LlamaModel::Packing packing;
+};
+
+PackedPrompts pack_prompts(const std::vector<std::vector<std::int64_t>>& prompts, const std::vector<std::int64_t>& slots,
+                           std::int64_t padding, std::int64_t spare_slot) {
+  std::vector<std::int64_t> tokens, token_slots, positions, segments;
+  for (std::size_t p = 0; p < prompts.size(); ++p) {
+    for (std::size_t i = 0; i < prompts[p].size(); ++i) {
+      tokens.push_back(prompts[p][i]);
+      token_slots.push_back(slots[p]);
+      positions.push_back(static_cast<std::int64_t>(i));
+      segments.push_back(static_cast<std::int64_t>(p));
+    }
+  }
+  for (std::int64_t t = 0; t < padding; ++t) {
+    tokens.push_back(0);
+    token_slots.push_back(spare_slot);
+    positions.push_back(t);
+    segments.push_back(-1);
+  }
+  return {llm_decode_test::int64_tensor(tokens, cpu),
+          {.slots = llm_decode_test::int64_tensor(token_slots, cpu),
+           .positions = llm_decode_test::int64_tensor(positions, cpu),
+           .segments = llm_decode_test::int64_tensor(segments, cpu)}};
+}
+
 }  // namespace
 
 TEST_SUITE("host") {
@@ -242,29 +273,10 @@ TEST_SUITE("host") {
     KvCache padded(config, 2, cpu, at::kFloat);
     const at::Tensor expected = model.prefill_many(unpadded, slots, {llm_decode_test::int64_tensor(prompts[0], cpu),
                                                                      llm_decode_test::int64_tensor(prompts[1], cpu)});
-    // 14 prompt tokens padded to 20 the way the executor stages them: token
-    // 0 in the spare slot at positions 0, 1, ..., segment -1; logit rows for
-    // 3 prompts (the third a padding row).
-    std::vector<std::int64_t> tokens, token_slots, positions, segments;
-    for (std::size_t p = 0; p < prompts.size(); ++p) {
-      for (std::size_t i = 0; i < prompts[p].size(); ++i) {
-        tokens.push_back(prompts[p][i]);
-        token_slots.push_back(slots[p]);
-        positions.push_back(static_cast<std::int64_t>(i));
-        segments.push_back(static_cast<std::int64_t>(p));
-      }
-    }
-    for (std::int64_t t = 0; t < 6; ++t) {
-      tokens.push_back(0);
-      token_slots.push_back(padded.spare_slot());
-      positions.push_back(t);
-      segments.push_back(-1);
-    }
-    const LlamaModel::Packing packing{.slots = llm_decode_test::int64_tensor(token_slots, cpu),
-                                      .positions = llm_decode_test::int64_tensor(positions, cpu),
-                                      .segments = llm_decode_test::int64_tensor(segments, cpu)};
-    const at::Tensor logits = model.prefill_packed(padded, llm_decode_test::int64_tensor(tokens, cpu), packing,
-                                                   llm_decode_test::int64_tensor({4, 13, 0}, cpu));
+    // 14 prompt tokens padded to 20 the way the executor stages them; logit
+    // rows for 3 prompts (the third a padding row).
+    const auto [tokens, packing] = pack_prompts(prompts, slots, 6, padded.spare_slot());
+    const at::Tensor logits = model.prefill_packed(padded, tokens, packing, llm_decode_test::int64_tensor({4, 13, 0}, cpu));
     REQUIRE(logits.sizes() == at::IntArrayRef({3, config.vocab_size}));
     CHECK(llm_decode_test::max_error(logits.narrow(0, 0, 2), expected) < 1e-5);
     for (at::Tensor KvCache::*side : {&KvCache::k, &KvCache::v}) {
@@ -279,10 +291,10 @@ TEST_SUITE("host") {
     const LlamaModel::Packing short_packing{.slots = packing.slots.narrow(0, 0, 10),
                                             .positions = packing.positions,
                                             .segments = packing.segments};
-    CHECK_THROWS_WITH_AS(model.prefill_packed(padded, llm_decode_test::int64_tensor(tokens, cpu), short_packing,
+    CHECK_THROWS_WITH_AS(model.prefill_packed(padded, tokens, short_packing,
                                               llm_decode_test::int64_tensor({4}, cpu)),
                          doctest::Contains("slots"), std::invalid_argument);
-    CHECK_THROWS_WITH_AS(model.prefill_packed(padded, llm_decode_test::int64_tensor(tokens, cpu), packing,
+    CHECK_THROWS_WITH_AS(model.prefill_packed(padded, tokens, packing,
                                               llm_decode_test::int64_tensor(std::vector<std::int64_t>{}, cpu)),
                          doctest::Contains("last_rows"), std::invalid_argument);
   }
@@ -328,26 +340,8 @@ TEST_SUITE("host") {
     const std::vector<std::vector<std::int64_t>> prompts{llm_decode_test::random_tokens(6, config.vocab_size),
                                                          llm_decode_test::random_tokens(11, config.vocab_size)};
     const std::vector<std::int64_t> slots{1, 0};
-    std::vector<std::int64_t> tokens, token_slots, positions, segments;
-    for (std::size_t p = 0; p < prompts.size(); ++p) {
-      for (std::size_t i = 0; i < prompts[p].size(); ++i) {
-        tokens.push_back(prompts[p][i]);
-        token_slots.push_back(slots[p]);
-        positions.push_back(static_cast<std::int64_t>(i));
-        segments.push_back(static_cast<std::int64_t>(p));
-      }
-    }
     KvCache aten_cache(config, 2, cpu, at::kHalf);
-    for (std::int64_t t = 0; t < 7; ++t) {
-      tokens.push_back(0);
-      token_slots.push_back(aten_cache.spare_slot());
-      positions.push_back(t);
-      segments.push_back(-1);
-    }
-    const LlamaModel::Packing packing{.slots = llm_decode_test::int64_tensor(token_slots, cpu),
-                                      .positions = llm_decode_test::int64_tensor(positions, cpu),
-                                      .segments = llm_decode_test::int64_tensor(segments, cpu)};
-    const at::Tensor input = llm_decode_test::int64_tensor(tokens, cpu);
+    const auto [input, packing] = pack_prompts(prompts, slots, 7, aten_cache.spare_slot());
     const at::Tensor last_rows = llm_decode_test::int64_tensor({5, 16, 0}, cpu);
     KvCache fused_cache(config, 2, cpu, at::kHalf);
     const at::Tensor aten = model.prefill_packed(aten_cache, input, packing, last_rows).to(at::kFloat);
