@@ -139,7 +139,7 @@ class LlamaExecutor {
                                   std::to_string(options_.batch_buckets.back()) + ") exceeds the cache's slots (" +
                                   std::to_string(cache.slots()) + ")");
     }
-    check_prefill_buckets(model.config().max_len);
+    resolve_prefill_buckets(model.config().max_len);
     if (options_.kernels == DecodeKernels::fused) check_fused(model);
     max_batch_ = options_.batch_buckets.back();
     columns_ = std::max<std::int64_t>(max_batch_, 3);  // row 5 holds 3 loop counters
@@ -218,7 +218,7 @@ class LlamaExecutor {
       std::int64_t tokens = 0;
       for (std::size_t r = begin; r < end; ++r) tokens += static_cast<std::int64_t>(batch.rows[r].prompt.size());
       if (bucketed && tokens <= pack_limit) {
-        const std::int64_t bucket = smallest_prefill_bucket(tokens);
+        const std::int64_t bucket = replay::smallest_bucket(options_.prefill_buckets, static_cast<std::size_t>(tokens));
         if (options_.mode == StepMode::graphed && !prefill_captured_.contains(bucket)) capture_prefill_now(bucket);
         stage_prefill(batch, begin, end, p);
         if (options_.mode == StepMode::graphed) {
@@ -343,7 +343,8 @@ class LlamaExecutor {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
-  void check_prefill_buckets(std::int64_t max_len) {
+  // The default prefill buckets filled in, or the given ones checked.
+  void resolve_prefill_buckets(std::int64_t max_len) {
     std::vector<std::int64_t>& buckets = options_.prefill_buckets;
     if (buckets.empty()) {
       for (const std::int64_t n : {64, 128, 256, 512}) {
@@ -386,10 +387,6 @@ class LlamaExecutor {
     }
   }
 
-  std::int64_t smallest_prefill_bucket(std::int64_t tokens) const {
-    return *std::lower_bound(options_.prefill_buckets.begin(), options_.prefill_buckets.end(), tokens);
-  }
-
   void make_prefill_state() {
     const auto i64 = at::TensorOptions().dtype(at::kLong);
     prefill_width_ = std::max(options_.prefill_buckets.back(), cache_->slots());
@@ -405,6 +402,11 @@ class LlamaExecutor {
   void stage_prefill_padding() {
     auto* in = host_prefill_in_.data_ptr<std::int64_t>() + cache_->slots() * kPrefillRows * prefill_width_;
     fill_prefill_padding(in, 0);
+    copy_prefill_block(in);
+  }
+
+  // A staged block into the device block the prefill forwards read.
+  void copy_prefill_block(const std::int64_t* in) {
     replay::check(::cudaMemcpyAsync(prefill_state_.data_ptr<std::int64_t>(), in,
                                     static_cast<std::size_t>(kPrefillRows * prefill_width_) * sizeof(std::int64_t),
                                     ::cudaMemcpyHostToDevice, stream_->stream()),
@@ -443,10 +445,7 @@ class LlamaExecutor {
     }
     fill_prefill_padding(in, t);
     std::copy(last_rows.begin(), last_rows.end(), in + kPrefillLastRow * w);
-    replay::check(::cudaMemcpyAsync(prefill_state_.data_ptr<std::int64_t>(), in,
-                                    static_cast<std::size_t>(kPrefillRows * w) * sizeof(std::int64_t),
-                                    ::cudaMemcpyHostToDevice, stream_->stream()),
-                  "cudaMemcpyAsync");
+    copy_prefill_block(in);
   }
 
   // The bucketed prefill of `bucket` packed tokens, capture-safe: reads the
@@ -465,11 +464,17 @@ class LlamaExecutor {
   // Lazy prefill capture: the warm-ups and the capture run on padding only.
   void capture_prefill_now(std::int64_t bucket) {
     stage_prefill_padding();
+    capture_one(*prefill_router_, bucket, prefill_captured_, stats_.prefill_graphs);
+  }
+
+  // One key of `router` captured now (lazily), counted in the stats.
+  template <class AnyRouter, class AnyKey>
+  void capture_one(AnyRouter& router, const AnyKey& key, std::set<AnyKey>& captured, std::size_t& graphs) {
     const auto start = std::chrono::steady_clock::now();
-    (void)prefill_router_->capture({bucket}, replay::StreamRef(stream_->stream()));
+    (void)router.capture({key}, replay::StreamRef(stream_->stream()));
     stats_.capture_seconds += seconds_since(start);
-    prefill_captured_.insert(bucket);
-    stats_.prefill_graphs = prefill_captured_.size();
+    captured.insert(key);
+    graphs = captured.size();
     stats_.graph_pool_bytes = context_->pool_reserved_bytes();
   }
 
@@ -615,12 +620,7 @@ class LlamaExecutor {
   // before this launch's rows are staged.
   void capture_now(const Key& key) {
     stage_padding();
-    const auto start = std::chrono::steady_clock::now();
-    (void)router_->capture({key}, replay::StreamRef(stream_->stream()));
-    stats_.capture_seconds += seconds_since(start);
-    captured_.insert(key);
-    stats_.graphs = captured_.size();
-    stats_.graph_pool_bytes = context_->pool_reserved_bytes();
+    capture_one(*router_, key, captured_, stats_.graphs);
   }
 
   const LlamaModel* model_;

@@ -4,8 +4,8 @@
 // Each kernel's work is written once, as __host__ __device__ pieces that take
 // the thread's index and the thread count: the kernels run them on a block's
 // threads with barriers and block reductions between them; the host versions
-// (fused::host, for tests on machines without a GPU) run the same pieces as
-// one thread, in order.
+// (host_kernels(), for tests on machines without a GPU) run the same pieces
+// as one thread, in order.
 #include "fused_kernels.hpp"
 
 #include <cmath>
@@ -273,8 +273,6 @@ void check_attention_shape(int heads, int kv_heads, int head_dim, int context) {
   }
 }
 
-}  // namespace
-
 void rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
                             const std::int64_t* positions, const std::int64_t* slots, __half* q_out, __half* cache_k,
                             __half* cache_v, int rows, int heads, int kv_heads, int head_dim, std::int64_t max_len,
@@ -308,9 +306,7 @@ void silu_mul(const __half* gate_up, __half* out, int rows, int width, cudaStrea
   replay::check_last_launch("fused silu_mul");
 }
 
-namespace host {
-
-void rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
+void host_rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
                             const std::int64_t* positions, const std::int64_t* slots, __half* q_out, __half* cache_k,
                             __half* cache_v, int rows, int heads, int kv_heads, int head_dim, std::int64_t max_len,
                             cudaStream_t /*stream*/) {
@@ -324,9 +320,9 @@ void rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, const __
   }
 }
 
-void decode_attention(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
-                      const std::int64_t* positions, __half* out, int rows, int heads, int kv_heads, int head_dim,
-                      std::int64_t max_len, int context, float scale, cudaStream_t /*stream*/) {
+void host_decode_attention(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
+                           const std::int64_t* positions, __half* out, int rows, int heads, int kv_heads, int head_dim,
+                           std::int64_t max_len, int context, float scale, cudaStream_t /*stream*/) {
   check_attention_shape(heads, kv_heads, head_dim, context);
   const int group = heads / kv_heads;
   std::vector<float> shared(static_cast<std::size_t>(group) * static_cast<std::size_t>(head_dim + context));
@@ -348,8 +344,8 @@ void decode_attention(const __half* q, const __half* cache_k, const __half* cach
   }
 }
 
-void add_rms_norm(__half* x, const __half* delta, const __half* weight, __half* out, int rows, int width, float eps,
-                  cudaStream_t /*stream*/) {
+void host_add_rms_norm(__half* x, const __half* delta, const __half* weight, __half* out, int rows, int width,
+                       float eps, cudaStream_t /*stream*/) {
   for (int r = 0; r < rows; ++r) {
     const std::int64_t base = static_cast<std::int64_t>(r) * width;
     const float squares = add_squares_part(x + base, delta == nullptr ? nullptr : delta + base, width, 0, 1);
@@ -357,12 +353,23 @@ void add_rms_norm(__half* x, const __half* delta, const __half* weight, __half* 
   }
 }
 
-void silu_mul(const __half* gate_up, __half* out, int rows, int width, cudaStream_t /*stream*/) {
+void host_silu_mul(const __half* gate_up, __half* out, int rows, int width, cudaStream_t /*stream*/) {
   for (std::int64_t r = 0; r < rows; ++r) {
     for (int i = 0; i < width; ++i) out[r * width + i] = silu_times(gate_up[r * 2 * width + i], gate_up[r * 2 * width + width + i]);
   }
 }
 
-}  // namespace host
+}  // namespace
+
+const Kernels& kernels() {
+  static constexpr Kernels table{rotary_and_cache_write, decode_attention, add_rms_norm, silu_mul};
+  return table;
+}
+
+const Kernels& host_kernels() {
+  static constexpr Kernels table{host_rotary_and_cache_write, host_decode_attention, host_add_rms_norm,
+                                 host_silu_mul};
+  return table;
+}
 
 }  // namespace llm_decode::fused

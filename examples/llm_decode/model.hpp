@@ -630,15 +630,6 @@ class LlamaModel {
 
   static __half* half_ptr(const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); }
 
-  // The fused kernels of one device kind: fused_kernels.hpp's launchers, or
-  // their host versions (same signatures) for a model on the CPU.
-  struct FusedKernels {
-    decltype(&fused::rotary_and_cache_write) rotary_and_cache_write;
-    decltype(&fused::decode_attention) decode_attention;
-    decltype(&fused::add_rms_norm) add_rms_norm;
-    decltype(&fused::silu_mul) silu_mul;
-  };
-
   // decode() with DecodeKernels::fused: the same math, 8 kernels per layer.
   // Capture-safe like decode(): device tensors only, torch's allocator, the
   // current stream.
@@ -651,11 +642,7 @@ class LlamaModel {
                       "versions run); this one is " +
                       std::string(c10::toString(dtype_)) + " on " + device_.str() + " (use DecodeKernels::aten)");
     }
-    static constexpr FusedKernels on_device{fused::rotary_and_cache_write, fused::decode_attention, fused::add_rms_norm,
-                                            fused::silu_mul};
-    static constexpr FusedKernels on_host{fused::host::rotary_and_cache_write, fused::host::decode_attention,
-                                          fused::host::add_rms_norm, fused::host::silu_mul};
-    const FusedKernels& k = device_.is_cuda() ? on_device : on_host;
+    const fused::Kernels& k = device_.is_cuda() ? fused::kernels() : fused::host_kernels();
     const auto rows = static_cast<int>(tokens.size(0));
     const auto heads = static_cast<int>(config_.num_heads);
     const auto kv_heads = static_cast<int>(config_.num_kv_heads);

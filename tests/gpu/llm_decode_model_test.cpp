@@ -114,8 +114,8 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
         // The same keys and values cached in the sequences' slots (the spare
         // slot holds whatever the padding rows wrote).
         for (at::Tensor KvCache::*side : {&KvCache::k, &KvCache::v}) {
-          CHECK(llm_decode_test::max_error((fused_cache.*side).narrow(1, 0, 3).to(at::kFloat),
-                                           (aten_cache.*side).narrow(1, 0, 3).to(at::kFloat)) < kFp16Tolerance);
+          CHECK(llm_decode_test::max_error((fused_cache.*side).narrow(1, 0, 3), (aten_cache.*side).narrow(1, 0, 3)) <
+                kFp16Tolerance);
         }
       }
     }

@@ -325,8 +325,8 @@ TEST_SUITE("host") {
           CHECK(llm_decode_test::clear_argmax_mismatches(fused[s], aten[s], kFp16Tolerance * scale) == 0);
         }
         for (at::Tensor KvCache::*side : {&KvCache::k, &KvCache::v}) {
-          CHECK(llm_decode_test::max_error((fused_cache.*side).narrow(1, 0, 3).to(at::kFloat),
-                                           (aten_cache.*side).narrow(1, 0, 3).to(at::kFloat)) < kFp16Tolerance);
+          CHECK(llm_decode_test::max_error((fused_cache.*side).narrow(1, 0, 3), (aten_cache.*side).narrow(1, 0, 3)) <
+                kFp16Tolerance);
         }
       }
     }
@@ -352,8 +352,8 @@ TEST_SUITE("host") {
     CHECK(llm_decode_test::clear_argmax_mismatches(fused.narrow(0, 0, 2), aten.narrow(0, 0, 2),
                                                    kFp16Tolerance * aten.abs().max().item<double>()) == 0);
     for (at::Tensor KvCache::*side : {&KvCache::k, &KvCache::v}) {
-      CHECK(llm_decode_test::max_error((fused_cache.*side).narrow(1, 0, 2).to(at::kFloat),
-                                       (aten_cache.*side).narrow(1, 0, 2).to(at::kFloat)) < kFp16Tolerance);
+      CHECK(llm_decode_test::max_error((fused_cache.*side).narrow(1, 0, 2), (aten_cache.*side).narrow(1, 0, 2)) <
+            kFp16Tolerance);
     }
   }
 
