@@ -115,6 +115,72 @@ struct ExecutorStats {
   std::size_t prefill_graphs = 0;
 };
 
+// One launch's rows of the state block (views into it; see above).
+struct StepState {
+  at::Tensor slots, positions, tokens, limits, done, counts;  // [rows]
+  at::Tensor loop;                                            // [3]
+  at::Tensor ring;                                            // [K, rows]
+};
+
+// A step's bookkeeping in ATen operators (DecodeKernels::aten). Before the
+// model: the slots and positions it reads and writes, done rows sent to the
+// spare slot at position 0.
+inline std::pair<at::Tensor, at::Tensor> aten_step_inputs(const StepState& s, std::int64_t spare_slot) {
+  const at::Tensor active = s.done.eq(0);
+  return {at::where(active, s.slots, spare_slot), at::where(active, s.positions, 0)};
+}
+
+// After the argmax (`next`): each live row's token into the ring (-1 for a
+// done row) and into tokens, its position and count advanced, done at its
+// limit or an end-of-sequence token; then loop[0] advanced and loop[2] =
+// some row live and loop[0] < loop[1].
+inline void aten_step_update(const StepState& s, const at::Tensor& next, const at::Tensor& eos) {
+  const at::Tensor active = s.done.eq(0);
+  // The ring row of this step: loop[0] is the step index, below K within a
+  // launch (staged as 0); warm-ups repeat the step without staging, hence
+  // the remainder.
+  const at::Tensor step = s.loop.narrow(0, 0, 1);
+  s.ring.index_copy_(0, step.remainder(s.ring.size(0)), at::where(active, next, -1).unsqueeze(0));
+  s.tokens.copy_(at::where(active, next, s.tokens));
+  s.positions.add_(active);
+  s.counts.add_(active);
+  at::Tensor finished = s.counts.ge(s.limits);
+  if (eos.numel() > 0) finished = finished.logical_or(next.unsqueeze(1).eq(eos.unsqueeze(0)).any(1));
+  s.done.copy_(s.done.logical_or(active.logical_and(finished)));
+  step.add_(1);
+  // Keep going while a row is live and the launch's budget is not spent.
+  s.loop.narrow(0, 2, 1).copy_(s.done.eq(0).any().logical_and(step.lt(s.loop.narrow(0, 1, 1))).view({1}));
+}
+
+// The same state for the fused bookkeeping kernels (fused_kernels.hpp), which
+// do what the two functions above do in one kernel each. The rows must be
+// contiguous, the ring's rows evenly spaced.
+inline fused::StepRows fused_step_rows(const StepState& s, const at::Tensor& eos, std::int64_t spare_slot) {
+  for (const at::Tensor* t : {&s.slots, &s.positions, &s.tokens, &s.limits, &s.done, &s.counts, &s.loop, &eos}) {
+    if (t->scalar_type() != at::kLong || (t->numel() > 0 && !t->is_contiguous())) {
+      detail::invalid("fused step bookkeeping: the state rows must be contiguous int64");
+    }
+  }
+  if (s.ring.scalar_type() != at::kLong || s.ring.dim() != 2 || s.ring.stride(1) != 1) {
+    detail::invalid("fused step bookkeeping: the ring must be int64 [steps, rows] with contiguous rows");
+  }
+  const auto ptr = [](const at::Tensor& t) { return t.data_ptr<std::int64_t>(); };
+  return {.rows = static_cast<int>(s.slots.size(0)),
+          .slots = ptr(s.slots),
+          .positions = ptr(s.positions),
+          .tokens = ptr(s.tokens),
+          .limits = ptr(s.limits),
+          .done = ptr(s.done),
+          .counts = ptr(s.counts),
+          .loop = ptr(s.loop),
+          .ring = ptr(s.ring),
+          .ring_stride = s.ring.stride(0),
+          .ring_steps = s.ring.size(0),
+          .eos = eos.numel() > 0 ? ptr(eos) : nullptr,
+          .eos_count = static_cast<int>(eos.numel()),
+          .spare_slot = spare_slot};
+}
+
 class LlamaExecutor {
  public:
   using Key = std::array<std::int64_t, 2>;  // {batch bucket, context bucket}
@@ -370,20 +436,12 @@ class LlamaExecutor {
                                   "device, not " + std::string(c10::toString(model.dtype())) + " on " +
                                   model.device().str());
     }
-    if (config.group_size() > fused::kMaxQueryGroup || config.head_dim() % 2 != 0) {
-      throw std::invalid_argument("LlamaExecutor: kernels = DecodeKernels::fused takes at most " +
-                                  std::to_string(fused::kMaxQueryGroup) +
-                                  " query heads per key/value head and an even head_dim; this model has " +
-                                  std::to_string(config.group_size()) + " and " + std::to_string(config.head_dim()));
-    }
-    const std::size_t shared = fused::attention_shared_bytes(static_cast<int>(config.group_size()),
-                                                             static_cast<int>(config.head_dim()),
-                                                             options_.context_buckets.back());
-    if (shared > fused::kAttentionSharedLimit) {
-      throw std::invalid_argument("LlamaExecutor: kernels = DecodeKernels::fused: the context bucket " +
-                                  std::to_string(options_.context_buckets.back()) + " needs " +
-                                  std::to_string(shared) + " bytes of shared memory for the attention; at most " +
-                                  std::to_string(fused::kAttentionSharedLimit));
+    try {
+      fused::check_attention_shape(static_cast<int>(config.num_heads), static_cast<int>(config.num_kv_heads),
+                                   static_cast<int>(config.head_dim()));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("LlamaExecutor: kernels = DecodeKernels::fused cannot take this model: ") +
+                                  e.what());
     }
   }
 
@@ -518,32 +576,30 @@ class LlamaExecutor {
   // capture-safe (only device tensors, no host read-back).
   void step(std::int64_t batch, std::int64_t context) {
     const at::Tensor rows = state_.narrow(1, 0, batch);
-    const at::Tensor slots = rows[kSlotsRow];
-    const at::Tensor positions = rows[kPositionsRow];
-    at::Tensor tokens = rows[kTokensRow];
-    const at::Tensor limits = rows[kLimitsRow];
-    at::Tensor done = rows[kDoneRow];
-    at::Tensor counts = rows[kCountsRow];
-    at::Tensor loop = state_[kLoopRow];
-    const at::Tensor active = done.eq(0);
-    const at::Tensor live_slots = at::where(active, slots, cache_->spare_slot());
-    const at::Tensor live_positions = at::where(active, positions, 0);
-    const at::Tensor logits = model_->decode(*cache_, live_slots, live_positions, tokens, context, options_.kernels);
-    const at::Tensor next = logits.argmax(-1);
-    // The ring row of this step: loop[0] is the step index, below K within a
-    // launch (staged as 0); warm-ups repeat the step without staging, hence
-    // the remainder.
-    at::Tensor ring = state_.narrow(0, kRingRow, steps_).narrow(1, 0, batch);
-    ring.index_copy_(0, loop.narrow(0, 0, 1).remainder(steps_), at::where(active, next, -1).unsqueeze(0));
-    tokens.copy_(at::where(active, next, tokens));
-    positions.add_(active);
-    counts.add_(active);
-    at::Tensor finished = counts.ge(limits);
-    if (eos_.numel() > 0) finished = finished.logical_or(next.unsqueeze(1).eq(eos_.unsqueeze(0)).any(1));
-    done.copy_(done.logical_or(active.logical_and(finished)));
-    loop.narrow(0, 0, 1).add_(1);
-    // Keep going while a row is live and the launch's budget is not spent.
-    loop.narrow(0, 2, 1).copy_(done.eq(0).any().logical_and(loop.narrow(0, 0, 1).lt(loop.narrow(0, 1, 1))).view({1}));
+    const StepState s{.slots = rows[kSlotsRow],
+                      .positions = rows[kPositionsRow],
+                      .tokens = rows[kTokensRow],
+                      .limits = rows[kLimitsRow],
+                      .done = rows[kDoneRow],
+                      .counts = rows[kCountsRow],
+                      .loop = state_[kLoopRow].narrow(0, 0, 3),
+                      .ring = state_.narrow(0, kRingRow, steps_).narrow(1, 0, batch)};
+    if (options_.kernels == DecodeKernels::fused) {
+      // The bookkeeping as two kernels instead of about twenty operators.
+      const fused::StepRows rows_state = fused_step_rows(s, eos_, cache_->spare_slot());
+      const fused::Kernels& kernels = fused::kernels();
+      // The stream the model's operators run on: the capturing one under a capture.
+      const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+      const at::Tensor live = at::empty({2, batch}, state_.options());
+      kernels.step_inputs(rows_state, live[0].data_ptr<std::int64_t>(), live[1].data_ptr<std::int64_t>(), stream);
+      const at::Tensor next = model_->decode(*cache_, live[0], live[1], s.tokens, context, options_.kernels).argmax(-1);
+      kernels.step_update(rows_state, next.data_ptr<std::int64_t>(), stream);
+      return;
+    }
+    const auto [live_slots, live_positions] = aten_step_inputs(s, cache_->spare_slot());
+    const at::Tensor next = model_->decode(*cache_, live_slots, live_positions, s.tokens, context, options_.kernels)
+                                .argmax(-1);
+    aten_step_update(s, next, eos_);
   }
 
   void make_router() {

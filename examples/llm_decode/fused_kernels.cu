@@ -8,9 +8,13 @@
 // as one thread, in order.
 #include "fused_kernels.hpp"
 
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <replay/error.hpp>
@@ -73,7 +77,6 @@ struct AttentionBlock {
   int group;
   int head_dim;
   int keys;         // positions 0..keys-1 attend
-  int context;      // the scores' row stride
 };
 
 __host__ __device__ inline AttentionBlock attention_block(const __half* q, const __half* cache_k, const __half* cache_v,
@@ -87,59 +90,194 @@ __host__ __device__ inline AttentionBlock attention_block(const __half* q, const
   const int keys = static_cast<int>(last < context ? last : context);
   const std::int64_t first_head = static_cast<std::int64_t>(r) * heads + static_cast<std::int64_t>(kv) * group;
   return {q + first_head * head_dim, cache_k + (slot * kv_heads + kv) * max_len * head_dim,
-          cache_v + (slot * kv_heads + kv) * max_len * head_dim, out + first_head * head_dim, group, head_dim, keys,
-          context};
+          cache_v + (slot * kv_heads + kv) * max_len * head_dim, out + first_head * head_dim, group, head_dim, keys};
 }
 
-// Shared memory: the scaled queries [group, head_dim], then the scores
-// [group, context] (later the unnormalized probabilities).
-__host__ __device__ inline void attention_load_queries(const AttentionBlock& b, float* queries, float scale, int tid,
-                                                       int threads) {
-  for (int i = tid; i < b.group * b.head_dim; i += threads) queries[i] = __half2float(b.q[i]) * scale;
+// The attention's work is split over a block's warps, each taking chunks of
+// 32 keys (chunk c of the block goes to warp c % kAttentionWarps). Within a
+// chunk, lane l scores key l of the chunk against every query head (one key
+// row per lane: no reduction across lanes); then each lane adds the chunk's
+// values for the dimension pairs it holds, 2 (l + 32 p) for p < Pairs, the
+// weights passed from lane to lane. Each lane keeps a running softmax (the
+// online softmax of flash decoding); the warps' states are merged once at
+// the end. Group (query heads per key/value head) and Pairs are template
+// parameters: the state stays in registers and the query heads' work
+// interleaves.
+constexpr int kAttentionWarps = 8;
+constexpr int kLanes = 32;
+constexpr int kKeyVector = 8;  // halves per 16-byte load of a key row
+constexpr std::size_t kAttentionSharedLimit = 48 * 1024;  // the default, no opt-in
+
+template <int Group, int Pairs>
+struct LaneState {
+  float largest[Group];        // the largest score so far (the same in every lane of a warp)
+  float sum[Group];            // this lane's share of the sum of exp(score - largest)
+  float2 acc[Group][Pairs];    // of exp(score - largest) * value, this lane's pairs
+};
+
+__host__ __device__ inline int lane_dim(int lane, int p) { return 2 * (lane + kLanes * p); }
+
+template <int Group, int Pairs>
+__host__ __device__ inline void lane_start(LaneState<Group, Pairs>& s) {
+  for (int g = 0; g < Group; ++g) {
+    s.largest[g] = -INFINITY;
+    s.sum[g] = 0.0F;
+    for (int p = 0; p < Pairs; ++p) s.acc[g][p] = make_float2(0.0F, 0.0F);
+  }
 }
 
-__host__ __device__ inline void attention_scores(const AttentionBlock& b, const float* queries, float* scores, int tid,
-                                                 int threads) {
-  for (int t = tid; t < b.keys; t += threads) {
-    float dot[kMaxQueryGroup];
-    for (int g = 0; g < b.group; ++g) dot[g] = 0.0F;
-    const __half* k = b.k + static_cast<std::int64_t>(t) * b.head_dim;
-    for (int d = 0; d < b.head_dim; ++d) {
-      const float key = __half2float(k[d]);
-      for (int g = 0; g < b.group; ++g) dot[g] += queries[g * b.head_dim + d] * key;
+// Shared memory, floats: the scaled queries [Group, head_dim], then the merge
+// of the warps' states: largest [warps, Group], sum [warps, Group], acc
+// [warps, Group, head_dim].
+__host__ __device__ inline std::size_t attention_shared_floats(int group, int head_dim) {
+  return static_cast<std::size_t>(group) * static_cast<std::size_t>(head_dim) +
+         static_cast<std::size_t>(kAttentionWarps) * static_cast<std::size_t>(group) *
+             static_cast<std::size_t>(2 + head_dim);
+}
+
+__host__ __device__ inline void attention_load_queries(const AttentionBlock& b, float* queries, float scale, int i) {
+  queries[i] = __half2float(b.q[i]) * scale;
+}
+
+// kKeyVector halves of a key row in one 16-byte load (the device's); the host
+// copies (reading a uint4 through __half2 would break aliasing rules there).
+__host__ __device__ inline void load_key_vector(const __half* p, __half2 (&out)[kKeyVector / 2]) {
+#ifdef __CUDA_ARCH__
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  out[0] = *reinterpret_cast<const __half2*>(&raw.x);
+  out[1] = *reinterpret_cast<const __half2*>(&raw.y);
+  out[2] = *reinterpret_cast<const __half2*>(&raw.z);
+  out[3] = *reinterpret_cast<const __half2*>(&raw.w);
+#else
+  std::memcpy(static_cast<void*>(out), p, sizeof(out));
+#endif
+}
+
+// Key t's scores against the Group query heads; -inf past the last key.
+template <int Group>
+__host__ __device__ inline void key_scores(const AttentionBlock& b, const float* queries, int t,
+                                           float (&score)[Group]) {
+  for (int g = 0; g < Group; ++g) score[g] = t < b.keys ? 0.0F : -INFINITY;
+  if (t >= b.keys) return;
+  const __half* row = b.k + static_cast<std::int64_t>(t) * b.head_dim;
+#pragma unroll 4
+  for (int d0 = 0; d0 < b.head_dim; d0 += kKeyVector) {
+    __half2 pairs[kKeyVector / 2];
+    load_key_vector(row + d0, pairs);
+    for (int i = 0; i < kKeyVector / 2; ++i) {
+      const float2 x = __half22float2(pairs[i]);
+      for (int g = 0; g < Group; ++g) {
+        score[g] += queries[g * b.head_dim + d0 + 2 * i] * x.x + queries[g * b.head_dim + d0 + 2 * i + 1] * x.y;
+      }
     }
-    for (int g = 0; g < b.group; ++g) scores[g * b.context + t] = dot[g];
   }
 }
 
-__host__ __device__ inline float attention_max_part(const AttentionBlock& b, const float* row, int tid, int threads) {
+// A chunk's scores in: the running largest raised to the chunk's largest
+// (`chunk_largest`, over the warp), this lane's key's weight out in
+// `weight` (0 past the last key), the sums and values so far rescaled.
+template <int Group, int Pairs>
+__host__ __device__ inline void chunk_weights(LaneState<Group, Pairs>& s, const float (&score)[Group],
+                                              const float (&chunk_largest)[Group], float (&weight)[Group]) {
+  for (int g = 0; g < Group; ++g) {
+    const float largest = fmaxf(s.largest[g], chunk_largest[g]);
+    const float rescale = expf(s.largest[g] - largest);  // 0 for the first chunk (largest was -inf)
+    weight[g] = expf(score[g] - largest);                // 0 for a score of -inf
+    s.sum[g] = s.sum[g] * rescale + weight[g];
+    for (int p = 0; p < Pairs; ++p) {
+      s.acc[g][p].x *= rescale;
+      s.acc[g][p].y *= rescale;
+    }
+    s.largest[g] = largest;
+  }
+}
+
+// A value row (key j of the chunk) into this lane's pairs, with key j's weights.
+template <int Group, int Pairs>
+__host__ __device__ inline void lane_add_value(LaneState<Group, Pairs>& s, const AttentionBlock& b, int t, int lane,
+                                               const float (&weight)[Group]) {
+  const __half* row = b.v + static_cast<std::int64_t>(t) * b.head_dim;
+  for (int p = 0; p < Pairs; ++p) {
+    const int d = lane_dim(lane, p);
+    if (d >= b.head_dim) continue;
+#ifdef __CUDA_ARCH__
+    const float2 v = __half22float2(*reinterpret_cast<const __half2*>(row + d));  // 4-byte aligned: d is even
+#else
+    const float2 v = make_float2(__half2float(row[d]), __half2float(row[d + 1]));
+#endif
+    for (int g = 0; g < Group; ++g) {
+      s.acc[g][p].x += weight[g] * v.x;
+      s.acc[g][p].y += weight[g] * v.y;
+    }
+  }
+}
+
+// This lane's state into the merge area; `sum` is the warp's whole sum (lane 0 writes it).
+template <int Group, int Pairs>
+__host__ __device__ inline void lane_store(const LaneState<Group, Pairs>& s, const AttentionBlock& b,
+                                           const float (&sum)[Group], int warp, int lane, float* merge) {
+  const int states = kAttentionWarps * Group;
+  for (int g = 0; g < Group; ++g) {
+    const int w = warp * Group + g;
+    if (lane == 0) {
+      merge[w] = s.largest[g];
+      merge[states + w] = sum[g];
+    }
+    for (int p = 0; p < Pairs; ++p) {
+      const int d = lane_dim(lane, p);
+      if (d < b.head_dim) {
+        merge[2 * states + w * b.head_dim + d] = s.acc[g][p].x;
+        merge[2 * states + w * b.head_dim + d + 1] = s.acc[g][p].y;
+      }
+    }
+  }
+}
+
+// Output element i (query head i / head_dim, dimension i % head_dim): the
+// warps' states rescaled to the largest score of all and summed.
+__host__ __device__ inline void merge_output(const AttentionBlock& b, const float* merge, int i) {
+  const int states = kAttentionWarps * b.group;
+  const int g = i / b.head_dim;
+  const int d = i % b.head_dim;
   float largest = -INFINITY;
-  for (int t = tid; t < b.keys; t += threads) largest = fmaxf(largest, row[t]);
-  return largest;
-}
-
-// exp(score - largest) in place; returns this thread's part of their sum.
-__host__ __device__ inline float attention_exp_part(const AttentionBlock& b, float* row, float largest, int tid,
-                                                    int threads) {
+  for (int w = 0; w < kAttentionWarps; ++w) largest = fmaxf(largest, merge[w * b.group + g]);
   float sum = 0.0F;
-  for (int t = tid; t < b.keys; t += threads) {
-    const float e = expf(row[t] - largest);
-    row[t] = e;
-    sum += e;
+  float acc = 0.0F;
+  for (int w = 0; w < kAttentionWarps; ++w) {
+    const int state = w * b.group + g;
+    const float rescale = expf(merge[state] - largest);  // 0 for a warp that had no key
+    sum += merge[states + state] * rescale;
+    acc += merge[2 * states + state * b.head_dim + d] * rescale;
   }
-  return sum;
+  b.out[i] = __float2half(acc / sum);
 }
 
-__host__ __device__ inline void attention_output(const AttentionBlock& b, const float* scores,
-                                                 const float* inverse_sum, int tid, int threads) {
-  for (int i = tid; i < b.group * b.head_dim; i += threads) {
-    const int g = i / b.head_dim;
-    const int d = i % b.head_dim;
-    const float* p = scores + g * b.context;
-    float acc = 0.0F;
-    for (int t = 0; t < b.keys; ++t) acc += p[t] * __half2float(b.v[static_cast<std::int64_t>(t) * b.head_dim + d]);
-    b.out[i] = __float2half(acc * inverse_sum[g]);
-  }
+// The step's bookkeeping, row by row.
+__host__ __device__ inline void step_inputs_row(const StepRows& s, std::int64_t* live_slots,
+                                                std::int64_t* live_positions, int r) {
+  const bool live = s.done[r] == 0;
+  live_slots[r] = live ? s.slots[r] : s.spare_slot;
+  live_positions[r] = live ? s.positions[r] : 0;
+}
+
+// Returns whether row r is still live after this step.
+__host__ __device__ inline bool step_update_row(const StepRows& s, const std::int64_t* next, std::int64_t step, int r) {
+  const bool live = s.done[r] == 0;
+  const std::int64_t token = next[r];
+  s.ring[(step % s.ring_steps) * s.ring_stride + r] = live ? token : -1;
+  if (!live) return false;
+  s.tokens[r] = token;
+  s.positions[r] += 1;
+  s.counts[r] += 1;
+  bool finished = s.counts[r] >= s.limits[r];
+  for (int e = 0; e < s.eos_count; ++e) finished = finished || token == s.eos[e];
+  if (finished) s.done[r] = 1;
+  return !finished;
+}
+
+__host__ __device__ inline void step_update_loop(const StepRows& s, bool any_live) {
+  s.loop[0] += 1;
+  s.loop[2] = any_live && s.loop[0] < s.loop[1] ? 1 : 0;
 }
 
 // x += delta (the plain add's fp16 result) when delta is set; returns this
@@ -211,31 +349,46 @@ __global__ void rotary_and_cache_write_kernel(const __half* qkv, std::int64_t qk
 }
 
 // One block per (row, key/value head): its query heads attend to the same keys.
-__global__ void decode_attention_kernel(const __half* q, const __half* cache_k, const __half* cache_v,
-                                        const std::int64_t* slots, const std::int64_t* positions, __half* out,
-                                        int heads, int kv_heads, int head_dim, std::int64_t max_len, int context,
-                                        float scale) {
+template <int Group, int Pairs>
+__global__ void __launch_bounds__(kAttentionWarps * kLanes)
+    decode_attention_kernel(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
+                            const std::int64_t* positions, __half* out, int heads, int kv_heads, int head_dim,
+                            std::int64_t max_len, int context, float scale) {
   extern __shared__ float shared[];
-  __shared__ float scratch[kThreads / 32];
-  __shared__ float inverse_sum[kMaxQueryGroup];
   const AttentionBlock b = attention_block(q, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim,
                                            max_len, context, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y));
   const int tid = static_cast<int>(threadIdx.x);
-  const int threads = static_cast<int>(blockDim.x);
+  const int warp = tid / kLanes;
+  const int lane = tid % kLanes;
   float* queries = shared;
-  float* scores = shared + b.group * b.head_dim;
-  attention_load_queries(b, queries, scale, tid, threads);
+  float* merge = shared + Group * head_dim;
+  for (int i = tid; i < Group * head_dim; i += static_cast<int>(blockDim.x)) attention_load_queries(b, queries, scale, i);
   __syncthreads();
-  attention_scores(b, queries, scores, tid, threads);
-  __syncthreads();
-  for (int g = 0; g < b.group; ++g) {
-    float* row = scores + g * b.context;
-    const float largest = block_reduce<true>(attention_max_part(b, row, tid, threads), scratch);
-    const float sum = block_reduce<false>(attention_exp_part(b, row, largest, tid, threads), scratch);
-    if (tid == 0) inverse_sum[g] = 1.0F / sum;
+  LaneState<Group, Pairs> s;
+  lane_start(s);
+  for (int chunk = warp * kLanes; chunk < b.keys; chunk += kAttentionWarps * kLanes) {
+    float score[Group];
+    key_scores(b, queries, chunk + lane, score);
+    float chunk_largest[Group];
+#pragma unroll
+    for (int g = 0; g < Group; ++g) chunk_largest[g] = warp_max(score[g]);
+    float weight[Group];
+    chunk_weights(s, score, chunk_largest, weight);
+    const int count = min(kLanes, b.keys - chunk);
+#pragma unroll 4
+    for (int j = 0; j < count; ++j) {
+      float key_weight[Group];
+#pragma unroll
+      for (int g = 0; g < Group; ++g) key_weight[g] = __shfl_sync(0xffffffffU, weight[g], j);
+      lane_add_value(s, b, chunk + j, lane, key_weight);
+    }
   }
+  float sum[Group];
+#pragma unroll
+  for (int g = 0; g < Group; ++g) sum[g] = warp_sum(s.sum[g]);
+  lane_store(s, b, sum, warp, lane, merge);
   __syncthreads();
-  attention_output(b, scores, inverse_sum, tid, threads);
+  for (int i = tid; i < Group * head_dim; i += static_cast<int>(blockDim.x)) merge_output(b, merge, i);
 }
 
 __global__ void add_rms_norm_kernel(__half* x, const __half* delta, const __half* weight, __half* out, int width,
@@ -258,19 +411,21 @@ __global__ void silu_mul_kernel(const __half* gate_up, __half* out, int width) {
   out[r * width + i] = silu_times(gate_up[r * 2 * width + i], gate_up[r * 2 * width + width + i]);
 }
 
-void check_attention_shape(int heads, int kv_heads, int head_dim, int context) {
-  if (kv_heads < 1 || heads % kv_heads != 0 || heads / kv_heads > kMaxQueryGroup) {
-    throw std::invalid_argument("fused decode_attention: " + std::to_string(heads) + " query heads over " +
-                                std::to_string(kv_heads) + " key/value heads; at most " +
-                                std::to_string(kMaxQueryGroup) + " query heads per key/value head");
+__global__ void step_inputs_kernel(StepRows state, std::int64_t* live_slots, std::int64_t* live_positions) {
+  const int r = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (r < state.rows) step_inputs_row(state, live_slots, live_positions, r);
+}
+
+// One block: the loop row needs every row's answer.
+__global__ void step_update_kernel(StepRows state, const std::int64_t* next) {
+  const std::int64_t step = state.loop[0];
+  bool live = false;
+  for (int r = static_cast<int>(threadIdx.x); r < state.rows; r += static_cast<int>(blockDim.x)) {
+    live = step_update_row(state, next, step, r) || live;
   }
-  const std::size_t shared = attention_shared_bytes(heads / kv_heads, head_dim, context);
-  if (shared > kAttentionSharedLimit) {
-    throw std::invalid_argument("fused decode_attention: a context of " + std::to_string(context) +
-                                " keys needs " + std::to_string(shared) + " bytes of shared memory for " +
-                                std::to_string(heads / kv_heads) + " query heads; the kernel takes at most " +
-                                std::to_string(kAttentionSharedLimit));
-  }
+  // Every thread read loop[0] before any writes it.
+  const bool any_live = __syncthreads_or(live ? 1 : 0) != 0;
+  if (threadIdx.x == 0) step_update_loop(state, any_live);
 }
 
 void rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
@@ -283,14 +438,29 @@ void rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, const __
   replay::check_last_launch("fused rotary_and_cache_write");
 }
 
+// Calls f(Group, Pairs) with the group and the pairs per lane as constants
+// (integral_constant), 1 to kMaxQueryGroup and 1, 2 or 4.
+template <int Group = 1, typename F>
+void with_attention_shape(int group, int head_dim, F&& f) {
+  if constexpr (Group <= kMaxQueryGroup) {
+    if (group != Group) return with_attention_shape<Group + 1>(group, head_dim, std::forward<F>(f));
+    if (head_dim <= 2 * kLanes) return f(std::integral_constant<int, Group>{}, std::integral_constant<int, 1>{});
+    if (head_dim <= 4 * kLanes) return f(std::integral_constant<int, Group>{}, std::integral_constant<int, 2>{});
+    return f(std::integral_constant<int, Group>{}, std::integral_constant<int, 4>{});
+  }
+}
+
 void decode_attention(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
                       const std::int64_t* positions, __half* out, int rows, int heads, int kv_heads, int head_dim,
                       std::int64_t max_len, int context, float scale, cudaStream_t stream) {
-  check_attention_shape(heads, kv_heads, head_dim, context);
-  const std::size_t shared = attention_shared_bytes(heads / kv_heads, head_dim, context);
-  decode_attention_kernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads)), kThreads, shared,
-                            stream>>>(q, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim, max_len,
-                                      context, scale);
+  check_attention_shape(heads, kv_heads, head_dim);
+  if (context < 1) throw std::invalid_argument("fused decode_attention: the context must be at least 1 position");
+  const std::size_t shared = attention_shared_floats(heads / kv_heads, head_dim) * sizeof(float);
+  with_attention_shape(heads / kv_heads, head_dim, [&](auto group, auto pairs) {
+    decode_attention_kernel<group(), pairs()>
+        <<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads)), kAttentionWarps * kLanes, shared,
+           stream>>>(q, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim, max_len, context, scale);
+  });
   replay::check_last_launch("fused decode_attention");
 }
 
@@ -304,6 +474,26 @@ void silu_mul(const __half* gate_up, __half* out, int rows, int width, cudaStrea
   const dim3 grid(static_cast<unsigned>((width + kThreads - 1) / kThreads), static_cast<unsigned>(rows));
   silu_mul_kernel<<<grid, kThreads, 0, stream>>>(gate_up, out, width);
   replay::check_last_launch("fused silu_mul");
+}
+
+void check_step_rows(const StepRows& state) {
+  if (state.rows < 1 || state.ring_steps < 1 || state.eos_count < 0) {
+    throw std::invalid_argument("fused step bookkeeping: " + std::to_string(state.rows) + " rows and " +
+                                std::to_string(state.ring_steps) + " ring steps (both must be at least 1)");
+  }
+}
+
+void step_inputs(const StepRows& state, std::int64_t* live_slots, std::int64_t* live_positions, cudaStream_t stream) {
+  check_step_rows(state);
+  step_inputs_kernel<<<(state.rows + kThreads - 1) / kThreads, kThreads, 0, stream>>>(state, live_slots,
+                                                                                     live_positions);
+  replay::check_last_launch("fused step_inputs");
+}
+
+void step_update(const StepRows& state, const std::int64_t* next, cudaStream_t stream) {
+  check_step_rows(state);
+  step_update_kernel<<<1, kThreads, 0, stream>>>(state, next);
+  replay::check_last_launch("fused step_update");
 }
 
 void host_rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
@@ -320,26 +510,67 @@ void host_rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, con
   }
 }
 
+// The kernel's work as one thread: each warp's lanes in turn, where the
+// kernel passes values between lanes (the chunk's largest score, the keys'
+// weights, the sums) the host reads them from arrays.
+template <int Group, int Pairs>
+void host_attention_block(const AttentionBlock& b, float scale, float* shared) {
+  float* queries = shared;
+  float* merge = shared + Group * b.head_dim;
+  for (int i = 0; i < Group * b.head_dim; ++i) attention_load_queries(b, queries, scale, i);
+  std::vector<LaneState<Group, Pairs>> lanes(kLanes);
+  std::vector<std::array<float, Group>> scores(kLanes);
+  std::vector<std::array<float, Group>> weights(kLanes);
+  for (int warp = 0; warp < kAttentionWarps; ++warp) {
+    for (LaneState<Group, Pairs>& s : lanes) lane_start(s);
+    for (int chunk = warp * kLanes; chunk < b.keys; chunk += kAttentionWarps * kLanes) {
+      float chunk_largest[Group];
+      for (int g = 0; g < Group; ++g) chunk_largest[g] = -INFINITY;
+      for (int lane = 0; lane < kLanes; ++lane) {
+        float score[Group];
+        key_scores(b, queries, chunk + lane, score);
+        for (int g = 0; g < Group; ++g) {
+          scores[static_cast<std::size_t>(lane)][static_cast<std::size_t>(g)] = score[g];
+          chunk_largest[g] = fmaxf(chunk_largest[g], score[g]);
+        }
+      }
+      for (int lane = 0; lane < kLanes; ++lane) {
+        float score[Group];
+        float weight[Group];
+        for (int g = 0; g < Group; ++g) score[g] = scores[static_cast<std::size_t>(lane)][static_cast<std::size_t>(g)];
+        chunk_weights(lanes[static_cast<std::size_t>(lane)], score, chunk_largest, weight);
+        for (int g = 0; g < Group; ++g) weights[static_cast<std::size_t>(lane)][static_cast<std::size_t>(g)] = weight[g];
+      }
+      const int count = std::min(kLanes, b.keys - chunk);
+      for (int j = 0; j < count; ++j) {
+        float key_weight[Group];
+        for (int g = 0; g < Group; ++g) key_weight[g] = weights[static_cast<std::size_t>(j)][static_cast<std::size_t>(g)];
+        for (int lane = 0; lane < kLanes; ++lane) lane_add_value(lanes[static_cast<std::size_t>(lane)], b, chunk + j, lane, key_weight);
+      }
+    }
+    float sum[Group];
+    for (int g = 0; g < Group; ++g) {
+      sum[g] = 0.0F;
+      for (const LaneState<Group, Pairs>& s : lanes) sum[g] += s.sum[g];
+    }
+    for (int lane = 0; lane < kLanes; ++lane) lane_store(lanes[static_cast<std::size_t>(lane)], b, sum, warp, lane, merge);
+  }
+  for (int i = 0; i < Group * b.head_dim; ++i) merge_output(b, merge, i);
+}
+
 void host_decode_attention(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
                            const std::int64_t* positions, __half* out, int rows, int heads, int kv_heads, int head_dim,
                            std::int64_t max_len, int context, float scale, cudaStream_t /*stream*/) {
-  check_attention_shape(heads, kv_heads, head_dim, context);
-  const int group = heads / kv_heads;
-  std::vector<float> shared(static_cast<std::size_t>(group) * static_cast<std::size_t>(head_dim + context));
-  float inverse_sum[kMaxQueryGroup];
+  check_attention_shape(heads, kv_heads, head_dim);
+  if (context < 1) throw std::invalid_argument("fused decode_attention: the context must be at least 1 position");
+  std::vector<float> shared(attention_shared_floats(heads / kv_heads, head_dim));
   for (int r = 0; r < rows; ++r) {
     for (int kv = 0; kv < kv_heads; ++kv) {
       const AttentionBlock b =
           attention_block(q, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim, max_len, context, r, kv);
-      float* queries = shared.data();
-      float* scores = shared.data() + group * head_dim;
-      attention_load_queries(b, queries, scale, 0, 1);
-      attention_scores(b, queries, scores, 0, 1);
-      for (int g = 0; g < group; ++g) {
-        float* row = scores + g * context;
-        inverse_sum[g] = 1.0F / attention_exp_part(b, row, attention_max_part(b, row, 0, 1), 0, 1);
-      }
-      attention_output(b, scores, inverse_sum, 0, 1);
+      with_attention_shape(b.group, head_dim, [&](auto group, auto pairs) {
+        host_attention_block<group(), pairs()>(b, scale, shared.data());
+      });
     }
   }
 }
@@ -359,16 +590,51 @@ void host_silu_mul(const __half* gate_up, __half* out, int rows, int width, cuda
   }
 }
 
+void host_step_inputs(const StepRows& state, std::int64_t* live_slots, std::int64_t* live_positions,
+                      cudaStream_t /*stream*/) {
+  check_step_rows(state);
+  for (int r = 0; r < state.rows; ++r) step_inputs_row(state, live_slots, live_positions, r);
+}
+
+void host_step_update(const StepRows& state, const std::int64_t* next, cudaStream_t /*stream*/) {
+  check_step_rows(state);
+  const std::int64_t step = state.loop[0];
+  bool any_live = false;
+  for (int r = 0; r < state.rows; ++r) any_live = step_update_row(state, next, step, r) || any_live;
+  step_update_loop(state, any_live);
+}
+
 }  // namespace
 
+void check_attention_shape(int heads, int kv_heads, int head_dim) {
+  if (kv_heads < 1 || heads < 1 || heads % kv_heads != 0 || heads / kv_heads > kMaxQueryGroup) {
+    throw std::invalid_argument("fused decode_attention: " + std::to_string(heads) + " query heads over " +
+                                std::to_string(kv_heads) + " key/value heads; it takes a multiple, at most " +
+                                std::to_string(kMaxQueryGroup) + " query heads per key/value head");
+  }
+  if (head_dim < kKeyVector || head_dim % kKeyVector != 0 || head_dim > kMaxHeadDim) {
+    throw std::invalid_argument("fused decode_attention: head_dim " + std::to_string(head_dim) +
+                                "; it takes a multiple of " + std::to_string(kKeyVector) + " up to " +
+                                std::to_string(kMaxHeadDim));
+  }
+  const std::size_t shared = attention_shared_floats(heads / kv_heads, head_dim) * sizeof(float);
+  if (shared > kAttentionSharedLimit) {
+    throw std::invalid_argument("fused decode_attention: " + std::to_string(heads / kv_heads) +
+                                " query heads per key/value head of width " + std::to_string(head_dim) + " need " +
+                                std::to_string(shared) + " bytes of shared memory; it takes at most " +
+                                std::to_string(kAttentionSharedLimit));
+  }
+}
+
 const Kernels& kernels() {
-  static constexpr Kernels table{rotary_and_cache_write, decode_attention, add_rms_norm, silu_mul};
+  static constexpr Kernels table{rotary_and_cache_write, decode_attention, add_rms_norm, silu_mul,
+                                 step_inputs,            step_update};
   return table;
 }
 
 const Kernels& host_kernels() {
   static constexpr Kernels table{host_rotary_and_cache_write, host_decode_attention, host_add_rms_norm,
-                                 host_silu_mul};
+                                 host_silu_mul,               host_step_inputs,      host_step_update};
   return table;
 }
 

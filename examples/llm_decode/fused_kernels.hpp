@@ -16,16 +16,40 @@
 
 namespace llm_decode::fused {
 
-// The most query heads per key/value head decode_attention() handles.
+// The most query heads per key/value head decode_attention() handles, and the
+// widest head (a warp's 32 lanes hold up to 4 pairs of dimensions each of
+// the values; keys are read 8 halves at a time).
 inline constexpr int kMaxQueryGroup = 8;
-// The shared memory decode_attention() may use (without opting in to more),
-// and what it needs: the scaled queries and the scores of one key/value head.
-inline constexpr std::size_t kAttentionSharedLimit = 44 * 1024;  // under the 48 KB default, with room for the static part
-constexpr std::size_t attention_shared_bytes(int group, int head_dim, std::int64_t context) {
-  return static_cast<std::size_t>(group) * static_cast<std::size_t>(head_dim + context) * sizeof(float);
-}
+inline constexpr int kMaxHeadDim = 256;
 
-// The four kernels, as one table: kernels() launches them on `stream` (each
+// Throws std::invalid_argument, naming the sizes, for a head layout
+// decode_attention() cannot take: heads not a multiple of kv_heads, more than
+// kMaxQueryGroup query heads per key/value head, a head_dim that is not a
+// multiple of 8 or over kMaxHeadDim, or a group and head_dim whose queries
+// and merge area exceed 48 KB of shared memory (8 heads of 256). Any context
+// length is fine.
+void check_attention_shape(int heads, int kv_heads, int head_dim);
+
+// A step's per-row state, int64 on the device (the executor's state block):
+// what the step's bookkeeping reads and writes around the model.
+struct StepRows {
+  int rows = 0;                      // the rows of this launch (its batch bucket)
+  const std::int64_t* slots = nullptr;
+  std::int64_t* positions = nullptr;
+  std::int64_t* tokens = nullptr;
+  const std::int64_t* limits = nullptr;  // new tokens a row may make
+  std::int64_t* done = nullptr;      // 0 while the row is live
+  std::int64_t* counts = nullptr;    // new tokens made so far
+  std::int64_t* loop = nullptr;      // [0] the step within the launch, [1] the launch's steps, [2] keep going (0/1)
+  std::int64_t* ring = nullptr;      // the launch's new tokens: ring[step * ring_stride + row], -1 for a done row
+  std::int64_t ring_stride = 0;
+  std::int64_t ring_steps = 0;       // rows of the ring (the steps a launch may take)
+  const std::int64_t* eos = nullptr; // end-of-sequence tokens
+  int eos_count = 0;
+  std::int64_t spare_slot = 0;       // where done rows read and write
+};
+
+// The kernels, as one table: kernels() launches them on `stream` (each
 // launch checked), host_kernels() runs the same code over host memory as one
 // thread (the stream is not used). fp16 data, contiguous rows.
 struct Kernels {
@@ -44,11 +68,12 @@ struct Kernels {
   // Decode attention reading the cache by slot (no gather): row r's query
   // heads attend to keys 0..positions[r] of slot slots[r]; grouped-query
   // (heads / kv_heads query heads per key/value head, at most
-  // kMaxQueryGroup). positions[r] < context <= max_len; scores, softmax and
-  // the weighted sum in float32.
+  // kMaxQueryGroup). positions[r] < context <= max_len; the keys are split
+  // over a block's warps, each keeping a running softmax (no scores stored,
+  // so no bound on the context), merged at the end; float32 throughout.
   //   q: [rows, heads, head_dim]; out: [rows, heads * head_dim]
-  // Throws std::invalid_argument for shapes it cannot take (a group over
-  // kMaxQueryGroup, a context whose scores do not fit in shared memory).
+  // Throws std::invalid_argument for shapes it cannot take
+  // (check_attention_shape).
   void (*decode_attention)(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
                            const std::int64_t* positions, __half* out, int rows, int heads, int kv_heads,
                            int head_dim, std::int64_t max_len, int context, float scale, cudaStream_t stream);
@@ -61,6 +86,18 @@ struct Kernels {
   // SwiGLU's product: out = silu(gate) * up in float32, rounded once.
   //   gate_up: [rows, 2 * width] (gate, then up); out: [rows, width]
   void (*silu_mul)(const __half* gate_up, __half* out, int rows, int width, cudaStream_t stream);
+  // The step's bookkeeping before the model, one kernel: the slots and
+  // positions the model reads and writes, done rows sent to the spare slot
+  // at position 0. live_slots, live_positions: int64 [rows].
+  void (*step_inputs)(const StepRows& state, std::int64_t* live_slots, std::int64_t* live_positions,
+                      cudaStream_t stream);
+  // The step's bookkeeping after the argmax, one kernel (one block): for each
+  // live row, its next token into the ring (-1 for a done row) and into
+  // tokens, its position and count advanced, done once it made its limit or
+  // an end-of-sequence token; then loop[0] advanced and loop[2] = some row
+  // live and loop[0] < loop[1]. What the executor's ATen bookkeeping does.
+  //   next: int64 [rows], the greedy tokens
+  void (*step_update)(const StepRows& state, const std::int64_t* next, cudaStream_t stream);
 };
 
 // The CUDA kernels.

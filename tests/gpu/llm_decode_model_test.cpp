@@ -121,6 +121,17 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     }
   }
 
+  TEST_CASE("the fused step bookkeeping kernels write what the ATen bookkeeping writes, bit for bit") {
+    const llm_decode_test::BookkeepingComparison result =
+        llm_decode_test::compare_step_bookkeeping(llm_decode::fused::kernels(), gpu, 200);
+    CHECK(result.inputs_differing == 0);
+    CHECK(result.differing == 0);
+    CHECK(result.finished_by_eos > 0);
+    CHECK(result.finished_by_limit > 0);
+    CHECK(result.loops_stopped > 0);
+    CHECK(result.loops_going > 0);
+  }
+
   TEST_CASE("the fused decode kernels captured in a CUDA graph replay to their eager logits, bit for bit") {
     const LlamaConfig config = LlamaConfig::preset("tiny");
     const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);

@@ -357,6 +357,18 @@ TEST_SUITE("host") {
     }
   }
 
+  TEST_CASE("the fused step bookkeeping (its host versions) writes what the ATen bookkeeping writes, bit for bit") {
+    const llm_decode_test::BookkeepingComparison result =
+        llm_decode_test::compare_step_bookkeeping(llm_decode::fused::host_kernels(), cpu, 200);
+    CHECK(result.inputs_differing == 0);
+    CHECK(result.differing == 0);
+    // The trials reached every outcome.
+    CHECK(result.finished_by_eos > 0);
+    CHECK(result.finished_by_limit > 0);
+    CHECK(result.loops_stopped > 0);
+    CHECK(result.loops_going > 0);
+  }
+
   TEST_CASE("save and load round-trip the weights and the logits, with Hugging Face's names, tied or not") {
     for (const bool tied : {true, false}) {
       CAPTURE(tied);

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "executor.hpp"
 #include "gpu_suite.hpp"
 #include "kv_cache.hpp"
 #include "model.hpp"
@@ -133,6 +134,83 @@ inline llm_decode::LlamaConfig tiny_config(std::int64_t heads, std::int64_t kv_h
   config.num_kv_heads = kv_heads;
   config.tie_embeddings = tied;
   return config;
+}
+
+// What the fused step bookkeeping (`kernels`: the CUDA ones or their host
+// versions) and the ATen one made of the same random states: how many
+// trials differed anywhere in the state block, and how often each outcome
+// came up (so that a case can tell that the trials covered them).
+struct BookkeepingComparison {
+  int differing = 0;
+  int inputs_differing = 0;
+  int finished_by_eos = 0;
+  int finished_by_limit = 0;
+  int loops_stopped = 0;
+  int loops_going = 0;
+};
+
+inline BookkeepingComparison compare_step_bookkeeping(const llm_decode::fused::Kernels& kernels, at::Device device,
+                                                      int trials) {
+  BookkeepingComparison result;
+  auto& rng = replay_test::rng();
+  const auto draw = [&](std::int64_t low, std::int64_t high) {
+    return std::uniform_int_distribution<std::int64_t>(low, high)(rng);
+  };
+  const auto options = at::TensorOptions().dtype(at::kLong);
+  for (int trial = 0; trial < trials; ++trial) {
+    const std::int64_t rows = draw(1, 9);
+    const std::int64_t steps = draw(1, 4);
+    const std::int64_t spare_slot = 9;
+    // The executor's layout: rows 0..6 of the state, then the ring.
+    at::Tensor block = at::full({7 + steps, std::max<std::int64_t>(rows, 3)}, -7, options);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      block[0][r] = draw(0, 8);        // slots
+      block[1][r] = draw(0, 50);       // positions
+      block[2][r] = draw(0, 99);       // tokens
+      block[3][r] = draw(0, 5);        // limits
+      block[4][r] = draw(0, 3) == 0;   // done, a quarter of the rows
+      block[6][r] = draw(0, 5);        // counts
+    }
+    block[5][0] = draw(0, 2 * steps);  // warm-ups run past the ring: the remainder
+    block[5][1] = draw(1, steps);
+    block[5][2] = 1;
+    const at::Tensor eos = int64_tensor(random_tokens(draw(0, 2), 10), at::kCPU).to(device);
+    const at::Tensor next = int64_tensor(random_tokens(rows, 12), at::kCPU).to(device);
+    const auto views = [&](const at::Tensor& b) {
+      const at::Tensor r = b.narrow(1, 0, rows);
+      return llm_decode::StepState{.slots = r[0], .positions = r[1], .tokens = r[2], .limits = r[3], .done = r[4],
+                                   .counts = r[6], .loop = b[5].narrow(0, 0, 3), .ring = b.narrow(0, 7, steps).narrow(1, 0, rows)};
+    };
+    // Copies (to() on the same device would return `block` itself).
+    const at::Tensor aten_block = block.to(device, /*non_blocking=*/false, /*copy=*/true);
+    const at::Tensor fused_block = block.to(device, /*non_blocking=*/false, /*copy=*/true);
+    const llm_decode::StepState aten_state = views(aten_block);
+    const llm_decode::StepState fused_state = views(fused_block);
+    const llm_decode::fused::StepRows fused_rows = llm_decode::fused_step_rows(fused_state, eos, spare_slot);
+    const cudaStream_t stream =
+        device.is_cuda() ? c10::cuda::getCurrentCUDAStream(device.index()).stream() : nullptr;
+
+    const auto [live_slots, live_positions] = llm_decode::aten_step_inputs(aten_state, spare_slot);
+    const at::Tensor live = at::empty({2, rows}, options.device(device));
+    kernels.step_inputs(fused_rows, live[0].data_ptr<std::int64_t>(), live[1].data_ptr<std::int64_t>(), stream);
+    result.inputs_differing += !(live[0].equal(live_slots) && live[1].equal(live_positions));
+
+    llm_decode::aten_step_update(aten_state, next, eos);
+    kernels.step_update(fused_rows, next.data_ptr<std::int64_t>(), stream);
+    result.differing += !fused_block.equal(aten_block);
+
+    const at::Tensor before = block.narrow(1, 0, rows);
+    const at::Tensor after = aten_block.to(at::kCPU).narrow(1, 0, rows);
+    const at::Tensor next_cpu = next.to(at::kCPU);
+    const at::Tensor eos_cpu = eos.to(at::kCPU);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      if (before[4][r].item<std::int64_t>() != 0 || after[4][r].item<std::int64_t>() == 0) continue;
+      const bool eos_hit = eos_cpu.numel() > 0 && eos_cpu.eq(next_cpu[r]).any().item<bool>();
+      ++(eos_hit ? result.finished_by_eos : result.finished_by_limit);
+    }
+    ++(aten_block[5][2].item<std::int64_t>() != 0 ? result.loops_going : result.loops_stopped);
+  }
+  return result;
 }
 
 }  // namespace llm_decode_test
