@@ -96,33 +96,49 @@ __host__ __device__ inline AttentionBlock attention_block(const __half* q, const
 // The attention's work is split over a block's warps, each taking chunks of
 // 32 keys (chunk c of the block goes to warp c % kAttentionWarps). Within a
 // chunk, lane l scores key l of the chunk against every query head (one key
-// row per lane: no reduction across lanes); then each lane adds the chunk's
-// values for the dimension pairs it holds, 2 (l + 32 p) for p < Pairs, the
+// row per lane: no reduction across lanes). Then the chunk's values: a value
+// row is head_dim / 8 lanes' 16-byte loads, so a warp takes 32 / (head_dim /
+// 8) keys per pass (4 at head_dim 64), lane l holding dimensions
+// 8 (l % lanes_per_row) .. + 8 of key l / lanes_per_row of the pass, the
 // weights passed from lane to lane. Each lane keeps a running softmax (the
-// online softmax of flash decoding); the warps' states are merged once at
-// the end. Group (query heads per key/value head) and Pairs are template
-// parameters: the state stays in registers and the query heads' work
-// interleaves.
+// online softmax of flash decoding); at the end the lanes of one dimension
+// block are summed, then the warps' states merged. Group (query heads per
+// key/value head) is a template parameter: the state stays in registers and
+// the query heads' work interleaves.
 constexpr int kAttentionWarps = 8;
 constexpr int kLanes = 32;
-constexpr int kKeyVector = 8;  // halves per 16-byte load of a key row
+constexpr int kKeyVector = 8;  // halves per 16-byte load of a key or value row
 constexpr std::size_t kAttentionSharedLimit = 48 * 1024;  // the default, no opt-in
 
-template <int Group, int Pairs>
+template <int Group>
 struct LaneState {
-  float largest[Group];        // the largest score so far (the same in every lane of a warp)
-  float sum[Group];            // this lane's share of the sum of exp(score - largest)
-  float2 acc[Group][Pairs];    // of exp(score - largest) * value, this lane's pairs
+  float largest[Group];            // the largest score so far (the same in every lane of a warp)
+  float sum[Group];                // this lane's key's share of the sum of exp(score - largest)
+  float acc[Group][kKeyVector];    // of exp(score - largest) * value, this lane's dimensions and keys
 };
 
-__host__ __device__ inline int lane_dim(int lane, int p) { return 2 * (lane + kLanes * p); }
+// Where a lane works on the values: `row` (its key within a pass) and its
+// dimensions 8 block .. + 8; a lane with row >= rows idles (head_dim / 8
+// not a divisor of 32).
+struct ValueLane {
+  int lanes_per_row;
+  int rows;   // keys per pass
+  int row;
+  int block;
+  __host__ __device__ ValueLane(int head_dim, int lane)
+      : lanes_per_row(head_dim / kKeyVector),
+        rows(kLanes / lanes_per_row),
+        row(lane / lanes_per_row),
+        block(lane % lanes_per_row) {}
+  __host__ __device__ bool idle() const { return row >= rows; }
+};
 
-template <int Group, int Pairs>
-__host__ __device__ inline void lane_start(LaneState<Group, Pairs>& s) {
+template <int Group>
+__host__ __device__ inline void lane_start(LaneState<Group>& s) {
   for (int g = 0; g < Group; ++g) {
     s.largest[g] = -INFINITY;
     s.sum[g] = 0.0F;
-    for (int p = 0; p < Pairs; ++p) s.acc[g][p] = make_float2(0.0F, 0.0F);
+    for (int i = 0; i < kKeyVector; ++i) s.acc[g][i] = 0.0F;
   }
 }
 
@@ -139,8 +155,9 @@ __host__ __device__ inline void attention_load_queries(const AttentionBlock& b, 
   queries[i] = __half2float(b.q[i]) * scale;
 }
 
-// kKeyVector halves of a key row in one 16-byte load (the device's); the host
-// copies (reading a uint4 through __half2 would break aliasing rules there).
+// kKeyVector halves of a key or value row in one 16-byte load (the device's);
+// the host copies (reading a uint4 through __half2 would break aliasing rules
+// there).
 __host__ __device__ inline void load_key_vector(const __half* p, __half2 (&out)[kKeyVector / 2]) {
 #ifdef __CUDA_ARCH__
   const uint4 raw = *reinterpret_cast<const uint4*>(p);
@@ -176,46 +193,41 @@ __host__ __device__ inline void key_scores(const AttentionBlock& b, const float*
 // A chunk's scores in: the running largest raised to the chunk's largest
 // (`chunk_largest`, over the warp), this lane's key's weight out in
 // `weight` (0 past the last key), the sums and values so far rescaled.
-template <int Group, int Pairs>
-__host__ __device__ inline void chunk_weights(LaneState<Group, Pairs>& s, const float (&score)[Group],
+template <int Group>
+__host__ __device__ inline void chunk_weights(LaneState<Group>& s, const float (&score)[Group],
                                               const float (&chunk_largest)[Group], float (&weight)[Group]) {
   for (int g = 0; g < Group; ++g) {
     const float largest = fmaxf(s.largest[g], chunk_largest[g]);
     const float rescale = expf(s.largest[g] - largest);  // 0 for the first chunk (largest was -inf)
     weight[g] = expf(score[g] - largest);                // 0 for a score of -inf
     s.sum[g] = s.sum[g] * rescale + weight[g];
-    for (int p = 0; p < Pairs; ++p) {
-      s.acc[g][p].x *= rescale;
-      s.acc[g][p].y *= rescale;
-    }
+    for (int i = 0; i < kKeyVector; ++i) s.acc[g][i] *= rescale;
     s.largest[g] = largest;
   }
 }
 
-// A value row (key j of the chunk) into this lane's pairs, with key j's weights.
-template <int Group, int Pairs>
-__host__ __device__ inline void lane_add_value(LaneState<Group, Pairs>& s, const AttentionBlock& b, int t, int lane,
+// Key t's value row, this lane's dimensions, times key t's weights.
+template <int Group>
+__host__ __device__ inline void lane_add_value(LaneState<Group>& s, const AttentionBlock& b, int t, const ValueLane& v,
                                                const float (&weight)[Group]) {
-  const __half* row = b.v + static_cast<std::int64_t>(t) * b.head_dim;
-  for (int p = 0; p < Pairs; ++p) {
-    const int d = lane_dim(lane, p);
-    if (d >= b.head_dim) continue;
-#ifdef __CUDA_ARCH__
-    const float2 v = __half22float2(*reinterpret_cast<const __half2*>(row + d));  // 4-byte aligned: d is even
-#else
-    const float2 v = make_float2(__half2float(row[d]), __half2float(row[d + 1]));
-#endif
+  __half2 pairs[kKeyVector / 2];
+  load_key_vector(b.v + static_cast<std::int64_t>(t) * b.head_dim + v.block * kKeyVector, pairs);
+  for (int i = 0; i < kKeyVector / 2; ++i) {
+    const float2 x = __half22float2(pairs[i]);
     for (int g = 0; g < Group; ++g) {
-      s.acc[g][p].x += weight[g] * v.x;
-      s.acc[g][p].y += weight[g] * v.y;
+      s.acc[g][2 * i] += weight[g] * x.x;
+      s.acc[g][2 * i + 1] += weight[g] * x.y;
     }
   }
 }
 
-// This lane's state into the merge area; `sum` is the warp's whole sum (lane 0 writes it).
-template <int Group, int Pairs>
-__host__ __device__ inline void lane_store(const LaneState<Group, Pairs>& s, const AttentionBlock& b,
-                                           const float (&sum)[Group], int warp, int lane, float* merge) {
+// A lane of row 0 of the passes, its dimensions summed over the rows (its
+// `acc`), into the merge area; `sum` is the warp's whole sum. Lane 0 writes
+// the largest and the sum.
+template <int Group>
+__host__ __device__ inline void lane_store(const LaneState<Group>& s, const AttentionBlock& b,
+                                           const float (&sum)[Group], const ValueLane& v, int warp, int lane,
+                                           float* merge) {
   const int states = kAttentionWarps * Group;
   for (int g = 0; g < Group; ++g) {
     const int w = warp * Group + g;
@@ -223,12 +235,8 @@ __host__ __device__ inline void lane_store(const LaneState<Group, Pairs>& s, con
       merge[w] = s.largest[g];
       merge[states + w] = sum[g];
     }
-    for (int p = 0; p < Pairs; ++p) {
-      const int d = lane_dim(lane, p);
-      if (d < b.head_dim) {
-        merge[2 * states + w * b.head_dim + d] = s.acc[g][p].x;
-        merge[2 * states + w * b.head_dim + d + 1] = s.acc[g][p].y;
-      }
+    if (v.row == 0) {
+      for (int i = 0; i < kKeyVector; ++i) merge[2 * states + w * b.head_dim + v.block * kKeyVector + i] = s.acc[g][i];
     }
   }
 }
@@ -349,7 +357,7 @@ __global__ void rotary_and_cache_write_kernel(const __half* qkv, std::int64_t qk
 }
 
 // One block per (row, key/value head): its query heads attend to the same keys.
-template <int Group, int Pairs>
+template <int Group>
 __global__ void __launch_bounds__(kAttentionWarps * kLanes)
     decode_attention_kernel(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
                             const std::int64_t* positions, __half* out, int heads, int kv_heads, int head_dim,
@@ -360,11 +368,12 @@ __global__ void __launch_bounds__(kAttentionWarps * kLanes)
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / kLanes;
   const int lane = tid % kLanes;
+  const ValueLane v(head_dim, lane);
   float* queries = shared;
   float* merge = shared + Group * head_dim;
   for (int i = tid; i < Group * head_dim; i += static_cast<int>(blockDim.x)) attention_load_queries(b, queries, scale, i);
   __syncthreads();
-  LaneState<Group, Pairs> s;
+  LaneState<Group> s;
   lane_start(s);
   for (int chunk = warp * kLanes; chunk < b.keys; chunk += kAttentionWarps * kLanes) {
     float score[Group];
@@ -376,17 +385,29 @@ __global__ void __launch_bounds__(kAttentionWarps * kLanes)
     chunk_weights(s, score, chunk_largest, weight);
     const int count = min(kLanes, b.keys - chunk);
 #pragma unroll 4
-    for (int j = 0; j < count; ++j) {
+    for (int first = 0; first < count; first += v.rows) {
+      const int j = first + v.row;  // this lane's key of the pass
       float key_weight[Group];
 #pragma unroll
-      for (int g = 0; g < Group; ++g) key_weight[g] = __shfl_sync(0xffffffffU, weight[g], j);
-      lane_add_value(s, b, chunk + j, lane, key_weight);
+      for (int g = 0; g < Group; ++g) key_weight[g] = __shfl_sync(0xffffffffU, weight[g], j % kLanes);
+      if (!v.idle() && j < count) lane_add_value(s, b, chunk + j, v, key_weight);
+    }
+  }
+  // Sum the rows of the passes (lanes lanes_per_row apart; idle lanes hold 0).
+  for (int offset = v.lanes_per_row; offset < kLanes; offset *= 2) {
+#pragma unroll
+    for (int g = 0; g < Group; ++g) {
+#pragma unroll
+      for (int i = 0; i < kKeyVector; ++i) {
+        const float other = __shfl_down_sync(0xffffffffU, s.acc[g][i], static_cast<unsigned>(offset));
+        if (lane + offset < kLanes) s.acc[g][i] += other;
+      }
     }
   }
   float sum[Group];
 #pragma unroll
   for (int g = 0; g < Group; ++g) sum[g] = warp_sum(s.sum[g]);
-  lane_store(s, b, sum, warp, lane, merge);
+  lane_store(s, b, sum, v, warp, lane, merge);
   __syncthreads();
   for (int i = tid; i < Group * head_dim; i += static_cast<int>(blockDim.x)) merge_output(b, merge, i);
 }
@@ -438,15 +459,12 @@ void rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, const __
   replay::check_last_launch("fused rotary_and_cache_write");
 }
 
-// Calls f(Group, Pairs) with the group and the pairs per lane as constants
-// (integral_constant), 1 to kMaxQueryGroup and 1, 2 or 4.
+// Calls f(Group) with the group as a constant (integral_constant), 1 to kMaxQueryGroup.
 template <int Group = 1, typename F>
-void with_attention_shape(int group, int head_dim, F&& f) {
+void with_query_group(int group, F&& f) {
   if constexpr (Group <= kMaxQueryGroup) {
-    if (group != Group) return with_attention_shape<Group + 1>(group, head_dim, std::forward<F>(f));
-    if (head_dim <= 2 * kLanes) return f(std::integral_constant<int, Group>{}, std::integral_constant<int, 1>{});
-    if (head_dim <= 4 * kLanes) return f(std::integral_constant<int, Group>{}, std::integral_constant<int, 2>{});
-    return f(std::integral_constant<int, Group>{}, std::integral_constant<int, 4>{});
+    if (group != Group) return with_query_group<Group + 1>(group, std::forward<F>(f));
+    return f(std::integral_constant<int, Group>{});
   }
 }
 
@@ -456,8 +474,8 @@ void decode_attention(const __half* q, const __half* cache_k, const __half* cach
   check_attention_shape(heads, kv_heads, head_dim);
   if (context < 1) throw std::invalid_argument("fused decode_attention: the context must be at least 1 position");
   const std::size_t shared = attention_shared_floats(heads / kv_heads, head_dim) * sizeof(float);
-  with_attention_shape(heads / kv_heads, head_dim, [&](auto group, auto pairs) {
-    decode_attention_kernel<group(), pairs()>
+  with_query_group(heads / kv_heads, [&](auto group) {
+    decode_attention_kernel<group()>
         <<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads)), kAttentionWarps * kLanes, shared,
            stream>>>(q, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim, max_len, context, scale);
   });
@@ -513,16 +531,17 @@ void host_rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, con
 // The kernel's work as one thread: each warp's lanes in turn, where the
 // kernel passes values between lanes (the chunk's largest score, the keys'
 // weights, the sums) the host reads them from arrays.
-template <int Group, int Pairs>
+template <int Group>
 void host_attention_block(const AttentionBlock& b, float scale, float* shared) {
   float* queries = shared;
   float* merge = shared + Group * b.head_dim;
   for (int i = 0; i < Group * b.head_dim; ++i) attention_load_queries(b, queries, scale, i);
-  std::vector<LaneState<Group, Pairs>> lanes(kLanes);
+  std::vector<LaneState<Group>> lanes(kLanes);
   std::vector<std::array<float, Group>> scores(kLanes);
   std::vector<std::array<float, Group>> weights(kLanes);
+  const auto at = [](int i) { return static_cast<std::size_t>(i); };
   for (int warp = 0; warp < kAttentionWarps; ++warp) {
-    for (LaneState<Group, Pairs>& s : lanes) lane_start(s);
+    for (LaneState<Group>& s : lanes) lane_start(s);
     for (int chunk = warp * kLanes; chunk < b.keys; chunk += kAttentionWarps * kLanes) {
       float chunk_largest[Group];
       for (int g = 0; g < Group; ++g) chunk_largest[g] = -INFINITY;
@@ -530,30 +549,47 @@ void host_attention_block(const AttentionBlock& b, float scale, float* shared) {
         float score[Group];
         key_scores(b, queries, chunk + lane, score);
         for (int g = 0; g < Group; ++g) {
-          scores[static_cast<std::size_t>(lane)][static_cast<std::size_t>(g)] = score[g];
+          scores[at(lane)][at(g)] = score[g];
           chunk_largest[g] = fmaxf(chunk_largest[g], score[g]);
         }
       }
       for (int lane = 0; lane < kLanes; ++lane) {
         float score[Group];
         float weight[Group];
-        for (int g = 0; g < Group; ++g) score[g] = scores[static_cast<std::size_t>(lane)][static_cast<std::size_t>(g)];
-        chunk_weights(lanes[static_cast<std::size_t>(lane)], score, chunk_largest, weight);
-        for (int g = 0; g < Group; ++g) weights[static_cast<std::size_t>(lane)][static_cast<std::size_t>(g)] = weight[g];
+        for (int g = 0; g < Group; ++g) score[g] = scores[at(lane)][at(g)];
+        chunk_weights(lanes[at(lane)], score, chunk_largest, weight);
+        for (int g = 0; g < Group; ++g) weights[at(lane)][at(g)] = weight[g];
       }
       const int count = std::min(kLanes, b.keys - chunk);
-      for (int j = 0; j < count; ++j) {
-        float key_weight[Group];
-        for (int g = 0; g < Group; ++g) key_weight[g] = weights[static_cast<std::size_t>(j)][static_cast<std::size_t>(g)];
-        for (int lane = 0; lane < kLanes; ++lane) lane_add_value(lanes[static_cast<std::size_t>(lane)], b, chunk + j, lane, key_weight);
+      for (int lane = 0; lane < kLanes; ++lane) {
+        const ValueLane v(b.head_dim, lane);
+        if (v.idle()) continue;
+        for (int j = v.row; j < count; j += v.rows) {
+          float key_weight[Group];
+          for (int g = 0; g < Group; ++g) key_weight[g] = weights[at(j)][at(g)];
+          lane_add_value(lanes[at(lane)], b, chunk + j, v, key_weight);
+        }
+      }
+    }
+    // The rows of the passes summed into row 0's lanes.
+    for (int lane = 0; lane < kLanes; ++lane) {
+      const ValueLane v(b.head_dim, lane);
+      if (v.row == 0) {
+        for (int other = lane + v.lanes_per_row; other < kLanes; other += v.lanes_per_row) {
+          for (int g = 0; g < Group; ++g) {
+            for (int i = 0; i < kKeyVector; ++i) lanes[at(lane)].acc[g][i] += lanes[at(other)].acc[g][i];
+          }
+        }
       }
     }
     float sum[Group];
     for (int g = 0; g < Group; ++g) {
       sum[g] = 0.0F;
-      for (const LaneState<Group, Pairs>& s : lanes) sum[g] += s.sum[g];
+      for (const LaneState<Group>& s : lanes) sum[g] += s.sum[g];
     }
-    for (int lane = 0; lane < kLanes; ++lane) lane_store(lanes[static_cast<std::size_t>(lane)], b, sum, warp, lane, merge);
+    for (int lane = 0; lane < kLanes; ++lane) {
+      lane_store(lanes[at(lane)], b, sum, ValueLane(b.head_dim, lane), warp, lane, merge);
+    }
   }
   for (int i = 0; i < Group * b.head_dim; ++i) merge_output(b, merge, i);
 }
@@ -568,9 +604,7 @@ void host_decode_attention(const __half* q, const __half* cache_k, const __half*
     for (int kv = 0; kv < kv_heads; ++kv) {
       const AttentionBlock b =
           attention_block(q, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim, max_len, context, r, kv);
-      with_attention_shape(b.group, head_dim, [&](auto group, auto pairs) {
-        host_attention_block<group(), pairs()>(b, scale, shared.data());
-      });
+      with_query_group(b.group, [&](auto group) { host_attention_block<group()>(b, scale, shared.data()); });
     }
   }
 }
