@@ -439,6 +439,7 @@ class LlamaExecutor {
     try {
       fused::check_attention_shape(static_cast<int>(config.num_heads), static_cast<int>(config.num_kv_heads),
                                    static_cast<int>(config.head_dim()));
+      fused::check_norm_width(static_cast<int>(config.hidden_size));
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(std::string("LlamaExecutor: kernels = DecodeKernels::fused cannot take this model: ") +
                                   e.what());

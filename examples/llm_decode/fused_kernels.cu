@@ -288,26 +288,71 @@ __host__ __device__ inline void step_update_loop(const StepRows& s, bool any_liv
   s.loop[2] = any_live && s.loop[0] < s.loop[1] ? 1 : 0;
 }
 
-// x += delta (the plain add's fp16 result) when delta is set; returns this
-// thread's part of the row's sum of squares.
-__host__ __device__ inline float add_squares_part(__half* x, const __half* delta, int width, int tid, int threads) {
+// The residual add and RMSNorm, one row per block: each thread holds its
+// 16-byte vectors of the row (vector i = tid + k * threads) in registers
+// between the two phases, its weights loaded with them, so the row is read
+// once and the block waits for memory once.
+constexpr int kNormVectors = 8;  // per thread: rows up to 8 * 8 * kThreads halves
+
+struct NormThread {
+  __half2 x[kNormVectors][kKeyVector / 2];
+  __half2 weight[kNormVectors][kKeyVector / 2];
+};
+
+__host__ __device__ inline void store_vector(__half* p, const __half2 (&in)[kKeyVector / 2]) {
+#ifdef __CUDA_ARCH__
+  uint4 raw;
+  raw.x = *reinterpret_cast<const unsigned*>(&in[0]);
+  raw.y = *reinterpret_cast<const unsigned*>(&in[1]);
+  raw.z = *reinterpret_cast<const unsigned*>(&in[2]);
+  raw.w = *reinterpret_cast<const unsigned*>(&in[3]);
+  *reinterpret_cast<uint4*>(p) = raw;
+#else
+  std::memcpy(p, static_cast<const void*>(in), sizeof(in));
+#endif
+}
+
+// x += delta (rounded to fp16, as the plain add) when delta is set, written
+// back; returns this thread's part of the row's sum of squares.
+__host__ __device__ inline float norm_load_add(NormThread& t, __half* x, const __half* delta, const __half* weight,
+                                               int width, int tid, int threads) {
   float squares = 0.0F;
-  for (int i = tid; i < width; i += threads) {
-    __half value = x[i];
+  for (int k = 0; k < kNormVectors; ++k) {
+    const int i = (tid + k * threads) * kKeyVector;
+    if (i >= width) break;
+    load_key_vector(x + i, t.x[k]);
+    load_key_vector(weight + i, t.weight[k]);
     if (delta != nullptr) {
-      value = __float2half(__half2float(value) + __half2float(delta[i]));
-      x[i] = value;
+      __half2 d[kKeyVector / 2];
+      load_key_vector(delta + i, d);
+      for (int j = 0; j < kKeyVector / 2; ++j) {
+        const float2 a = __half22float2(t.x[k][j]);
+        const float2 b = __half22float2(d[j]);
+        t.x[k][j] = __floats2half2_rn(a.x + b.x, a.y + b.y);
+      }
+      store_vector(x + i, t.x[k]);
     }
-    const float v = __half2float(value);
-    squares += v * v;
+    for (int j = 0; j < kKeyVector / 2; ++j) {
+      const float2 v = __half22float2(t.x[k][j]);
+      squares += v.x * v.x + v.y * v.y;
+    }
   }
   return squares;
 }
 
-__host__ __device__ inline void norm_write(const __half* x, const __half* weight, __half* out, int width,
-                                           float inverse_rms, int tid, int threads) {
-  for (int i = tid; i < width; i += threads) {
-    out[i] = __float2half(__half2float(x[i]) * inverse_rms * __half2float(weight[i]));
+// out = x * inverse_rms * weight, rounded once.
+__host__ __device__ inline void norm_store(const NormThread& t, __half* out, int width, float inverse_rms, int tid,
+                                           int threads) {
+  for (int k = 0; k < kNormVectors; ++k) {
+    const int i = (tid + k * threads) * kKeyVector;
+    if (i >= width) break;
+    __half2 o[kKeyVector / 2];
+    for (int j = 0; j < kKeyVector / 2; ++j) {
+      const float2 v = __half22float2(t.x[k][j]);
+      const float2 w = __half22float2(t.weight[k][j]);
+      o[j] = __floats2half2_rn(v.x * inverse_rms * w.x, v.y * inverse_rms * w.y);
+    }
+    store_vector(out + i, o);
   }
 }
 
@@ -418,11 +463,10 @@ __global__ void add_rms_norm_kernel(__half* x, const __half* delta, const __half
   const std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * width;
   const int tid = static_cast<int>(threadIdx.x);
   const int threads = static_cast<int>(blockDim.x);
-  const float squares =
-      block_reduce<false>(add_squares_part(x + base, delta == nullptr ? nullptr : delta + base, width, tid, threads),
-                          scratch);
-  norm_write(x + base, weight, out + base, width, inverse_sqrt(squares / static_cast<float>(width) + eps), tid,
-             threads);
+  NormThread t;
+  const float squares = block_reduce<false>(
+      norm_load_add(t, x + base, delta == nullptr ? nullptr : delta + base, weight, width, tid, threads), scratch);
+  norm_store(t, out + base, width, inverse_sqrt(squares / static_cast<float>(width) + eps), tid, threads);
 }
 
 __global__ void silu_mul_kernel(const __half* gate_up, __half* out, int width) {
@@ -484,6 +528,7 @@ void decode_attention(const __half* q, const __half* cache_k, const __half* cach
 
 void add_rms_norm(__half* x, const __half* delta, const __half* weight, __half* out, int rows, int width, float eps,
                   cudaStream_t stream) {
+  check_norm_width(width);
   add_rms_norm_kernel<<<rows, kThreads, 0, stream>>>(x, delta, weight, out, width, eps);
   replay::check_last_launch("fused add_rms_norm");
 }
@@ -609,12 +654,22 @@ void host_decode_attention(const __half* q, const __half* cache_k, const __half*
   }
 }
 
+// The block's threads in turn, each keeping its vectors (as its registers).
 void host_add_rms_norm(__half* x, const __half* delta, const __half* weight, __half* out, int rows, int width,
                        float eps, cudaStream_t /*stream*/) {
+  check_norm_width(width);
+  std::vector<NormThread> threads(kThreads);
   for (int r = 0; r < rows; ++r) {
     const std::int64_t base = static_cast<std::int64_t>(r) * width;
-    const float squares = add_squares_part(x + base, delta == nullptr ? nullptr : delta + base, width, 0, 1);
-    norm_write(x + base, weight, out + base, width, inverse_sqrt(squares / static_cast<float>(width) + eps), 0, 1);
+    float squares = 0.0F;
+    for (int tid = 0; tid < kThreads; ++tid) {
+      squares += norm_load_add(threads[static_cast<std::size_t>(tid)], x + base,
+                               delta == nullptr ? nullptr : delta + base, weight, width, tid, kThreads);
+    }
+    const float inverse_rms = inverse_sqrt(squares / static_cast<float>(width) + eps);
+    for (int tid = 0; tid < kThreads; ++tid) {
+      norm_store(threads[static_cast<std::size_t>(tid)], out + base, width, inverse_rms, tid, kThreads);
+    }
   }
 }
 
@@ -639,6 +694,13 @@ void host_step_update(const StepRows& state, const std::int64_t* next, cudaStrea
 }
 
 }  // namespace
+
+void check_norm_width(int width) {
+  if (width < kKeyVector || width % kKeyVector != 0 || width > kNormVectors * kKeyVector * kThreads) {
+    throw std::invalid_argument("fused add_rms_norm: a row of " + std::to_string(width) + " halves; it takes a multiple of " +
+                                std::to_string(kKeyVector) + " up to " + std::to_string(kNormVectors * kKeyVector * kThreads));
+  }
+}
 
 void check_attention_shape(int heads, int kv_heads, int head_dim) {
   if (kv_heads < 1 || heads < 1 || heads % kv_heads != 0 || heads / kv_heads > kMaxQueryGroup) {

@@ -30,6 +30,10 @@ inline constexpr int kMaxHeadDim = 256;
 // length is fine.
 void check_attention_shape(int heads, int kv_heads, int head_dim);
 
+// Throws std::invalid_argument, naming the width, for a row add_rms_norm()
+// cannot take: not a multiple of 8 halves, or over 8192.
+void check_norm_width(int width);
+
 // A step's per-row state, int64 on the device (the executor's state block):
 // what the step's bookkeeping reads and writes around the model.
 struct StepRows {
