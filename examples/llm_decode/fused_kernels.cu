@@ -34,6 +34,17 @@ __host__ __device__ inline float inverse_sqrt(float v) {
 
 // ---- the pieces ----
 
+// Dimension d of head `head` of a qkv row (q heads, then k heads) rotated
+// at `position`: rotate_half(x) = cat(-x[half:], x[:half]).
+__host__ __device__ inline float rotated_value(const __half* row, const __half* cos, const __half* sin,
+                                               std::int64_t position, int head, int d, int head_dim) {
+  const int half_dim = head_dim / 2;
+  const __half* x = row + head * head_dim;
+  const float partner = d < half_dim ? -__half2float(x[d + half_dim]) : __half2float(x[d - half_dim]);
+  return __half2float(x[d]) * __half2float(cos[position * head_dim + d]) +
+         partner * __half2float(sin[position * head_dim + d]);
+}
+
 // Element i of row r: q and k rotated (i < (heads + kv_heads) * head_dim),
 // then v copied; k and v written into the cache at (slot, position).
 __host__ __device__ inline void rotary_element(const __half* qkv, std::int64_t qkv_stride, const __half* cos,
@@ -48,12 +59,7 @@ __host__ __device__ inline void rotary_element(const __half* qkv, std::int64_t q
   if (i < rotated) {
     const int head = i / head_dim;
     const int d = i % head_dim;
-    const int half_dim = head_dim / 2;
-    const __half* x = row + head * head_dim;
-    // rotate_half(x) = cat(-x[half:], x[:half])
-    const float partner = d < half_dim ? -__half2float(x[d + half_dim]) : __half2float(x[d - half_dim]);
-    const float value = __half2float(x[d]) * __half2float(cos[position * head_dim + d]) +
-                        partner * __half2float(sin[position * head_dim + d]);
+    const float value = rotated_value(row, cos, sin, position, head, d, head_dim);
     if (head < heads) {
       q_out[(static_cast<std::int64_t>(r) * heads + head) * head_dim + d] = __float2half(value);
     } else {
@@ -168,6 +174,23 @@ __host__ __device__ inline void load_key_vector(const __half* p, __half2 (&out)[
 #else
   std::memcpy(static_cast<void*>(out), p, sizeof(out));
 #endif
+}
+
+// rotary_attention(): element i of a block's queries, rotated from the qkv
+// row and rounded to fp16 as the separate kernels would store it; and
+// dimension d of its key and value written into the cache.
+__host__ __device__ inline void rotary_query(const __half* row, const __half* cos, const __half* sin,
+                                             std::int64_t position, int first_head, int head_dim, float scale,
+                                             float* queries, int i) {
+  const float value = rotated_value(row, cos, sin, position, first_head + i / head_dim, i % head_dim, head_dim);
+  queries[i] = __half2float(__float2half(value)) * scale;
+}
+
+__host__ __device__ inline void rotary_key_value(const __half* row, const __half* cos, const __half* sin,
+                                                 std::int64_t position, int heads, int kv_heads, int kv,
+                                                 int head_dim, __half* k_row, __half* v_row, int d) {
+  k_row[d] = __float2half(rotated_value(row, cos, sin, position, heads + kv, d, head_dim));
+  v_row[d] = row[(heads + kv_heads + kv) * head_dim + d];
 }
 
 // Key t's scores against the Group query heads; -inf past the last key.
@@ -401,23 +424,14 @@ __global__ void rotary_and_cache_write_kernel(const __half* qkv, std::int64_t qk
   }
 }
 
-// One block per (row, key/value head): its query heads attend to the same keys.
+// A block's attention once its scaled queries are in shared memory: each
+// warp's chunks, the sums of the passes' rows, the merge of the warps.
 template <int Group>
-__global__ void __launch_bounds__(kAttentionWarps * kLanes)
-    decode_attention_kernel(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
-                            const std::int64_t* positions, __half* out, int heads, int kv_heads, int head_dim,
-                            std::int64_t max_len, int context, float scale) {
-  extern __shared__ float shared[];
-  const AttentionBlock b = attention_block(q, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim,
-                                           max_len, context, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y));
+__device__ void attend(const AttentionBlock& b, const float* queries, float* merge) {
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / kLanes;
   const int lane = tid % kLanes;
-  const ValueLane v(head_dim, lane);
-  float* queries = shared;
-  float* merge = shared + Group * head_dim;
-  for (int i = tid; i < Group * head_dim; i += static_cast<int>(blockDim.x)) attention_load_queries(b, queries, scale, i);
-  __syncthreads();
+  const ValueLane v(b.head_dim, lane);
   LaneState<Group> s;
   lane_start(s);
   for (int chunk = warp * kLanes; chunk < b.keys; chunk += kAttentionWarps * kLanes) {
@@ -454,7 +468,55 @@ __global__ void __launch_bounds__(kAttentionWarps * kLanes)
   for (int g = 0; g < Group; ++g) sum[g] = warp_sum(s.sum[g]);
   lane_store(s, b, sum, v, warp, lane, merge);
   __syncthreads();
-  for (int i = tid; i < Group * head_dim; i += static_cast<int>(blockDim.x)) merge_output(b, merge, i);
+  for (int i = tid; i < Group * b.head_dim; i += static_cast<int>(blockDim.x)) merge_output(b, merge, i);
+}
+
+// One block per (row, key/value head): its query heads attend to the same keys.
+template <int Group>
+__global__ void __launch_bounds__(kAttentionWarps * kLanes)
+    decode_attention_kernel(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
+                            const std::int64_t* positions, __half* out, int heads, int kv_heads, int head_dim,
+                            std::int64_t max_len, int context, float scale) {
+  extern __shared__ float shared[];
+  const AttentionBlock b = attention_block(q, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim,
+                                           max_len, context, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y));
+  float* queries = shared;
+  for (int i = static_cast<int>(threadIdx.x); i < Group * head_dim; i += static_cast<int>(blockDim.x)) {
+    attention_load_queries(b, queries, scale, i);
+  }
+  __syncthreads();
+  attend<Group>(b, queries, shared + Group * head_dim);
+}
+
+// The same with the rotary embedding and the cache write of the block's key
+// and value head first: its queries straight from the qkv row into shared
+// memory, its key and value into the cache, visible to the block after the
+// barrier. Only the block's own row reads what it writes, so the rows' slots
+// must differ (the spare slot aside, which padding rows share).
+template <int Group>
+__global__ void __launch_bounds__(kAttentionWarps * kLanes)
+    rotary_attention_kernel(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
+                            const std::int64_t* positions, const std::int64_t* slots, __half* cache_k,
+                            __half* cache_v, __half* out, int heads, int kv_heads, int head_dim, std::int64_t max_len,
+                            int context, float scale) {
+  extern __shared__ float shared[];
+  const int r = static_cast<int>(blockIdx.x);
+  const int kv = static_cast<int>(blockIdx.y);
+  const AttentionBlock b = attention_block(nullptr, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim,
+                                           max_len, context, r, kv);
+  const __half* row = qkv + r * qkv_stride;
+  const std::int64_t position = positions[r];
+  float* queries = shared;
+  for (int i = static_cast<int>(threadIdx.x); i < Group * head_dim; i += static_cast<int>(blockDim.x)) {
+    rotary_query(row, cos, sin, position, kv * Group, head_dim, scale, queries, i);
+  }
+  __half* k_row = const_cast<__half*>(b.k) + position * head_dim;
+  __half* v_row = const_cast<__half*>(b.v) + position * head_dim;
+  for (int d = static_cast<int>(threadIdx.x); d < head_dim; d += static_cast<int>(blockDim.x)) {
+    rotary_key_value(row, cos, sin, position, heads, kv_heads, kv, head_dim, k_row, v_row, d);
+  }
+  __syncthreads();
+  attend<Group>(b, queries, shared + Group * head_dim);
 }
 
 __global__ void add_rms_norm_kernel(__half* x, const __half* delta, const __half* weight, __half* out, int width,
@@ -526,6 +588,22 @@ void decode_attention(const __half* q, const __half* cache_k, const __half* cach
   replay::check_last_launch("fused decode_attention");
 }
 
+void rotary_attention(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
+                      const std::int64_t* positions, const std::int64_t* slots, __half* cache_k, __half* cache_v,
+                      __half* out, int rows, int heads, int kv_heads, int head_dim, std::int64_t max_len, int context,
+                      float scale, cudaStream_t stream) {
+  check_attention_shape(heads, kv_heads, head_dim);
+  if (context < 1) throw std::invalid_argument("fused rotary_attention: the context must be at least 1 position");
+  const std::size_t shared = attention_shared_floats(heads / kv_heads, head_dim) * sizeof(float);
+  with_query_group(heads / kv_heads, [&](auto group) {
+    rotary_attention_kernel<group()>
+        <<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads)), kAttentionWarps * kLanes, shared,
+           stream>>>(qkv, qkv_stride, cos, sin, positions, slots, cache_k, cache_v, out, heads, kv_heads, head_dim,
+                     max_len, context, scale);
+  });
+  replay::check_last_launch("fused rotary_attention");
+}
+
 void add_rms_norm(__half* x, const __half* delta, const __half* weight, __half* out, int rows, int width, float eps,
                   cudaStream_t stream) {
   check_norm_width(width);
@@ -577,10 +655,7 @@ void host_rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, con
 // kernel passes values between lanes (the chunk's largest score, the keys'
 // weights, the sums) the host reads them from arrays.
 template <int Group>
-void host_attention_block(const AttentionBlock& b, float scale, float* shared) {
-  float* queries = shared;
-  float* merge = shared + Group * b.head_dim;
-  for (int i = 0; i < Group * b.head_dim; ++i) attention_load_queries(b, queries, scale, i);
+void host_attend(const AttentionBlock& b, const float* queries, float* merge) {
   std::vector<LaneState<Group>> lanes(kLanes);
   std::vector<std::array<float, Group>> scores(kLanes);
   std::vector<std::array<float, Group>> weights(kLanes);
@@ -649,7 +724,37 @@ void host_decode_attention(const __half* q, const __half* cache_k, const __half*
     for (int kv = 0; kv < kv_heads; ++kv) {
       const AttentionBlock b =
           attention_block(q, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim, max_len, context, r, kv);
-      with_query_group(b.group, [&](auto group) { host_attention_block<group()>(b, scale, shared.data()); });
+      for (int i = 0; i < b.group * head_dim; ++i) attention_load_queries(b, shared.data(), scale, i);
+      with_query_group(b.group, [&](auto group) {
+        host_attend<group()>(b, shared.data(), shared.data() + group() * head_dim);
+      });
+    }
+  }
+}
+
+void host_rotary_attention(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
+                           const std::int64_t* positions, const std::int64_t* slots, __half* cache_k, __half* cache_v,
+                           __half* out, int rows, int heads, int kv_heads, int head_dim, std::int64_t max_len,
+                           int context, float scale, cudaStream_t /*stream*/) {
+  check_attention_shape(heads, kv_heads, head_dim);
+  if (context < 1) throw std::invalid_argument("fused rotary_attention: the context must be at least 1 position");
+  const int group = heads / kv_heads;
+  std::vector<float> shared(attention_shared_floats(group, head_dim));
+  for (int r = 0; r < rows; ++r) {
+    for (int kv = 0; kv < kv_heads; ++kv) {
+      const AttentionBlock b = attention_block(nullptr, cache_k, cache_v, slots, positions, out, heads, kv_heads,
+                                               head_dim, max_len, context, r, kv);
+      const __half* row = qkv + r * qkv_stride;
+      const std::int64_t position = positions[r];
+      for (int i = 0; i < group * head_dim; ++i) {
+        rotary_query(row, cos, sin, position, kv * group, head_dim, scale, shared.data(), i);
+      }
+      for (int d = 0; d < head_dim; ++d) {
+        rotary_key_value(row, cos, sin, position, heads, kv_heads, kv, head_dim,
+                         const_cast<__half*>(b.k) + position * head_dim, const_cast<__half*>(b.v) + position * head_dim,
+                         d);
+      }
+      with_query_group(group, [&](auto g) { host_attend<g()>(b, shared.data(), shared.data() + g() * head_dim); });
     }
   }
 }
@@ -723,14 +828,15 @@ void check_attention_shape(int heads, int kv_heads, int head_dim) {
 }
 
 const Kernels& kernels() {
-  static constexpr Kernels table{rotary_and_cache_write, decode_attention, add_rms_norm, silu_mul,
-                                 step_inputs,            step_update};
+  static constexpr Kernels table{rotary_and_cache_write, decode_attention, rotary_attention, add_rms_norm,
+                                 silu_mul,               step_inputs,      step_update};
   return table;
 }
 
 const Kernels& host_kernels() {
-  static constexpr Kernels table{host_rotary_and_cache_write, host_decode_attention, host_add_rms_norm,
-                                 host_silu_mul,               host_step_inputs,      host_step_update};
+  static constexpr Kernels table{host_rotary_and_cache_write, host_decode_attention, host_rotary_attention,
+                                 host_add_rms_norm,           host_silu_mul,         host_step_inputs,
+                                 host_step_update};
   return table;
 }
 

@@ -81,6 +81,15 @@ struct Kernels {
   void (*decode_attention)(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
                            const std::int64_t* positions, __half* out, int rows, int heads, int kv_heads,
                            int head_dim, std::int64_t max_len, int context, float scale, cudaStream_t stream);
+  // rotary_and_cache_write() and decode_attention() in one kernel, for rows
+  // whose slots differ (a decode step's; padding rows may share the spare
+  // slot, whose contents nobody reads): each block rotates its own query
+  // heads and writes its own key and value head, then attends. Not for a
+  // packed prefill, whose rows read each other's keys.
+  void (*rotary_attention)(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
+                           const std::int64_t* positions, const std::int64_t* slots, __half* cache_k,
+                           __half* cache_v, __half* out, int rows, int heads, int kv_heads, int head_dim,
+                           std::int64_t max_len, int context, float scale, cudaStream_t stream);
   // The residual add and the RMSNorm after it: x += delta (rounded to fp16,
   // as the plain add), then out = x * rsqrt(mean(x^2) + eps) * weight in
   // float32, rounded once (as at::rms_norm). delta may be null: only the norm.

@@ -403,6 +403,9 @@ class LlamaModel {
   // slots, positions, tokens: int64 [B] on the model's device. Returns the
   // logits [B, vocab] in the model dtype. Only sizes are checked here (values
   // would need a synchronization); check_decode_values() checks the values.
+  // The rows' slots must differ, except the spare slot, which padding rows
+  // share (with DecodeKernels::fused each row writes and reads its own slot
+  // in one kernel; what padding rows read there is never used).
   at::Tensor decode(KvCache& cache, const at::Tensor& slots, const at::Tensor& positions, const at::Tensor& tokens,
                     std::int64_t context, DecodeKernels kernels = DecodeKernels::aten) const {
     check_cache(cache);
@@ -630,10 +633,13 @@ class LlamaModel {
 
   static __half* half_ptr(const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); }
 
-  // decode() with DecodeKernels::fused: the same math, 8 kernels per layer.
-  // Capture-safe like decode(): device tensors only, torch's allocator, the
-  // current stream.
-  // `logit_rows`: when given, only these rows' logits are computed.
+  // decode() with DecodeKernels::fused: the same math, 7 kernels per layer
+  // (8 for a packed prefill). Capture-safe like decode(): device tensors
+  // only, torch's allocator, the current stream.
+  // `logit_rows`: when given (a packed prefill), only these rows' logits are
+  // computed, and the rows, which share slots, write every key and value
+  // before any attends (two kernels); a decode step's rows have slots of
+  // their own and do both in one.
   at::Tensor decode_fused(KvCache& cache, const at::Tensor& slots, const at::Tensor& positions,
                           const at::Tensor& tokens, std::int64_t context,
                           const at::Tensor* logit_rows = nullptr) const {
@@ -660,7 +666,7 @@ class LlamaModel {
     at::Tensor x = embed_.index_select(0, tokens);  // [B, hidden], the residual stream
     at::Tensor h = at::empty_like(x);                // the normed input of the next product
     k.add_rms_norm(half_ptr(x), nullptr, half_ptr(layers_[0].input_norm), half_ptr(h), rows, hidden, eps, stream);
-    const at::Tensor q = at::empty({rows, heads, head_dim}, options);
+    const at::Tensor q = logit_rows != nullptr ? at::empty({rows, heads, head_dim}, options) : at::Tensor();
     const at::Tensor attended = at::empty({rows, heads * head_dim}, options);
     const at::Tensor act = at::empty({rows, intermediate}, options);
     for (std::int64_t i = 0; i < config_.num_layers; ++i) {
@@ -668,12 +674,18 @@ class LlamaModel {
       const at::Tensor cache_k = cache.k.select(0, i);
       const at::Tensor cache_v = cache.v.select(0, i);
       const at::Tensor qkv = at::linear(h, layer.qkv);
-      k.rotary_and_cache_write(half_ptr(qkv), qkv.stride(0), half_ptr(cos_), half_ptr(sin_), position_data, slot_data,
-                               half_ptr(q), half_ptr(cache_k), half_ptr(cache_v), rows, heads, kv_heads, head_dim,
-                               config_.max_len, stream);
-      k.decode_attention(half_ptr(q), half_ptr(cache_k), half_ptr(cache_v), slot_data, position_data,
-                         half_ptr(attended), rows, heads, kv_heads, head_dim, config_.max_len,
-                         static_cast<int>(context), static_cast<float>(scale_), stream);
+      if (logit_rows == nullptr) {
+        k.rotary_attention(half_ptr(qkv), qkv.stride(0), half_ptr(cos_), half_ptr(sin_), position_data, slot_data,
+                           half_ptr(cache_k), half_ptr(cache_v), half_ptr(attended), rows, heads, kv_heads, head_dim,
+                           config_.max_len, static_cast<int>(context), static_cast<float>(scale_), stream);
+      } else {
+        k.rotary_and_cache_write(half_ptr(qkv), qkv.stride(0), half_ptr(cos_), half_ptr(sin_), position_data,
+                                 slot_data, half_ptr(q), half_ptr(cache_k), half_ptr(cache_v), rows, heads, kv_heads,
+                                 head_dim, config_.max_len, stream);
+        k.decode_attention(half_ptr(q), half_ptr(cache_k), half_ptr(cache_v), slot_data, position_data,
+                           half_ptr(attended), rows, heads, kv_heads, head_dim, config_.max_len,
+                           static_cast<int>(context), static_cast<float>(scale_), stream);
+      }
       const at::Tensor o = at::linear(attended, layer.o);
       k.add_rms_norm(half_ptr(x), half_ptr(o), half_ptr(layer.post_norm), half_ptr(h), rows, hidden, eps, stream);
       k.silu_mul(half_ptr(at::linear(h, layer.gate_up)), half_ptr(act), rows, intermediate, stream);
