@@ -2,10 +2,11 @@
 // a few to 64 rows, head_dim 64 or 128, contexts up to a few thousand.
 //
 // Each kernel's work is written once, as __host__ __device__ pieces that take
-// the thread's index and the thread count: the kernels run them on a block's
-// threads with barriers and block reductions between them; the host versions
-// (host_kernels(), for tests on machines without a GPU) run the same pieces
-// as one thread, in order.
+// the thread's (or lane's) index: the kernels run them on a block's threads
+// with barriers, shuffles and block reductions between them; the host
+// versions (host_kernels(), for tests on machines without a GPU) run the
+// same pieces one thread at a time, each lane, warp or block thread in turn,
+// passing through arrays what the kernels pass between lanes.
 #include "fused_kernels.hpp"
 
 #include <array>
@@ -396,17 +397,16 @@ __device__ float warp_max(float v) {
   return v;
 }
 
-// Sum (or max) over the block; every thread gets the result. `scratch`:
-// shared, at least kThreads / 32 floats; the call synchronizes the block.
-template <bool Max>
-__device__ float block_reduce(float v, float* scratch) {
+// Sum over the block; every thread gets the result. `scratch`: shared, at
+// least kThreads / 32 floats; the call synchronizes the block.
+__device__ float block_sum(float v, float* scratch) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
-  v = Max ? warp_max(v) : warp_sum(v);
+  v = warp_sum(v);
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  float total = Max ? -INFINITY : 0.0F;
-  for (int w = 0; w < static_cast<int>(blockDim.x) / 32; ++w) total = Max ? fmaxf(total, scratch[w]) : total + scratch[w];
+  float total = 0.0F;
+  for (int w = 0; w < static_cast<int>(blockDim.x) / 32; ++w) total += scratch[w];
   __syncthreads();  // scratch is reused by the next call
   return total;
 }
@@ -526,7 +526,7 @@ __global__ void add_rms_norm_kernel(__half* x, const __half* delta, const __half
   const int tid = static_cast<int>(threadIdx.x);
   const int threads = static_cast<int>(blockDim.x);
   NormThread t;
-  const float squares = block_reduce<false>(
+  const float squares = block_sum(
       norm_load_add(t, x + base, delta == nullptr ? nullptr : delta + base, weight, width, tid, threads), scratch);
   norm_store(t, out + base, width, inverse_sqrt(squares / static_cast<float>(width) + eps), tid, threads);
 }

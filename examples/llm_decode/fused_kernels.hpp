@@ -2,12 +2,13 @@
 // Fused CUDA kernels for the decode step (DecodeKernels::fused in model.hpp):
 // what torch.compile's Inductor does to the same math, written by hand. The
 // plain step issues about 20 ATen operators per layer; with these it issues
-// 8 (4 products, 4 of these). Defined in fused_kernels.cu (nvcc); declared
-// here with plain types for the libtorch side. Each launch is checked
+// 7 (4 products, 3 of these), and 2 for the step's bookkeeping instead of
+// about 20. Defined in fused_kernels.cu (nvcc); declared here with plain
+// types for the libtorch side. Each launch is checked
 // (replay::check_last_launch) and runs on the given stream, so a capture of
 // that stream records it. host_kernels() runs the kernels' code over host
-// memory as one thread: what the tests check the math and the indexing with
-// where there is no GPU.
+// memory, one thread at a time: what the tests check the math and the
+// indexing with where there is no GPU.
 #include <cstddef>
 #include <cstdint>
 

@@ -47,10 +47,11 @@ enum class DecodeKernels : std::uint8_t {
   // ATen operators, one by one (about 20 per layer): the reference, and the
   // same operators as llama.py's step.
   aten,
-  // fused_kernels.hpp: rotary and cache write, decode attention reading the
-  // cache by slot, residual add with RMSNorm, SiLU x up (8 kernels per layer
-  // with the 4 products). fp16 only; on the CPU the kernels' host versions
-  // run (for tests). Agrees with `aten` to fp16 rounding, not bit for bit (it
+  // fused_kernels.hpp: rotary, cache write and decode attention reading the
+  // cache by slot in one kernel, residual add with RMSNorm, SiLU x up (7
+  // kernels per layer with the 4 products; a packed prefill's rotary and
+  // cache write are a kernel of their own). fp16 only; on the CPU the
+  // kernels' host versions run (for tests). Agrees with `aten` to fp16 rounding, not bit for bit (it
   // rounds once where the operators round at each step).
   fused,
 };
