@@ -4,10 +4,12 @@
 #   check:   random weights for the "small" preset; `llm_decode generate` with one
 #            and with 4 steps per launch (24 requests from 4 threads through
 #            continuous batching, every executor call replayed eagerly: the
-#            tokens must be equal bit for bit); scripts/llm_decode_compare.py
+#            tokens must be equal bit for bit), with the ATen operators and
+#            with the fused kernels; scripts/llm_decode_compare.py
 #            (C++ against llama.py and Hugging Face on the same weights);
 #   measure: for each preset in REPLAY_LLM_PRESETS (default "small"): the C++
-#            benchmark (eager, graphed, graphed 4 steps per launch), the Python
+#            benchmark (eager, graphed, graphed 4 steps per launch, graphed with
+#            the fused kernels), the Python
 #            peers (bench/llm_decode/decode_peers.py: eager, torch.cuda.CUDAGraph,
 #            Hugging Face generate eager and static cache, torch.compile last,
 #            within what is left of the budget), the summary with the goals
@@ -73,6 +75,11 @@ if [ "$mode" != measure ]; then
     bounded 120 "$exe" generate --weights "$small" --steps-per-launch "$k" --json "$OUT/llm_generate_k$k.json" \
       >"$OUT/llm_generate_k$k.txt" 2>&1 || failed "generate, $k step(s) per launch (rc=$?)"
     tail -3 "$OUT/llm_generate_k$k.txt"
+    step "generate with the fused kernels, $k step(s) per launch"
+    bounded 120 "$exe" generate --weights "$small" --kernels fused --steps-per-launch "$k" \
+      --json "$OUT/llm_generate_fused_k$k.json" >"$OUT/llm_generate_fused_k$k.txt" 2>&1 ||
+      failed "generate with the fused kernels, $k step(s) per launch (rc=$?)"
+    tail -3 "$OUT/llm_generate_fused_k$k.txt"
   done
   step "C++ against llama.py and Hugging Face (scripts/llm_decode_compare.py)"
   bounded 120 python3 scripts/llm_decode_compare.py "$small" "$OUT/llm_generate_k1.json" \
