@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include "config.hpp"
+#include "fused_kernels.hpp"
 #include "kv_cache.hpp"
 #include "model.hpp"
 
@@ -25,6 +26,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -355,6 +357,73 @@ TEST_SUITE("host") {
       CHECK(llm_decode_test::max_error((fused_cache.*side).narrow(1, 0, 2), (aten_cache.*side).narrow(1, 0, 2)) <
             kFp16Tolerance);
     }
+  }
+
+  TEST_CASE("the fused rotary_attention (host versions) writes and returns what rotary_and_cache_write then decode_attention do, bit for bit") {
+    const llm_decode::fused::Kernels& k = llm_decode::fused::host_kernels();
+    at::manual_seed(replay_test::case_seed());
+    const auto half = at::TensorOptions().dtype(at::kHalf);
+    const auto half_ptr = [](const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); };
+    // (heads, kv_heads, head_dim): query groups 1 to 4, one to four pairs of dimensions per lane.
+    for (const auto& [heads, kv_heads, head_dim] :
+         {std::tuple{4, 2, 16}, std::tuple{4, 1, 16}, std::tuple{8, 8, 8}, std::tuple{12, 4, 64}, std::tuple{8, 2, 128},
+          std::tuple{4, 1, 256}}) {
+      CAPTURE(heads);
+      CAPTURE(kv_heads);
+      CAPTURE(head_dim);
+      const int rows = 4;
+      const std::int64_t max_len = 80;  // three 32-key chunks at the longest
+      const std::int64_t slots_total = 4;  // slots 0..2 and the spare one, 3
+      const at::Tensor qkv = at::randn({rows, (heads + 2 * kv_heads) * head_dim}).to(at::kHalf);
+      const at::Tensor cos = at::randn({max_len, head_dim}).to(at::kHalf);
+      const at::Tensor sin = at::randn({max_len, head_dim}).to(at::kHalf);
+      const at::Tensor cache_k = at::randn({slots_total, kv_heads, max_len, head_dim}).to(at::kHalf);
+      const at::Tensor cache_v = at::randn({slots_total, kv_heads, max_len, head_dim}).to(at::kHalf);
+      // Three rows in slots of their own at 0, a middle and the last position; a padding row in the spare slot.
+      const at::Tensor slots = llm_decode_test::int64_tensor({2, 0, 1, 3}, cpu);
+      const at::Tensor positions = llm_decode_test::int64_tensor({0, 37, max_len - 1, 0}, cpu);
+      const at::Tensor two_k = cache_k.clone();
+      const at::Tensor two_v = cache_v.clone();
+      const at::Tensor q = at::empty({rows, heads, head_dim}, half);
+      const at::Tensor two_out = at::empty({rows, heads * head_dim}, half);
+      k.rotary_and_cache_write(half_ptr(qkv), qkv.stride(0), half_ptr(cos), half_ptr(sin),
+                               positions.data_ptr<std::int64_t>(), slots.data_ptr<std::int64_t>(), half_ptr(q),
+                               half_ptr(two_k), half_ptr(two_v), rows, heads, kv_heads, head_dim, max_len, nullptr);
+      k.decode_attention(half_ptr(q), half_ptr(two_k), half_ptr(two_v), slots.data_ptr<std::int64_t>(),
+                         positions.data_ptr<std::int64_t>(), half_ptr(two_out), rows, heads, kv_heads, head_dim,
+                         max_len, static_cast<int>(max_len), 0.125F, nullptr);
+      const at::Tensor one_k = cache_k.clone();
+      const at::Tensor one_v = cache_v.clone();
+      const at::Tensor one_out = at::empty({rows, heads * head_dim}, half);
+      k.rotary_attention(half_ptr(qkv), qkv.stride(0), half_ptr(cos), half_ptr(sin), positions.data_ptr<std::int64_t>(),
+                         slots.data_ptr<std::int64_t>(), half_ptr(one_k), half_ptr(one_v), half_ptr(one_out), rows,
+                         heads, kv_heads, head_dim, max_len, static_cast<int>(max_len), 0.125F, nullptr);
+      CHECK(one_out.equal(two_out));
+      CHECK(one_k.equal(two_k));
+      CHECK(one_v.equal(two_v));
+      CHECK_FALSE(one_k.equal(cache_k));  // the keys were written
+      CHECK(two_out.isfinite().all().item<bool>());
+    }
+  }
+
+  TEST_CASE("the fused kernels refuse head layouts and widths they cannot take, naming the size") {
+    using llm_decode::fused::check_attention_shape;
+    using llm_decode::fused::check_norm_width;
+    CHECK_NOTHROW(check_attention_shape(12, 4, 64));
+    CHECK_NOTHROW(check_attention_shape(32, 4, 128));  // 8 query heads of 128
+    CHECK_NOTHROW(check_attention_shape(4, 1, 256));
+    CHECK_THROWS_WITH_AS(check_attention_shape(9, 1, 64), doctest::Contains("at most 8 query heads"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(check_attention_shape(12, 5, 64), doctest::Contains("12 query heads over 5"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(check_attention_shape(4, 4, 12), doctest::Contains("head_dim 12"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(check_attention_shape(4, 4, 264), doctest::Contains("head_dim 264"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(check_attention_shape(8, 1, 256), doctest::Contains("bytes of shared memory"),
+                         std::invalid_argument);
+    CHECK_NOTHROW(check_norm_width(768));
+    CHECK_NOTHROW(check_norm_width(8192));
+    CHECK_THROWS_WITH_AS(check_norm_width(12), doctest::Contains("a row of 12 halves"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(check_norm_width(8200), doctest::Contains("a row of 8200 halves"), std::invalid_argument);
   }
 
   TEST_CASE("the fused step bookkeeping (its host versions) writes what the ATen bookkeeping writes, bit for bit") {
