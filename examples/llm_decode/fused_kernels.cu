@@ -555,6 +555,15 @@ __global__ void step_update_kernel(StepRows state, const std::int64_t* next) {
   if (threadIdx.x == 0) step_update_loop(state, any_live);
 }
 
+// The kernels read and write 16 bytes at a time where these point; a
+// misaligned address would be a sticky device error, so it is refused here.
+void check_aligned(const void* p, const char* what, const char* kernel) {
+  if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) {
+    throw std::invalid_argument(std::string("fused ") + kernel + ": " + what +
+                                " must be 16-byte aligned (a tensor of its own, not a view at an odd offset)");
+  }
+}
+
 void rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
                             const std::int64_t* positions, const std::int64_t* slots, __half* q_out, __half* cache_k,
                             __half* cache_v, int rows, int heads, int kv_heads, int head_dim, std::int64_t max_len,
@@ -579,6 +588,8 @@ void decode_attention(const __half* q, const __half* cache_k, const __half* cach
                       std::int64_t max_len, int context, float scale, cudaStream_t stream) {
   check_attention_shape(heads, kv_heads, head_dim);
   if (context < 1) throw std::invalid_argument("fused decode_attention: the context must be at least 1 position");
+  check_aligned(cache_k, "the key cache", "decode_attention");
+  check_aligned(cache_v, "the value cache", "decode_attention");
   const std::size_t shared = attention_shared_floats(heads / kv_heads, head_dim) * sizeof(float);
   with_query_group(heads / kv_heads, [&](auto group) {
     decode_attention_kernel<group()>
@@ -594,6 +605,8 @@ void rotary_attention(const __half* qkv, std::int64_t qkv_stride, const __half* 
                       float scale, cudaStream_t stream) {
   check_attention_shape(heads, kv_heads, head_dim);
   if (context < 1) throw std::invalid_argument("fused rotary_attention: the context must be at least 1 position");
+  check_aligned(cache_k, "the key cache", "rotary_attention");
+  check_aligned(cache_v, "the value cache", "rotary_attention");
   const std::size_t shared = attention_shared_floats(heads / kv_heads, head_dim) * sizeof(float);
   with_query_group(heads / kv_heads, [&](auto group) {
     rotary_attention_kernel<group()>
@@ -607,6 +620,10 @@ void rotary_attention(const __half* qkv, std::int64_t qkv_stride, const __half* 
 void add_rms_norm(__half* x, const __half* delta, const __half* weight, __half* out, int rows, int width, float eps,
                   cudaStream_t stream) {
   check_norm_width(width);
+  check_aligned(x, "x", "add_rms_norm");
+  if (delta != nullptr) check_aligned(delta, "delta", "add_rms_norm");
+  check_aligned(weight, "the weight", "add_rms_norm");
+  check_aligned(out, "out", "add_rms_norm");
   add_rms_norm_kernel<<<rows, kThreads, 0, stream>>>(x, delta, weight, out, width, eps);
   replay::check_last_launch("fused add_rms_norm");
 }
@@ -719,6 +736,8 @@ void host_decode_attention(const __half* q, const __half* cache_k, const __half*
                            std::int64_t max_len, int context, float scale, cudaStream_t /*stream*/) {
   check_attention_shape(heads, kv_heads, head_dim);
   if (context < 1) throw std::invalid_argument("fused decode_attention: the context must be at least 1 position");
+  check_aligned(cache_k, "the key cache", "decode_attention");
+  check_aligned(cache_v, "the value cache", "decode_attention");
   std::vector<float> shared(attention_shared_floats(heads / kv_heads, head_dim));
   for (int r = 0; r < rows; ++r) {
     for (int kv = 0; kv < kv_heads; ++kv) {
@@ -738,6 +757,8 @@ void host_rotary_attention(const __half* qkv, std::int64_t qkv_stride, const __h
                            int context, float scale, cudaStream_t /*stream*/) {
   check_attention_shape(heads, kv_heads, head_dim);
   if (context < 1) throw std::invalid_argument("fused rotary_attention: the context must be at least 1 position");
+  check_aligned(cache_k, "the key cache", "rotary_attention");
+  check_aligned(cache_v, "the value cache", "rotary_attention");
   const int group = heads / kv_heads;
   std::vector<float> shared(attention_shared_floats(group, head_dim));
   for (int r = 0; r < rows; ++r) {
@@ -763,6 +784,10 @@ void host_rotary_attention(const __half* qkv, std::int64_t qkv_stride, const __h
 void host_add_rms_norm(__half* x, const __half* delta, const __half* weight, __half* out, int rows, int width,
                        float eps, cudaStream_t /*stream*/) {
   check_norm_width(width);
+  check_aligned(x, "x", "add_rms_norm");
+  if (delta != nullptr) check_aligned(delta, "delta", "add_rms_norm");
+  check_aligned(weight, "the weight", "add_rms_norm");
+  check_aligned(out, "out", "add_rms_norm");
   std::vector<NormThread> threads(kThreads);
   for (int r = 0; r < rows; ++r) {
     const std::int64_t base = static_cast<std::int64_t>(r) * width;

@@ -424,6 +424,20 @@ TEST_SUITE("host") {
     CHECK_NOTHROW(check_norm_width(8192));
     CHECK_THROWS_WITH_AS(check_norm_width(12), doctest::Contains("a row of 12 halves"), std::invalid_argument);
     CHECK_THROWS_WITH_AS(check_norm_width(8200), doctest::Contains("a row of 8200 halves"), std::invalid_argument);
+    // Views at an odd offset: the kernels' 16-byte loads could not read them.
+    const llm_decode::fused::Kernels& k = llm_decode::fused::host_kernels();
+    const at::Tensor storage = at::zeros({2 * 64 + 8}, at::TensorOptions().dtype(at::kHalf));
+    const auto half_ptr = [](const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); };
+    const at::Tensor aligned = storage.narrow(0, 0, 64);
+    const at::Tensor odd = storage.narrow(0, 65, 64);  // 130 bytes in
+    CHECK_NOTHROW(k.add_rms_norm(half_ptr(aligned), nullptr, half_ptr(aligned), half_ptr(aligned), 1, 64, 1e-5F, nullptr));
+    CHECK_THROWS_WITH_AS(
+        k.add_rms_norm(half_ptr(aligned), nullptr, half_ptr(odd), half_ptr(aligned), 1, 64, 1e-5F, nullptr),
+        doctest::Contains("the weight must be 16-byte aligned"), std::invalid_argument);
+    const std::int64_t zero = 0;
+    CHECK_THROWS_WITH_AS(k.decode_attention(half_ptr(aligned), half_ptr(odd), half_ptr(aligned), &zero, &zero,
+                                            half_ptr(aligned), 1, 1, 1, 8, 1, 1, 1.0F, nullptr),
+                         doctest::Contains("the key cache must be 16-byte aligned"), std::invalid_argument);
   }
 
   TEST_CASE("the fused step bookkeeping (its host versions) writes what the ATen bookkeeping writes, bit for bit") {
