@@ -2,7 +2,7 @@
 // Fused CUDA kernels for the decode step (DecodeKernels::fused in model.hpp):
 // what torch.compile's Inductor does to the same math, written by hand. The
 // plain step issues about 20 ATen operators per layer; with these it issues
-// 7 (4 products, 3 of these), and 2 for the step's bookkeeping instead of
+// 8 (4 products, 4 of these), and 2 for the step's bookkeeping instead of
 // about 20. Defined in fused_kernels.cu (nvcc); declared here with plain
 // types for the libtorch side. Each launch is checked
 // (replay::check_last_launch) and runs on the given stream, so a capture of

@@ -48,7 +48,7 @@ enum class DecodeKernels : std::uint8_t {
   // same operators as llama.py's step.
   aten,
   // fused_kernels.hpp: rotary, cache write and decode attention reading the
-  // cache by slot in one kernel, residual add with RMSNorm, SiLU x up (7
+  // cache by slot in one kernel, residual add with RMSNorm, SiLU x up (8
   // kernels per layer with the 4 products; a packed prefill's rotary and
   // cache write are a kernel of their own). fp16 only; on the CPU the
   // kernels' host versions run (for tests). Agrees with `aten` to fp16 rounding, not bit for bit (it
@@ -634,8 +634,8 @@ class LlamaModel {
 
   static __half* half_ptr(const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); }
 
-  // decode() with DecodeKernels::fused: the same math, 7 kernels per layer
-  // (8 for a packed prefill). Capture-safe like decode(): device tensors
+  // decode() with DecodeKernels::fused: the same math, 8 kernels per layer
+  // (9 for a packed prefill). Capture-safe like decode(): device tensors
   // only, torch's allocator, the current stream.
   // `logit_rows`: when given (a packed prefill), only these rows' logits are
   // computed, and the rows, which share slots, write every key and value
