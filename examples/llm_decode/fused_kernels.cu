@@ -564,6 +564,19 @@ void check_aligned(const void* p, const char* what, const char* kernel) {
   }
 }
 
+// What an attention call (kernel or host version) checks before it runs;
+// returns the shared memory it needs, in floats.
+std::size_t check_attention_call(const char* kernel, int heads, int kv_heads, int head_dim, int context,
+                                 const __half* cache_k, const __half* cache_v) {
+  check_attention_shape(heads, kv_heads, head_dim);
+  if (context < 1) {
+    throw std::invalid_argument(std::string("fused ") + kernel + ": the context must be at least 1 position");
+  }
+  check_aligned(cache_k, "the key cache", kernel);
+  check_aligned(cache_v, "the value cache", kernel);
+  return attention_shared_floats(heads / kv_heads, head_dim);
+}
+
 void rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
                             const std::int64_t* positions, const std::int64_t* slots, __half* q_out, __half* cache_k,
                             __half* cache_v, int rows, int heads, int kv_heads, int head_dim, std::int64_t max_len,
@@ -586,11 +599,9 @@ void with_query_group(int group, F&& f) {
 void decode_attention(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
                       const std::int64_t* positions, __half* out, int rows, int heads, int kv_heads, int head_dim,
                       std::int64_t max_len, int context, float scale, cudaStream_t stream) {
-  check_attention_shape(heads, kv_heads, head_dim);
-  if (context < 1) throw std::invalid_argument("fused decode_attention: the context must be at least 1 position");
-  check_aligned(cache_k, "the key cache", "decode_attention");
-  check_aligned(cache_v, "the value cache", "decode_attention");
-  const std::size_t shared = attention_shared_floats(heads / kv_heads, head_dim) * sizeof(float);
+  const std::size_t shared_floats =
+      check_attention_call("decode_attention", heads, kv_heads, head_dim, context, cache_k, cache_v);
+  const std::size_t shared = shared_floats * sizeof(float);
   with_query_group(heads / kv_heads, [&](auto group) {
     decode_attention_kernel<group()>
         <<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads)), kAttentionWarps * kLanes, shared,
@@ -603,11 +614,9 @@ void rotary_attention(const __half* qkv, std::int64_t qkv_stride, const __half* 
                       const std::int64_t* positions, const std::int64_t* slots, __half* cache_k, __half* cache_v,
                       __half* out, int rows, int heads, int kv_heads, int head_dim, std::int64_t max_len, int context,
                       float scale, cudaStream_t stream) {
-  check_attention_shape(heads, kv_heads, head_dim);
-  if (context < 1) throw std::invalid_argument("fused rotary_attention: the context must be at least 1 position");
-  check_aligned(cache_k, "the key cache", "rotary_attention");
-  check_aligned(cache_v, "the value cache", "rotary_attention");
-  const std::size_t shared = attention_shared_floats(heads / kv_heads, head_dim) * sizeof(float);
+  const std::size_t shared_floats =
+      check_attention_call("rotary_attention", heads, kv_heads, head_dim, context, cache_k, cache_v);
+  const std::size_t shared = shared_floats * sizeof(float);
   with_query_group(heads / kv_heads, [&](auto group) {
     rotary_attention_kernel<group()>
         <<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads)), kAttentionWarps * kLanes, shared,
@@ -734,11 +743,9 @@ void host_attend(const AttentionBlock& b, const float* queries, float* merge) {
 void host_decode_attention(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
                            const std::int64_t* positions, __half* out, int rows, int heads, int kv_heads, int head_dim,
                            std::int64_t max_len, int context, float scale, cudaStream_t /*stream*/) {
-  check_attention_shape(heads, kv_heads, head_dim);
-  if (context < 1) throw std::invalid_argument("fused decode_attention: the context must be at least 1 position");
-  check_aligned(cache_k, "the key cache", "decode_attention");
-  check_aligned(cache_v, "the value cache", "decode_attention");
-  std::vector<float> shared(attention_shared_floats(heads / kv_heads, head_dim));
+  const std::size_t shared_floats =
+      check_attention_call("decode_attention", heads, kv_heads, head_dim, context, cache_k, cache_v);
+  std::vector<float> shared(shared_floats);
   for (int r = 0; r < rows; ++r) {
     for (int kv = 0; kv < kv_heads; ++kv) {
       const AttentionBlock b =
@@ -755,12 +762,10 @@ void host_rotary_attention(const __half* qkv, std::int64_t qkv_stride, const __h
                            const std::int64_t* positions, const std::int64_t* slots, __half* cache_k, __half* cache_v,
                            __half* out, int rows, int heads, int kv_heads, int head_dim, std::int64_t max_len,
                            int context, float scale, cudaStream_t /*stream*/) {
-  check_attention_shape(heads, kv_heads, head_dim);
-  if (context < 1) throw std::invalid_argument("fused rotary_attention: the context must be at least 1 position");
-  check_aligned(cache_k, "the key cache", "rotary_attention");
-  check_aligned(cache_v, "the value cache", "rotary_attention");
+  const std::size_t shared_floats =
+      check_attention_call("rotary_attention", heads, kv_heads, head_dim, context, cache_k, cache_v);
   const int group = heads / kv_heads;
-  std::vector<float> shared(attention_shared_floats(group, head_dim));
+  std::vector<float> shared(shared_floats);
   for (int r = 0; r < rows; ++r) {
     for (int kv = 0; kv < kv_heads; ++kv) {
       const AttentionBlock b = attention_block(nullptr, cache_k, cache_v, slots, positions, out, heads, kv_heads,
