@@ -156,13 +156,30 @@ inline void aten_step_update(const StepState& s, const at::Tensor& next, const a
 // do what the two functions above do in one kernel each. The rows must be
 // contiguous, the ring's rows evenly spaced.
 inline fused::StepRows fused_step_rows(const StepState& s, const at::Tensor& eos, std::int64_t spare_slot) {
-  for (const at::Tensor* t : {&s.slots, &s.positions, &s.tokens, &s.limits, &s.done, &s.counts, &s.loop, &eos}) {
-    if (t->scalar_type() != at::kLong || (t->numel() > 0 && !t->is_contiguous())) {
-      detail::invalid("fused step bookkeeping: the state rows must be contiguous int64");
+  const std::int64_t rows = s.slots.numel();
+  const at::Device device = s.slots.device();
+  const auto check = [&](const at::Tensor& t, const char* name, std::int64_t size) {
+    if (t.scalar_type() != at::kLong || t.dim() != 1 || (size >= 0 && t.size(0) != size) ||
+        (t.numel() > 0 && !t.is_contiguous()) || t.device() != device) {
+      detail::invalid(std::string("fused step bookkeeping: ") + name + " must be a contiguous 1-D int64 tensor of " +
+                      (size >= 0 ? std::to_string(size) + " elements" : std::string("any length")) + " on " +
+                      device.str() + " (the slots' device); it is " + std::string(t.toString()) + " " +
+                      c10::str(t.sizes()) + " on " + t.device().str());
     }
-  }
-  if (s.ring.scalar_type() != at::kLong || s.ring.dim() != 2 || s.ring.stride(1) != 1) {
-    detail::invalid("fused step bookkeeping: the ring must be int64 [steps, rows] with contiguous rows");
+  };
+  check(s.slots, "slots", -1);
+  check(s.positions, "positions", rows);
+  check(s.tokens, "tokens", rows);
+  check(s.limits, "limits", rows);
+  check(s.done, "done", rows);
+  check(s.counts, "counts", rows);
+  check(s.loop, "loop", 3);
+  check(eos, "eos", -1);
+  if (s.ring.scalar_type() != at::kLong || s.ring.dim() != 2 || s.ring.size(1) != rows || s.ring.size(0) < 1 ||
+      s.ring.stride(1) != 1 || s.ring.device() != device) {
+    detail::invalid("fused step bookkeeping: the ring must be int64 [steps >= 1, " + std::to_string(rows) +
+                    "] with contiguous rows on " + device.str() + "; it is " + std::string(s.ring.toString()) + " " +
+                    c10::str(s.ring.sizes()));
   }
   const auto ptr = [](const at::Tensor& t) { return t.data_ptr<std::int64_t>(); };
   return {.rows = static_cast<int>(s.slots.size(0)),

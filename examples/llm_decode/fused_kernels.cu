@@ -644,9 +644,14 @@ void silu_mul(const __half* gate_up, __half* out, int rows, int width, cudaStrea
 }
 
 void check_step_rows(const StepRows& state) {
-  if (state.rows < 1 || state.ring_steps < 1 || state.eos_count < 0) {
+  if (state.rows < 1 || state.ring_steps < 1) {
     throw std::invalid_argument("fused step bookkeeping: " + std::to_string(state.rows) + " rows and " +
                                 std::to_string(state.ring_steps) + " ring steps (both must be at least 1)");
+  }
+  if (state.eos_count < 0 || (state.eos_count > 0 && state.eos == nullptr)) {
+    throw std::invalid_argument("fused step bookkeeping: " + std::to_string(state.eos_count) +
+                                " end-of-sequence tokens at " + (state.eos == nullptr ? "null" : "an address") +
+                                " (a count of at least 0, and an address if above 0)");
   }
 }
 

@@ -18,17 +18,18 @@
 namespace llm_decode::fused {
 
 // The most query heads per key/value head decode_attention() handles, and the
-// widest head (a warp's 32 lanes hold up to 4 pairs of dimensions each of
-// the values; keys are read 8 halves at a time).
+// widest head (a value row is head_dim / 8 lanes' 16-byte loads, at most a
+// warp's 32 lanes; keys are read 8 halves at a time).
 inline constexpr int kMaxQueryGroup = 8;
 inline constexpr int kMaxHeadDim = 256;
 
 // Throws std::invalid_argument, naming the sizes, for a head layout
 // decode_attention() cannot take: heads not a multiple of kv_heads, more than
 // kMaxQueryGroup query heads per key/value head, a head_dim that is not a
-// multiple of 8 or over kMaxHeadDim, or a group and head_dim whose queries
-// and merge area exceed 48 KB of shared memory (8 heads of 256). Any context
-// length is fine.
+// multiple of 8 or over kMaxHeadDim, or a group and head_dim whose scaled
+// queries and warps' states, 4 * group * (head_dim + 8 * (head_dim + 2))
+// bytes of shared memory, exceed the 48 KB a kernel gets without opting in
+// (groups 6 to 8 at width 256, 8 at 192). Any context length is fine.
 void check_attention_shape(int heads, int kv_heads, int head_dim);
 
 // Throws std::invalid_argument, naming the width, for a row add_rms_norm()

@@ -465,8 +465,9 @@ class LlamaModel {
     return at::linear(detail::rms_norm(x, norm_, config_.rms_norm_eps), lm_head_);
   }
 
-  // The value checks decode() leaves out: slots in 0..spare_slot(), positions
-  // in 0..context-1, tokens in 0..vocab_size-1. Reads the values, so it
+  // The value checks decode() leaves out: slots in 0..spare_slot(), distinct
+  // but for the spare slot, positions in 0..context-1, tokens in
+  // 0..vocab_size-1. Reads the values, so it
   // synchronizes with the device; for tests and debugging, never inside a capture.
   void check_decode_values(const KvCache& cache, const at::Tensor& slots, const at::Tensor& positions,
                            const at::Tensor& tokens, std::int64_t context) const {
@@ -487,6 +488,21 @@ class LlamaModel {
     check_range(slots, "slots", cache.spare_slot() + 1, "the spare slot included");
     check_range(positions, "positions", context, "below the context");
     check_range(tokens, "tokens", config_.vocab_size, "vocab_size");
+    // Two rows in one slot would write the same cache row and read each
+    // other's keys (or not, by the kernels' order): only padding rows share a slot.
+    const at::Tensor host_slots = slots.to(at::kCPU).contiguous();
+    const std::int64_t* slot = host_slots.data_ptr<std::int64_t>();
+    std::vector<std::int64_t> first_row(static_cast<std::size_t>(cache.spare_slot()), -1);
+    for (std::int64_t r = 0; r < host_slots.numel(); ++r) {
+      if (slot[r] == cache.spare_slot()) continue;
+      std::int64_t& first = first_row[static_cast<std::size_t>(slot[r])];
+      if (first >= 0) {
+        detail::invalid("decode slots[" + std::to_string(first) + "] and slots[" + std::to_string(r) + "] are both " +
+                        std::to_string(slot[r]) + ": the rows of a step need slots of their own (only padding rows "
+                        "share the spare slot, " + std::to_string(cache.spare_slot()) + ")");
+      }
+      first = r;
+    }
   }
 
   // The logits of every position of `tokens` [T] under full causal attention,
@@ -537,7 +553,11 @@ class LlamaModel {
       if (!at::isFloatingType(value.scalar_type())) {
         detail::invalid("weight \"" + name + "\" must be floating point, not " + c10::toString(value.scalar_type()));
       }
-      return value.to(options).contiguous();
+      // 16-byte aligned, as a fresh allocation is: the fused kernels read
+      // norm weights 8 halves at a time (a view into a larger buffer, as a
+      // loaded file may give, is copied).
+      const at::Tensor stored = value.to(options).contiguous();
+      return reinterpret_cast<std::uintptr_t>(stored.data_ptr()) % 16 == 0 ? stored : stored.clone();
     };
     embed_ = take("model.embed_tokens.weight");
     device_ = embed_.device();  // "cuda" becomes "cuda:<current>": inputs are compared against it

@@ -364,7 +364,7 @@ TEST_SUITE("host") {
     at::manual_seed(replay_test::case_seed());
     const auto half = at::TensorOptions().dtype(at::kHalf);
     const auto half_ptr = [](const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); };
-    // (heads, kv_heads, head_dim): query groups 1 to 4, one to four pairs of dimensions per lane.
+    // (heads, kv_heads, head_dim): query groups 1 to 4; value rows of 1 to 32 lanes (16-byte loads).
     for (const auto& [heads, kv_heads, head_dim] :
          {std::tuple{4, 2, 16}, std::tuple{4, 1, 16}, std::tuple{8, 8, 8}, std::tuple{12, 4, 64}, std::tuple{8, 2, 128},
           std::tuple{4, 1, 256}}) {
@@ -406,6 +406,17 @@ TEST_SUITE("host") {
     }
   }
 
+  TEST_CASE("the fused attention kernels (host versions) match a float64 reference past 256 keys and at head widths that leave lanes idle") {
+    at::manual_seed(replay_test::case_seed());
+    for (const llm_decode_test::AttentionLayout& layout : llm_decode_test::attention_layouts()) {
+      INFO(layout.heads << " query heads over " << layout.kv_heads << ", head_dim " << layout.head_dim);
+      const auto errors = llm_decode_test::fused_attention_errors(llm_decode::fused::host_kernels(), cpu, layout, 600);
+      CHECK(errors.decode < 2e-3);  // fp16 rounding of the output
+      CHECK(errors.rotary == 0.0);  // the same code, one thread: bit for bit
+      CHECK(errors.rotary_cache == 0.0);
+    }
+  }
+
   TEST_CASE("the fused kernels refuse head layouts and widths they cannot take, naming the size") {
     using llm_decode::fused::check_attention_shape;
     using llm_decode::fused::check_norm_width;
@@ -420,6 +431,11 @@ TEST_SUITE("host") {
     CHECK_THROWS_WITH_AS(check_attention_shape(4, 4, 264), doctest::Contains("head_dim 264"), std::invalid_argument);
     CHECK_THROWS_WITH_AS(check_attention_shape(8, 1, 256), doctest::Contains("bytes of shared memory"),
                          std::invalid_argument);
+    // The shared-memory bound, 4 * group * (head_dim + 8 * (head_dim + 2)) <= 48 KB, at its edges.
+    CHECK_NOTHROW(check_attention_shape(5, 1, 256));  // 46,400 bytes
+    CHECK_THROWS_WITH_AS(check_attention_shape(6, 1, 256), doctest::Contains("need 55680 bytes"), std::invalid_argument);
+    CHECK_NOTHROW(check_attention_shape(7, 1, 192));  // 48,832 bytes
+    CHECK_THROWS_WITH_AS(check_attention_shape(8, 1, 192), doctest::Contains("need 55808 bytes"), std::invalid_argument);
     CHECK_NOTHROW(check_norm_width(768));
     CHECK_NOTHROW(check_norm_width(8192));
     CHECK_THROWS_WITH_AS(check_norm_width(12), doctest::Contains("a row of 12 halves"), std::invalid_argument);
@@ -450,6 +466,65 @@ TEST_SUITE("host") {
     CHECK(result.finished_by_limit > 0);
     CHECK(result.loops_stopped > 0);
     CHECK(result.loops_going > 0);
+  }
+
+  TEST_CASE("weights given as views at odd offsets are stored aligned: the fused kernels' 16-byte loads take them") {
+    const LlamaConfig config = LlamaConfig::preset("tiny");
+    const LlamaModel aligned = LlamaModel::random(config, replay_test::case_seed(), cpu, at::kHalf);
+    LlamaModel::StateDict weights = aligned.state_dict().copy();
+    for (const std::string name : {"model.norm.weight", "model.layers.0.input_layernorm.weight",
+                                   "model.layers.1.post_attention_layernorm.weight"}) {
+      const at::Tensor weight = weights.at(name);
+      const at::Tensor buffer = at::empty({weight.numel() + 1}, weight.options());
+      const at::Tensor odd = buffer.narrow(0, 1, weight.numel()).copy_(weight);  // 2 bytes in
+      REQUIRE(reinterpret_cast<std::uintptr_t>(odd.data_ptr()) % 16 != 0);
+      weights.insert_or_assign(name, odd);
+    }
+    const LlamaModel model = LlamaModel::from_state_dict(config, weights, cpu, at::kHalf);
+    KvCache cache(config, 1, cpu, at::kHalf);
+    KvCache aligned_cache(config, 1, cpu, at::kHalf);
+    const auto t = [](const std::vector<std::int64_t>& v) { return llm_decode_test::int64_tensor(v, cpu); };
+    const at::Tensor logits = model.decode(cache, t({0}), t({0}), t({7}), 8, llm_decode::DecodeKernels::fused);
+    const at::Tensor expected =
+        aligned.decode(aligned_cache, t({0}), t({0}), t({7}), 8, llm_decode::DecodeKernels::fused);
+    CHECK(logits.equal(expected));
+  }
+
+  TEST_CASE("fused_step_rows refuses state rows of other sizes, types or layouts, naming them") {
+    const auto options = at::TensorOptions().dtype(at::kLong);
+    const at::Tensor block = at::zeros({9, 4}, options);  // rows 0..6 of state, two ring rows
+    const auto state = [&] {
+      return llm_decode::StepState{.slots = block[0], .positions = block[1], .tokens = block[2], .limits = block[3],
+                                   .done = block[4], .counts = block[6], .loop = block[5].narrow(0, 0, 3),
+                                   .ring = block.narrow(0, 7, 2)};
+    };
+    const at::Tensor eos = llm_decode_test::int64_tensor({2}, cpu);
+    const llm_decode::fused::StepRows rows = llm_decode::fused_step_rows(state(), eos, 9);
+    CHECK(rows.rows == 4);
+    CHECK(rows.ring_steps == 2);
+    CHECK(rows.ring_stride == 4);
+    CHECK(rows.eos_count == 1);
+    llm_decode::StepState shorter = state();
+    shorter.tokens = block[2].narrow(0, 0, 3);
+    CHECK(contains(invalid_argument_message([&] { (void)llm_decode::fused_step_rows(shorter, eos, 9); }),
+                   "tokens must be a contiguous 1-D int64 tensor of 4 elements"));
+    llm_decode::StepState int32 = state();
+    int32.done = block[4].to(at::kInt);
+    CHECK(contains(invalid_argument_message([&] { (void)llm_decode::fused_step_rows(int32, eos, 9); }), "done must be"));
+    llm_decode::StepState strided = state();
+    strided.counts = block.select(1, 0).narrow(0, 0, 4);  // a column: stride 4
+    CHECK(contains(invalid_argument_message([&] { (void)llm_decode::fused_step_rows(strided, eos, 9); }),
+                   "counts must be a contiguous"));
+    llm_decode::StepState short_loop = state();
+    short_loop.loop = block[5].narrow(0, 0, 2);
+    CHECK(contains(invalid_argument_message([&] { (void)llm_decode::fused_step_rows(short_loop, eos, 9); }),
+                   "loop must be a contiguous 1-D int64 tensor of 3 elements"));
+    llm_decode::StepState narrow_ring = state();
+    narrow_ring.ring = block.narrow(0, 7, 2).narrow(1, 0, 3);
+    CHECK(contains(invalid_argument_message([&] { (void)llm_decode::fused_step_rows(narrow_ring, eos, 9); }),
+                   "the ring must be int64 [steps >= 1, 4]"));
+    CHECK(contains(invalid_argument_message([&] { (void)llm_decode::fused_step_rows(state(), eos.view({1, 1}), 9); }),
+                   "eos must be"));
   }
 
   TEST_CASE("save and load round-trip the weights and the logits, with Hugging Face's names, tied or not") {
@@ -666,6 +741,11 @@ TEST_SUITE("host") {
                    "decode slots[1] = 3"));
     CHECK(contains(invalid_argument_message([&] { model.check_decode_values(cache, slots, positions, t({4, 256}), 8); }),
                    "decode tokens[1] = 256"));
+    // Two rows in one slot: refused, naming both; padding rows share the spare slot.
+    CHECK(contains(invalid_argument_message(
+                       [&] { model.check_decode_values(cache, t({1, 0, 1}), t({0, 1, 2}), t({4, 5, 6}), 8); }),
+                   "decode slots[0] and slots[2] are both 1"));
+    CHECK_NOTHROW(model.check_decode_values(cache, t({2, 0, 2}), t({0, 1, 0}), t({4, 5, 0}), 8));
 
     CHECK_THROWS_AS(KvCache(config, 0, cpu, at::kFloat), std::invalid_argument);
   }

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -211,6 +212,106 @@ inline BookkeepingComparison compare_step_bookkeeping(const llm_decode::fused::K
     ++(aten_block[5][2].item<std::int64_t>() != 0 ? result.loops_going : result.loops_stopped);
   }
   return result;
+}
+
+// The fused attention kernels (`kernels`: the CUDA ones or their host
+// versions) against a float64 reference, for one head layout over contexts
+// of up to `max_len` keys (past 256 a warp takes a second 32-key chunk).
+// Rows sit in slots of their own at positions across chunk boundaries.
+// Returns the largest error, relative to the largest output, of
+// decode_attention (against softmax(scale q k^T) v of the cached keys) and
+// of rotary_attention (against rotary_and_cache_write then decode_attention,
+// both outputs and caches). The host and device versions round alike but
+// are not bit for bit the same (the device contracts into fused
+// multiply-adds and uses its own exp), hence a reference, not a bit compare.
+// The head layouts (heads, kv_heads, head_dim) the attention cases run:
+// query groups 1 to 8; widths 48, 80 and 96 leave 2, 2 and 8 of a warp's
+// lanes without a value row.
+struct AttentionLayout {
+  int heads, kv_heads, head_dim;
+};
+inline std::vector<AttentionLayout> attention_layouts() {
+  return {{4, 2, 16}, {12, 4, 64}, {2, 2, 48}, {8, 8, 80}, {6, 2, 96}, {16, 2, 128}, {4, 1, 256}};
+}
+
+struct AttentionErrors {
+  double decode = 0;
+  double rotary = 0;
+  double rotary_cache = 0;
+};
+
+inline AttentionErrors fused_attention_errors(const llm_decode::fused::Kernels& kernels, at::Device device,
+                                              const AttentionLayout& layout, std::int64_t max_len) {
+  const auto [heads, kv_heads, head_dim] = layout;
+  const auto half = at::TensorOptions().dtype(at::kHalf).device(device);
+  const auto half_ptr = [](const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); };
+  const auto ptr64 = [](const at::Tensor& t) { return t.data_ptr<std::int64_t>(); };
+  const auto random_half = [&](at::IntArrayRef sizes) { return at::randn(sizes).to(at::kHalf).to(device); };
+  // Positions at and around the chunk boundaries (32 keys per warp, 256 per
+  // pass of the block's 8 warps), the last one included.
+  std::vector<std::int64_t> positions_list;
+  for (const std::int64_t p : {std::int64_t{0}, std::int64_t{31}, std::int64_t{32}, std::int64_t{255},
+                               std::int64_t{256}, std::int64_t{300}, std::int64_t{511}, std::int64_t{513}}) {
+    if (p < max_len - 1) positions_list.push_back(p);
+  }
+  positions_list.push_back(max_len - 1);
+  const int rows = static_cast<int>(positions_list.size());
+  std::vector<std::int64_t> slots_list(static_cast<std::size_t>(rows));
+  for (int r = 0; r < rows; ++r) slots_list[static_cast<std::size_t>(r)] = (r + rows / 2) % rows;  // distinct, not in row order
+  const at::Tensor slots = int64_tensor(slots_list, device);
+  const at::Tensor positions = int64_tensor(positions_list, device);
+  const at::Tensor cache_k = random_half({rows + 1, kv_heads, max_len, head_dim});
+  const at::Tensor cache_v = random_half({rows + 1, kv_heads, max_len, head_dim});
+  const at::Tensor q = random_half({rows, heads, head_dim});
+  const float scale = 1.0F / std::sqrt(static_cast<float>(head_dim));
+  const int context = static_cast<int>(max_len);
+  const cudaStream_t stream = device.is_cuda() ? c10::cuda::getCurrentCUDAStream(device.index()).stream() : nullptr;
+
+  AttentionErrors errors;
+  const at::Tensor out = at::empty({rows, heads * head_dim}, half);
+  kernels.decode_attention(half_ptr(q), half_ptr(cache_k), half_ptr(cache_v), ptr64(slots), ptr64(positions),
+                           half_ptr(out), rows, heads, kv_heads, head_dim, max_len, context, scale, stream);
+  const at::Tensor k64 = cache_k.to(at::kCPU).to(at::kDouble);
+  const at::Tensor v64 = cache_v.to(at::kCPU).to(at::kDouble);
+  const at::Tensor q64 = q.to(at::kCPU).to(at::kDouble);
+  const int group = heads / kv_heads;
+  std::vector<at::Tensor> expected_rows;
+  for (int r = 0; r < rows; ++r) {
+    const std::int64_t slot = slots_list[static_cast<std::size_t>(r)];
+    const std::int64_t keys = positions_list[static_cast<std::size_t>(r)] + 1;
+    std::vector<at::Tensor> heads_out;
+    for (int h = 0; h < heads; ++h) {
+      const at::Tensor k = k64[slot][h / group].narrow(0, 0, keys);  // [keys, head_dim]
+      const at::Tensor v = v64[slot][h / group].narrow(0, 0, keys);
+      const at::Tensor weights = at::softmax(k.matmul(q64[r][h]) * static_cast<double>(scale), 0);
+      heads_out.push_back(weights.matmul(v));
+    }
+    expected_rows.push_back(at::cat(heads_out));
+  }
+  errors.decode = max_error(out, at::stack(expected_rows));
+
+  // rotary_attention against its two steps, from the same qkv rows and caches.
+  const at::Tensor qkv = random_half({rows, (heads + 2 * kv_heads) * head_dim});
+  const at::Tensor cos = random_half({max_len, head_dim});
+  const at::Tensor sin = random_half({max_len, head_dim});
+  const at::Tensor two_k = cache_k.clone();
+  const at::Tensor two_v = cache_v.clone();
+  const at::Tensor rotated = at::empty({rows, heads, head_dim}, half);
+  const at::Tensor two_out = at::empty({rows, heads * head_dim}, half);
+  kernels.rotary_and_cache_write(half_ptr(qkv), qkv.stride(0), half_ptr(cos), half_ptr(sin), ptr64(positions),
+                                 ptr64(slots), half_ptr(rotated), half_ptr(two_k), half_ptr(two_v), rows, heads,
+                                 kv_heads, head_dim, max_len, stream);
+  kernels.decode_attention(half_ptr(rotated), half_ptr(two_k), half_ptr(two_v), ptr64(slots), ptr64(positions),
+                           half_ptr(two_out), rows, heads, kv_heads, head_dim, max_len, context, scale, stream);
+  const at::Tensor one_k = cache_k.clone();
+  const at::Tensor one_v = cache_v.clone();
+  const at::Tensor one_out = at::empty({rows, heads * head_dim}, half);
+  kernels.rotary_attention(half_ptr(qkv), qkv.stride(0), half_ptr(cos), half_ptr(sin), ptr64(positions), ptr64(slots),
+                           half_ptr(one_k), half_ptr(one_v), half_ptr(one_out), rows, heads, kv_heads, head_dim,
+                           max_len, context, scale, stream);
+  errors.rotary = max_error(one_out, two_out);
+  errors.rotary_cache = std::max(max_error(one_k, two_k), max_error(one_v, two_v));
+  return errors;
 }
 
 }  // namespace llm_decode_test
