@@ -23,7 +23,11 @@
 # after a build of build/gpu (llm_decode's target).
 # Bounded by REPLAY_LLM_BUDGET_S (default 360 s; gpu-check.sh kills a step at
 # 420 s). REPLAY_LLM_PEERS: the Python peers to measure (default all:
-# eager,cuda_graphs,hf_eager,hf_static,compile). Files in $OUT: llm_*.txt,
+# eager,cuda_graphs,hf_eager,hf_static,compile). The load test:
+# REPLAY_LLM_LOAD_MIXES (default "uniform exponential"; "none" skips it),
+# REPLAY_LLM_LOAD_RATES (default 50,100,200,400,800 requests/s),
+# REPLAY_LLM_LOAD_KERNELS (default fused: the engine's fastest step; aten
+# for the plain operators). Files in $OUT: llm_*.txt,
 # llm_*.json, llm_load_small_{uniform,exponential}.png, llm_results.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -96,17 +100,21 @@ if [ "$mode" != check ]; then
     cat "$OUT/llm_bench_$preset.txt"
     if [ "$preset" = small ]; then
       # Two output-length mixes: uniform, and a chat-like exponential tail.
-      for lengths in uniform exponential; do
-        step "load test (small, $lengths output lengths): continuous, grouped and static batching"
+      mixes=${REPLAY_LLM_LOAD_MIXES:-uniform exponential}
+      [ "$mixes" = none ] && mixes=""
+      for lengths in $mixes; do
+        load_kernels=${REPLAY_LLM_LOAD_KERNELS:-fused}
+        step "load test (small, $lengths output lengths, $load_kernels kernels): continuous, grouped and static batching"
         length_args=(--output-lengths uniform --new-tokens-min 16 --new-tokens-max 192)
         [ "$lengths" = exponential ] &&
           length_args=(--output-lengths exponential --new-tokens-min 8 --new-tokens-mean 128 --new-tokens-max 768)
-        bounded 200 "$exe" load --weights "$dir" --rates 50,100,200,400,800 --requests 128 --seconds 3 "${length_args[@]}" \
+        bounded 200 "$exe" load --weights "$dir" --kernels "$load_kernels" --rates "${REPLAY_LLM_LOAD_RATES:-50,100,200,400,800}" \
+          --requests 128 --seconds 3 "${length_args[@]}" \
           --json "$OUT/llm_load_small_$lengths.json" >"$OUT/llm_load_small_$lengths.txt" 2>&1 ||
           failed "load test, $lengths (rc=$?)"
         cat "$OUT/llm_load_small_$lengths.txt"
         python3 bench/llm_decode/plot_load.py "$OUT/llm_load_small_$lengths.json" "$OUT/llm_load_small_$lengths.png" \
-          --title "llm_decode, small preset, $lengths output lengths: continuous, grouped and static batching" ||
+          --title "llm_decode, small preset, $lengths output lengths, $load_kernels kernels: continuous, grouped and static batching" ||
           failed "the load plot ($lengths)"
       done
     fi
