@@ -433,9 +433,11 @@ TEST_SUITE("host") {
                          std::invalid_argument);
     // The shared-memory bound, 4 * group * (head_dim + 8 * (head_dim + 2)) <= 48 KB, at its edges.
     CHECK_NOTHROW(check_attention_shape(5, 1, 256));  // 46,400 bytes
-    CHECK_THROWS_WITH_AS(check_attention_shape(6, 1, 256), doctest::Contains("need 55680 bytes"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(check_attention_shape(6, 1, 256), doctest::Contains("need 55680 bytes"),
+                         std::invalid_argument);
     CHECK_NOTHROW(check_attention_shape(7, 1, 192));  // 48,832 bytes
-    CHECK_THROWS_WITH_AS(check_attention_shape(8, 1, 192), doctest::Contains("need 55808 bytes"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(check_attention_shape(8, 1, 192), doctest::Contains("need 55808 bytes"),
+                         std::invalid_argument);
     CHECK_NOTHROW(check_norm_width(768));
     CHECK_NOTHROW(check_norm_width(8192));
     CHECK_THROWS_WITH_AS(check_norm_width(12), doctest::Contains("a row of 12 halves"), std::invalid_argument);
@@ -510,7 +512,8 @@ TEST_SUITE("host") {
                    "tokens must be a contiguous 1-D int64 tensor of 4 elements"));
     llm_decode::StepState int32 = state();
     int32.done = block[4].to(at::kInt);
-    CHECK(contains(invalid_argument_message([&] { (void)llm_decode::fused_step_rows(int32, eos, 9); }), "done must be"));
+    CHECK(contains(invalid_argument_message([&] { (void)llm_decode::fused_step_rows(int32, eos, 9); }),
+                   "done must be"));
     llm_decode::StepState strided = state();
     strided.counts = block.select(1, 0).narrow(0, 0, 4);  // a column: stride 4
     CHECK(contains(invalid_argument_message([&] { (void)llm_decode::fused_step_rows(strided, eos, 9); }),

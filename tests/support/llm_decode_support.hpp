@@ -257,7 +257,8 @@ inline AttentionErrors fused_attention_errors(const llm_decode::fused::Kernels& 
   positions_list.push_back(max_len - 1);
   const int rows = static_cast<int>(positions_list.size());
   std::vector<std::int64_t> slots_list(static_cast<std::size_t>(rows));
-  for (int r = 0; r < rows; ++r) slots_list[static_cast<std::size_t>(r)] = (r + rows / 2) % rows;  // distinct, not in row order
+  // Distinct slots, not in row order.
+  for (int r = 0; r < rows; ++r) slots_list[static_cast<std::size_t>(r)] = (r + rows / 2) % rows;
   const at::Tensor slots = int64_tensor(slots_list, device);
   const at::Tensor positions = int64_tensor(positions_list, device);
   const at::Tensor cache_k = random_half({rows + 1, kv_heads, max_len, head_dim});
