@@ -182,7 +182,7 @@ inline fused::StepRows fused_step_rows(const StepState& s, const at::Tensor& eos
                     c10::str(s.ring.sizes()));
   }
   const auto ptr = [](const at::Tensor& t) { return t.data_ptr<std::int64_t>(); };
-  return {.rows = static_cast<int>(s.slots.size(0)),
+  return {.rows = static_cast<int>(rows),
           .slots = ptr(s.slots),
           .positions = ptr(s.positions),
           .tokens = ptr(s.tokens),

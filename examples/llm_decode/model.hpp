@@ -475,8 +475,8 @@ class LlamaModel {
     check_rows(tokens, "tokens", -1);
     check_rows(slots, "slots", tokens.size(0));
     check_rows(positions, "positions", tokens.size(0));
-    const auto check_range = [](const at::Tensor& values, const char* name, std::int64_t end, const char* bound) {
-      const at::Tensor host = values.to(at::kCPU).contiguous();
+    const auto on_host = [](const at::Tensor& values) { return values.to(at::kCPU).contiguous(); };
+    const auto check_range = [](const at::Tensor& host, const char* name, std::int64_t end, const char* bound) {
       const std::int64_t* data = host.data_ptr<std::int64_t>();
       for (std::int64_t r = 0; r < host.numel(); ++r) {
         if (data[r] < 0 || data[r] >= end) {
@@ -485,12 +485,12 @@ class LlamaModel {
         }
       }
     };
-    check_range(slots, "slots", cache.spare_slot() + 1, "the spare slot included");
-    check_range(positions, "positions", context, "below the context");
-    check_range(tokens, "tokens", config_.vocab_size, "vocab_size");
+    const at::Tensor host_slots = on_host(slots);
+    check_range(host_slots, "slots", cache.spare_slot() + 1, "the spare slot included");
+    check_range(on_host(positions), "positions", context, "below the context");
+    check_range(on_host(tokens), "tokens", config_.vocab_size, "vocab_size");
     // Two rows in one slot would write the same cache row and read each
     // other's keys (or not, by the kernels' order): only padding rows share a slot.
-    const at::Tensor host_slots = slots.to(at::kCPU).contiguous();
     const std::int64_t* slot = host_slots.data_ptr<std::int64_t>();
     std::vector<std::int64_t> first_row(static_cast<std::size_t>(cache.spare_slot()), -1);
     for (std::int64_t r = 0; r < host_slots.numel(); ++r) {

@@ -360,49 +360,19 @@ TEST_SUITE("host") {
   }
 
   TEST_CASE("the fused rotary_attention (host versions) writes and returns what rotary_and_cache_write then decode_attention do, bit for bit") {
-    const llm_decode::fused::Kernels& k = llm_decode::fused::host_kernels();
     at::manual_seed(replay_test::case_seed());
-    const auto half = at::TensorOptions().dtype(at::kHalf);
-    const auto half_ptr = [](const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); };
-    // (heads, kv_heads, head_dim): query groups 1 to 4; value rows of 1 to 32 lanes (16-byte loads).
-    for (const auto& [heads, kv_heads, head_dim] :
-         {std::tuple{4, 2, 16}, std::tuple{4, 1, 16}, std::tuple{8, 8, 8}, std::tuple{12, 4, 64}, std::tuple{8, 2, 128},
-          std::tuple{4, 1, 256}}) {
-      CAPTURE(heads);
-      CAPTURE(kv_heads);
-      CAPTURE(head_dim);
-      const int rows = 4;
-      const std::int64_t max_len = 80;  // three 32-key chunks at the longest
-      const std::int64_t slots_total = 4;  // slots 0..2 and the spare one, 3
-      const at::Tensor qkv = at::randn({rows, (heads + 2 * kv_heads) * head_dim}).to(at::kHalf);
-      const at::Tensor cos = at::randn({max_len, head_dim}).to(at::kHalf);
-      const at::Tensor sin = at::randn({max_len, head_dim}).to(at::kHalf);
-      const at::Tensor cache_k = at::randn({slots_total, kv_heads, max_len, head_dim}).to(at::kHalf);
-      const at::Tensor cache_v = at::randn({slots_total, kv_heads, max_len, head_dim}).to(at::kHalf);
-      // Three rows in slots of their own at 0, a middle and the last position; a padding row in the spare slot.
-      const at::Tensor slots = llm_decode_test::int64_tensor({2, 0, 1, 3}, cpu);
-      const at::Tensor positions = llm_decode_test::int64_tensor({0, 37, max_len - 1, 0}, cpu);
-      const at::Tensor two_k = cache_k.clone();
-      const at::Tensor two_v = cache_v.clone();
-      const at::Tensor q = at::empty({rows, heads, head_dim}, half);
-      const at::Tensor two_out = at::empty({rows, heads * head_dim}, half);
-      k.rotary_and_cache_write(half_ptr(qkv), qkv.stride(0), half_ptr(cos), half_ptr(sin),
-                               positions.data_ptr<std::int64_t>(), slots.data_ptr<std::int64_t>(), half_ptr(q),
-                               half_ptr(two_k), half_ptr(two_v), rows, heads, kv_heads, head_dim, max_len, nullptr);
-      k.decode_attention(half_ptr(q), half_ptr(two_k), half_ptr(two_v), slots.data_ptr<std::int64_t>(),
-                         positions.data_ptr<std::int64_t>(), half_ptr(two_out), rows, heads, kv_heads, head_dim,
-                         max_len, static_cast<int>(max_len), 0.125F, nullptr);
-      const at::Tensor one_k = cache_k.clone();
-      const at::Tensor one_v = cache_v.clone();
-      const at::Tensor one_out = at::empty({rows, heads * head_dim}, half);
-      k.rotary_attention(half_ptr(qkv), qkv.stride(0), half_ptr(cos), half_ptr(sin), positions.data_ptr<std::int64_t>(),
-                         slots.data_ptr<std::int64_t>(), half_ptr(one_k), half_ptr(one_v), half_ptr(one_out), rows,
-                         heads, kv_heads, head_dim, max_len, static_cast<int>(max_len), 0.125F, nullptr);
-      CHECK(one_out.equal(two_out));
-      CHECK(one_k.equal(two_k));
-      CHECK(one_v.equal(two_v));
-      CHECK_FALSE(one_k.equal(cache_k));  // the keys were written
-      CHECK(two_out.isfinite().all().item<bool>());
+    // Query groups 1 to 4; value rows of 1 to 32 lanes (16-byte loads); 80
+    // positions (three 32-key chunks at the longest).
+    for (const llm_decode_test::AttentionLayout layout :
+         {llm_decode_test::AttentionLayout{4, 2, 16}, {4, 1, 16}, {8, 8, 8}, {12, 4, 64}, {8, 2, 128}, {4, 1, 256}}) {
+      INFO(layout.heads << " query heads over " << layout.kv_heads << ", head_dim " << layout.head_dim);
+      const auto errors =
+          llm_decode_test::fused_attention_errors(llm_decode::fused::host_kernels(), cpu, layout, 80);
+      CHECK(errors.rotary == 0.0);
+      CHECK(errors.rotary_cache == 0.0);
+      CHECK(errors.cache_written);  // the keys were written
+      CHECK(errors.finite);
+      CHECK(errors.decode < 2e-3);
     }
   }
 
@@ -445,7 +415,7 @@ TEST_SUITE("host") {
     // Views at an odd offset: the kernels' 16-byte loads could not read them.
     const llm_decode::fused::Kernels& k = llm_decode::fused::host_kernels();
     const at::Tensor storage = at::zeros({2 * 64 + 8}, at::TensorOptions().dtype(at::kHalf));
-    const auto half_ptr = [](const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); };
+    using llm_decode_test::half_ptr;
     const at::Tensor aligned = storage.narrow(0, 0, 64);
     const at::Tensor odd = storage.narrow(0, 65, 64);  // 130 bytes in
     CHECK_NOTHROW(k.add_rms_norm(half_ptr(aligned), nullptr, half_ptr(aligned), half_ptr(aligned), 1, 64, 1e-5F, nullptr));

@@ -214,16 +214,9 @@ inline BookkeepingComparison compare_step_bookkeeping(const llm_decode::fused::K
   return result;
 }
 
-// The fused attention kernels (`kernels`: the CUDA ones or their host
-// versions) against a float64 reference, for one head layout over contexts
-// of up to `max_len` keys (past 256 a warp takes a second 32-key chunk).
-// Rows sit in slots of their own at positions across chunk boundaries.
-// Returns the largest error, relative to the largest output, of
-// decode_attention (against softmax(scale q k^T) v of the cached keys) and
-// of rotary_attention (against rotary_and_cache_write then decode_attention,
-// both outputs and caches). The host and device versions round alike but
-// are not bit for bit the same (the device contracts into fused
-// multiply-adds and uses its own exp), hence a reference, not a bit compare.
+// A half tensor's data as the kernels' pointer type.
+inline __half* half_ptr(const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); }
+
 // The head layouts (heads, kv_heads, head_dim) the attention cases run:
 // query groups 1 to 8; widths 48, 80 and 96 leave 2, 2 and 8 of a warp's
 // lanes without a value row.
@@ -234,17 +227,29 @@ inline std::vector<AttentionLayout> attention_layouts() {
   return {{4, 2, 16}, {12, 4, 64}, {2, 2, 48}, {8, 8, 80}, {6, 2, 96}, {16, 2, 128}, {4, 1, 256}};
 }
 
+// The fused attention kernels (`kernels`: the CUDA ones or their host
+// versions) against a float64 reference, for one head layout over contexts
+// of up to `max_len` keys (past 256 a warp takes a second 32-key chunk).
+// Rows sit in slots of their own at positions across chunk boundaries, and
+// one padding row in the spare slot (the last) at position 0.
+// Returns the largest error, relative to the largest output, of
+// decode_attention (against softmax(scale q k^T) v of the cached keys) and
+// of rotary_attention (against rotary_and_cache_write then decode_attention,
+// both outputs and caches). The host and device versions round alike but
+// are not bit for bit the same (the device contracts into fused
+// multiply-adds and uses its own exp), hence a reference, not a bit compare.
 struct AttentionErrors {
   double decode = 0;
   double rotary = 0;
   double rotary_cache = 0;
+  bool cache_written = false;  // rotary_attention changed the key cache
+  bool finite = false;         // rotary_attention's output is finite
 };
 
 inline AttentionErrors fused_attention_errors(const llm_decode::fused::Kernels& kernels, at::Device device,
                                               const AttentionLayout& layout, std::int64_t max_len) {
   const auto [heads, kv_heads, head_dim] = layout;
   const auto half = at::TensorOptions().dtype(at::kHalf).device(device);
-  const auto half_ptr = [](const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); };
   const auto ptr64 = [](const at::Tensor& t) { return t.data_ptr<std::int64_t>(); };
   const auto random_half = [&](at::IntArrayRef sizes) { return at::randn(sizes).to(at::kHalf).to(device); };
   // Positions at and around the chunk boundaries (32 keys per warp, 256 per
@@ -255,14 +260,17 @@ inline AttentionErrors fused_attention_errors(const llm_decode::fused::Kernels& 
     if (p < max_len - 1) positions_list.push_back(p);
   }
   positions_list.push_back(max_len - 1);
-  const int rows = static_cast<int>(positions_list.size());
-  std::vector<std::int64_t> slots_list(static_cast<std::size_t>(rows));
-  // Distinct slots, not in row order.
-  for (int r = 0; r < rows; ++r) slots_list[static_cast<std::size_t>(r)] = (r + rows / 2) % rows;
+  const int live = static_cast<int>(positions_list.size());
+  std::vector<std::int64_t> slots_list(static_cast<std::size_t>(live));
+  // Distinct slots, not in row order; then the padding row.
+  for (int r = 0; r < live; ++r) slots_list[static_cast<std::size_t>(r)] = (r + live / 2) % live;
+  slots_list.push_back(live);
+  positions_list.push_back(0);
+  const int rows = live + 1;
   const at::Tensor slots = int64_tensor(slots_list, device);
   const at::Tensor positions = int64_tensor(positions_list, device);
-  const at::Tensor cache_k = random_half({rows + 1, kv_heads, max_len, head_dim});
-  const at::Tensor cache_v = random_half({rows + 1, kv_heads, max_len, head_dim});
+  const at::Tensor cache_k = random_half({live + 1, kv_heads, max_len, head_dim});
+  const at::Tensor cache_v = random_half({live + 1, kv_heads, max_len, head_dim});
   const at::Tensor q = random_half({rows, heads, head_dim});
   const float scale = 1.0F / std::sqrt(static_cast<float>(head_dim));
   const int context = static_cast<int>(max_len);
@@ -312,6 +320,8 @@ inline AttentionErrors fused_attention_errors(const llm_decode::fused::Kernels& 
                            max_len, context, scale, stream);
   errors.rotary = max_error(one_out, two_out);
   errors.rotary_cache = std::max(max_error(one_k, two_k), max_error(one_v, two_v));
+  errors.cache_written = !one_k.equal(cache_k);
+  errors.finite = one_out.isfinite().all().item<bool>();
   return errors;
 }
 
