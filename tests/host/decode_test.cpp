@@ -94,6 +94,8 @@ struct StandIn {
         max_slots(options.max_slots),
         max_len(options.max_len),
         steps_per_launch(options.steps_per_launch),
+        chunked(options.prefill == replay::DecodePrefill::with_decode),
+        max_prefill_tokens(options.max_prefill_tokens),
         slots(options.max_slots) {}
 
   std::shared_ptr<const Model> model;
@@ -102,6 +104,8 @@ struct StandIn {
   std::size_t max_slots;
   std::size_t max_len;
   std::size_t steps_per_launch;
+  bool chunked;  // DecodePrefill::with_decode: prompts come in prefill_and_decode() only
+  std::size_t max_prefill_tokens;
 
   // Behaviour.
   bool keep_going_after_eos = false;  // emit every allowed token, EOS or not (as a graph that cannot stop a row)
@@ -127,15 +131,31 @@ struct StandIn {
   std::set<std::size_t> failed_ids;                   // ids in calls that failed
   std::size_t failed_prefill_calls = 0;
   std::size_t failed_decode_calls = 0;
+  std::size_t mixed_calls = 0;         // prefill_and_decode() calls
+  std::size_t failed_mixed_calls = 0;  // ... that threw (a poisoned prompt)
+  // Every decode() and prefill_and_decode() call: the chunks it wrote and the
+  // requests it stepped.
+  struct Chunk {
+    std::size_t id = 0;
+    std::size_t start = 0;
+    std::size_t size = 0;
+    bool operator==(const Chunk&) const = default;
+  };
+  struct Launch {
+    bool mixed = false;
+    std::vector<Chunk> chunks;
+    std::vector<std::size_t> stepped;
+  };
+  std::vector<Launch> launch_log;
   std::map<std::pair<std::int64_t, std::int64_t>, std::uint64_t> launches_per_bucket;
   std::size_t most_steps = 0;
-  std::size_t mixed_launches = 0;  // launches holding sequences of two prefills or more
+  std::size_t mixed_launches = 0;  // launches holding sequences of two admissions or more
   std::size_t executors_destroyed = 0;
 
   struct Slot {
     std::size_t id = 0;
     std::size_t next_position = 0;
-    std::size_t prefill_call = 0;
+    std::size_t prefill_call = 0;  // the call that wrote its first prompt token
   };
   std::vector<std::optional<Slot>> slots;
   std::atomic<int> in_call{0};
@@ -177,6 +197,9 @@ struct StandIn {
     std::unique_lock lock(mutex);
     enter(lock);
     ++prefill_calls;
+    if (chunked) {
+      violation("prefill() called with DecodePrefill::with_decode");
+    }
     std::vector<std::size_t> ids;
     std::size_t tokens = 0;
     bool poisoned = false;
@@ -190,6 +213,9 @@ struct StandIn {
       }
       if (row.prompt.empty() || row.prompt.size() >= max_len) {
         violation("prefill of a prompt the scheduler should have refused");
+      }
+      if (row.start != 0) {
+        violation("prefill() of a chunk (start " + std::to_string(row.start) + ")");
       }
       ids.push_back(static_cast<std::size_t>(row.prompt[0]));
       tokens += row.prompt.size();
@@ -215,8 +241,89 @@ struct StandIn {
     std::unique_lock lock(mutex);
     enter(lock);
     ++decode_calls;
+    launch_log.push_back({});
+    step(batch, false);
+  }
+
+  // Chunked prefill: the chunks written (each continuing its slot), then one
+  // step of the decode rows.
+  void prefill_and_decode(replay::MixedBatch& batch) {
+    std::unique_lock lock(mutex);
+    enter(lock);
+    ++mixed_calls;
+    if (!chunked) {
+      violation("prefill_and_decode() called with DecodePrefill::separate");
+    }
+    const std::span<const replay::PrefillRow> rows = batch.prefill.rows;
+    if (rows.empty() || batch.prefill.first_tokens.size() != rows.size()) {
+      violation("a mixed launch with no chunks or a wrong output size");
+    }
+    Launch entry;
+    entry.mixed = true;
+    std::set<std::size_t> seen;
+    std::size_t tokens = 0;
+    bool poisoned = false;
+    for (const replay::PrefillRow& row : rows) {
+      if (row.slot >= max_slots || !seen.insert(row.slot).second) {
+        violation("chunk slot out of range or twice: " + std::to_string(row.slot));
+        continue;
+      }
+      if (row.prompt.empty() || row.start + row.prompt.size() >= max_len) {
+        violation("a chunk of " + std::to_string(row.prompt.size()) + " tokens at " + std::to_string(row.start));
+      }
+      std::size_t id = row.prompt.empty() ? 0 : static_cast<std::size_t>(row.prompt[0]);
+      if (row.start != 0) {
+        if (!slots[row.slot] || slots[row.slot]->next_position != row.start) {
+          violation("a chunk of slot " + std::to_string(row.slot) + " starts at " + std::to_string(row.start) +
+                    "; the slot holds " + std::to_string(slots[row.slot] ? slots[row.slot]->next_position : 0) +
+                    " positions");
+        }
+        id = slots[row.slot] ? slots[row.slot]->id : 0;
+      }
+      tokens += row.prompt.size();
+      poisoned = poisoned || poison_prefill.count(id) != 0;
+      entry.chunks.push_back({id, row.start, row.prompt.size()});
+    }
+    for (const replay::DecodeRow& row : batch.decode.rows) {
+      if (seen.count(row.slot) != 0) {
+        violation("slot " + std::to_string(row.slot) + " is both a chunk and a decode row");
+      }
+    }
+    if (max_prefill_tokens != 0 && tokens > max_prefill_tokens) {
+      violation("a mixed launch of " + std::to_string(tokens) + " prompt tokens, over max_prefill_tokens");
+    }
+    launch_log.push_back(entry);
+    if (poisoned) {
+      for (const Chunk& c : entry.chunks) {
+        failed_ids.insert(c.id);
+      }
+      for (const replay::DecodeRow& row : batch.decode.rows) {
+        failed_ids.insert(slots[row.slot]->id);
+      }
+      ++failed_mixed_calls;
+      leave();
+      throw std::runtime_error("poisoned prompt in this mixed launch");
+    }
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      const replay::PrefillRow& row = rows[r];
+      const Chunk& c = entry.chunks[r];
+      if (row.start == 0) {
+        slots.at(row.slot) = Slot{c.id, row.prompt.size(), calls};
+      } else {
+        slots.at(row.slot)->next_position += row.prompt.size();
+      }
+      // The greedy token after the chunk: the request's first token only
+      // when the chunk ends its prompt.
+      batch.prefill.first_tokens[r] = model->token_at(c.id, row.start + row.prompt.size());
+    }
+    step(batch.decode, true);
+  }
+
+  // The rows of a decode() launch or of a mixed one (one step), checked,
+  // then each its tokens. Lock held; leaves the call.
+  void step(replay::DecodeBatch& batch, bool mixed) {
     const std::size_t n = batch.rows.size();
-    if (n == 0 || n > max_slots) {
+    if ((n == 0 && !mixed) || n > max_slots) {
       violation("a launch of " + std::to_string(n) + " rows");
     }
     std::size_t context = 0;
@@ -240,23 +347,25 @@ struct StandIn {
       if (row.token != model->token_at(s.id, row.position)) {
         violation("request " + std::to_string(s.id) + ": fed a token it did not produce");
       }
-      if (row.max_tokens == 0 || row.max_tokens > steps_per_launch || row.position + row.max_tokens > max_len) {
+      if (row.max_tokens == 0 || row.max_tokens > (mixed ? 1 : steps_per_launch) ||
+          row.position + row.max_tokens > max_len) {
         violation("row max_tokens " + std::to_string(row.max_tokens));
       }
+      launch_log.back().stepped.push_back(s.id);
       context = std::max(context, row.position + row.max_tokens);
       steps = std::max(steps, row.max_tokens);
       prefills.insert(s.prefill_call);
       // A poisoned sequence fails its launch a few tokens in.
       poisoned = poisoned || (poison_decode.count(s.id) != 0 && row.position >= poison_after);
     }
-    if (batch.batch_bucket != smallest_fitting(batch_buckets, n)) {
+    if (batch.batch_bucket != (n == 0 ? 0 : smallest_fitting(batch_buckets, n))) {
       violation("batch bucket " + std::to_string(batch.batch_bucket) + " for " + std::to_string(n) + " rows");
     }
-    if (batch.context_bucket != smallest_fitting(context_buckets, context)) {
+    if (batch.context_bucket != (n == 0 ? 0 : smallest_fitting(context_buckets, context))) {
       violation("context bucket " + std::to_string(batch.context_bucket) + " for " + std::to_string(context) +
                 " positions");
     }
-    if (batch.max_steps != steps || batch.tokens.size() != n * steps || batch.counts.size() != n ||
+    if (batch.max_steps != (n == 0 ? 1 : steps) || batch.tokens.size() != n * steps || batch.counts.size() != n ||
         std::any_of(batch.counts.begin(), batch.counts.end(), [](std::size_t c) { return c != 0; })) {
       violation("launch output spans of the wrong size, or counts not zeroed");
     }
@@ -265,7 +374,9 @@ struct StandIn {
     }
     mixed_launches += prefills.size() > 1 ? 1 : 0;
     most_steps = std::max(most_steps, steps);
-    ++launches_per_bucket[{batch.batch_bucket, batch.context_bucket}];
+    if (!mixed) {
+      ++launches_per_bucket[{batch.batch_bucket, batch.context_bucket}];
+    }
     if (poisoned) {
       for (const replay::DecodeRow& row : batch.rows) {
         failed_ids.insert(slots[row.slot]->id);
@@ -274,7 +385,7 @@ struct StandIn {
       leave();
       throw std::runtime_error("poisoned sequence in this launch");
     }
-    if (decode_calls == bad_counts_at_launch) {
+    if (!mixed && decode_calls == bad_counts_at_launch) {
       for (const replay::DecodeRow& row : batch.rows) {
         failed_ids.insert(slots[row.slot]->id);
       }
@@ -313,8 +424,10 @@ struct StandInExecutor {
   }
   void prefill(replay::PrefillBatch& batch) { state->prefill(batch); }
   void decode(replay::DecodeBatch& batch) { state->decode(batch); }
+  void prefill_and_decode(replay::MixedBatch& batch) { state->prefill_and_decode(batch); }
 };
-static_assert(replay::DecodeExecutor<StandInExecutor>);
+static_assert(replay::MixedDecodeExecutor<StandInExecutor>);
+static_assert(replay::MixedDecodeExecutor<StandInExecutor&>);
 static_assert(replay::DecodeExecutor<StandInExecutor&>);
 static_assert(std::input_iterator<replay::DecodeStream::iterator>);
 static_assert(std::sentinel_for<std::default_sentinel_t, replay::DecodeStream::iterator>);
@@ -587,6 +700,35 @@ TEST_SUITE("host") {
                         std::chrono::microseconds(5000)));
   }
 
+  TEST_CASE("decode policy: chunked prefill takes the oldest prompts first, within the launch's budget") {
+    const std::vector<std::size_t> remaining{10, 3, 7};
+    std::vector<std::size_t> take(3, 99);
+    CHECK(replay::plan_prefill_chunks(remaining, 0, take) == 3);  // no budget: whole prompts
+    CHECK(take == std::vector<std::size_t>{10, 3, 7});
+    CHECK(replay::plan_prefill_chunks(remaining, 4, take) == 1);  // the oldest's first chunk only
+    CHECK(take == std::vector<std::size_t>{4, 0, 0});
+    CHECK(replay::plan_prefill_chunks(remaining, 12, take) == 2);  // the oldest whole, the next cut
+    CHECK(take == std::vector<std::size_t>{10, 2, 0});
+    CHECK(replay::plan_prefill_chunks(remaining, 20, take) == 3);
+    CHECK(take == std::vector<std::size_t>{10, 3, 7});
+    CHECK(replay::plan_prefill_chunks(remaining, 100, take) == 3);
+    CHECK(take == std::vector<std::size_t>{10, 3, 7});
+    CHECK(replay::plan_prefill_chunks({}, 8, std::span<std::size_t>{}) == 0);
+    // Chunks of one prompt over launches add up to it, in order.
+    std::size_t left = 23;
+    std::size_t launches = 0;
+    while (left != 0) {
+      std::size_t one = 0;
+      const std::size_t rem = left;
+      REQUIRE(replay::plan_prefill_chunks(std::span<const std::size_t>(&rem, 1), 5, std::span<std::size_t>(&one, 1)) ==
+              1);
+      CHECK(one == std::min<std::size_t>(5, rem));
+      left -= one;
+      ++launches;
+    }
+    CHECK(launches == 5);
+  }
+
   TEST_CASE("DecodeScheduler: bad options and an empty callback are refused with a clear usage_error") {
     auto model = std::make_shared<Model>();
     auto make = [&](replay::DecodeOptions options) {
@@ -630,6 +772,19 @@ TEST_SUITE("host") {
     options.admission_delay = -1us;
     CHECK_THROWS_WITH_AS(make(options), doctest::Contains("admission_delay is -1 us; it must not be negative"),
                          replay::usage_error);
+
+    // Chunked prefill needs an executor that can take a mixed launch.
+    struct PlainExecutor {
+      void prefill(replay::PrefillBatch&) {}
+      void decode(replay::DecodeBatch&) {}
+    };
+    static_assert(replay::DecodeExecutor<PlainExecutor> && !replay::MixedDecodeExecutor<PlainExecutor>);
+    options = small_options();
+    options.prefill = replay::DecodePrefill::with_decode;
+    CHECK_THROWS_WITH_AS(replay::DecodeScheduler<PlainExecutor>(PlainExecutor{}, options),
+                         doctest::Contains("needs an executor with prefill_and_decode(MixedBatch&)"),
+                         replay::usage_error);
+    CHECK_NOTHROW(make(options));
 
     // Defaults fill in from each other.
     replay::DecodeOptions minimal;
@@ -879,6 +1034,199 @@ TEST_SUITE("host") {
     }
   }
 
+  TEST_CASE("DecodeScheduler: chunked prefill gives every request the same tokens as separate prefill") {
+    const std::size_t count = 40;
+    replay::DecodeOptions base = small_options();
+    Workload work(count, base.max_len, replay_test::rng(), 50);
+    std::size_t prompt_tokens = 0;
+    for (const std::size_t p : work.prompt) {
+      prompt_tokens += p;
+    }
+    std::map<std::size_t, Outcome> separate;
+    {
+      Recorder recorder;
+      Scheduler scheduler(StandInExecutor(std::make_shared<StandIn>(work.model, base)), base);
+      separate = run_all(scheduler, recorder, work);
+      check_exact(separate, work, base.max_len);
+    }
+    for (const std::size_t k : {1, 3}) {
+      for (const std::size_t budget : {0, 5, 16}) {
+        CAPTURE(k);
+        CAPTURE(budget);
+        replay::DecodeOptions options = base;
+        options.prefill = replay::DecodePrefill::with_decode;
+        options.steps_per_launch = k;
+        options.max_prefill_tokens = budget;
+        auto standin = std::make_shared<StandIn>(work.model, options);
+        Recorder recorder;
+        Scheduler scheduler(StandInExecutor(standin), options);
+        const auto outcomes = run_all(scheduler, recorder, work);
+        check_exact(outcomes, work, options.max_len);
+        for (std::size_t id = 0; id < count; ++id) {
+          CHECK(outcomes.at(id).tokens == separate.at(id).tokens);
+        }
+        const replay::DecodeStats stats = scheduler.stats();
+        CHECK(stats.prefills == 0);
+        CHECK(stats.mixed_launches > 0);
+        CHECK(stats.failed_mixed_launches == 0);
+        CHECK(stats.prefill_tokens == prompt_tokens);
+        CHECK(stats.prefill_chunks >= count);
+        CHECK(stats.finished() == count);
+        std::size_t delivered = 0;
+        for (const auto& [id, o] : outcomes) {
+          delivered += o.tokens.size();
+        }
+        CHECK(stats.tokens == delivered);
+        std::lock_guard lock(standin->mutex);
+        for (const std::string& v : standin->violations) {
+          FAIL_CHECK(v);
+        }
+        CHECK(standin->prefill_calls == 0);
+        CHECK(standin->mixed_calls == stats.mixed_launches);
+        // Each prompt's chunks: in order, adding up to it, each within the budget.
+        std::map<std::size_t, std::size_t> written;
+        std::size_t most_chunks = 0;
+        for (const StandIn::Launch& launch : standin->launch_log) {
+          for (const StandIn::Chunk& c : launch.chunks) {
+            CHECK(c.start == written[c.id]);
+            written[c.id] += c.size;
+            CHECK((budget == 0 || c.size <= budget));
+          }
+          most_chunks = std::max(most_chunks, launch.chunks.size());
+        }
+        for (std::size_t id = 0; id < count; ++id) {
+          CHECK(written[id] == work.prompt[id]);
+        }
+        CHECK(stats.prefill_chunks > (budget == 5 ? count : 0));  // a budget of 5 cut some prompts
+        CHECK(most_chunks >= 1);
+        if (k > 1) {
+          CHECK(standin->most_steps == k);  // launches without prompts still run K steps
+        }
+      }
+    }
+  }
+
+  TEST_CASE("DecodeScheduler: with chunked prefill no running sequence waits for a prompt: one token every launch") {
+    // Request 0 runs; while its first launch blocks, request 1 arrives with
+    // a 40-token prompt, which a budget of 6 cuts into 7 chunks. Every
+    // launch from then on steps request 0 too, and request 1's first token
+    // comes from its last chunk.
+    auto model = std::make_shared<Model>();
+    replay::DecodeOptions options = small_options();
+    options.prefill = replay::DecodePrefill::with_decode;
+    options.max_prefill_tokens = 6;
+    options.steps_per_launch = 2;
+    auto standin = std::make_shared<StandIn>(model, options);
+    standin->block_at = {2};
+    Recorder recorder;
+    Scheduler scheduler(StandInExecutor(standin), options);
+    scheduler.submit({prompt_of(0, 3), 30}, recorder.callback(0));
+    standin->wait_calls(2);  // the first launch of request 0
+    replay::DecodeStream late = scheduler.submit({prompt_of(1, 40), 5});
+    standin->release();
+    const replay::DecodeResult result = late.wait();
+    CHECK(result.status == DecodeStatus::token_limit);
+    CHECK(result.tokens == model->expected(1, 40, 5, options.max_len).first);
+    REQUIRE(recorder.wait_finals(1));
+    CHECK(recorder.outcome(0).tokens == model->expected(0, 3, 30, options.max_len).first);
+    std::lock_guard lock(standin->mutex);
+    for (const std::string& v : standin->violations) {
+      FAIL_CHECK(v);
+    }
+    const std::vector<StandIn::Launch>& log = standin->launch_log;
+    REQUIRE(log.size() >= 10);
+    // 1: request 0's prompt alone; 2: its first decode (2 steps).
+    CHECK(log[0].mixed);
+    CHECK(log[0].chunks == std::vector<StandIn::Chunk>{{0, 0, 3}});
+    CHECK_FALSE(log[1].mixed);
+    // 3 to 9: request 1's chunks, request 0 stepped in each.
+    for (std::size_t i = 0; i < 7; ++i) {
+      CAPTURE(i);
+      const StandIn::Launch& launch = log[2 + i];
+      CHECK(launch.mixed);
+      CHECK(launch.chunks == std::vector<StandIn::Chunk>{{1, 6 * i, i < 6 ? std::size_t{6} : std::size_t{4}}});
+      CHECK(launch.stepped == std::vector<std::size_t>{0});
+    }
+    // Then both decode in K-step launches.
+    CHECK_FALSE(log[9].mixed);
+    CHECK(log[9].stepped == std::vector<std::size_t>{0, 1});
+    const replay::DecodeStats stats = scheduler.stats();
+    CHECK(stats.prefill_chunks == 8);
+    CHECK(stats.mixed_launches == 8);
+    CHECK(stats.mixed_rows == 7);
+  }
+
+  TEST_CASE("DecodeScheduler: chunked prefill: a failed mixed launch fails its sequences only; a cancelled prompt frees its slot") {
+    auto model = std::make_shared<Model>();
+    replay::DecodeOptions options = small_options();
+    options.prefill = replay::DecodePrefill::with_decode;
+    options.max_prefill_tokens = 4;
+    {
+      // Request 2's prompt is poisoned: the mixed launch of its first chunk
+      // fails it and request 0 (stepped in that launch); request 3, admitted
+      // after, is served.
+      auto standin = std::make_shared<StandIn>(model, options);
+      standin->poison_prefill = {2};
+      standin->block_at = {2};
+      Recorder recorder;
+      Scheduler scheduler(StandInExecutor(standin), options);
+      scheduler.submit({prompt_of(0, 3), 20}, recorder.callback(0));
+      standin->wait_calls(2);
+      scheduler.submit({prompt_of(2, 10), 5}, recorder.callback(2));
+      standin->release();
+      REQUIRE(recorder.wait_finals(2));
+      for (const std::size_t id : {0, 2}) {
+        CAPTURE(id);
+        const Outcome o = recorder.outcome(id);
+        CHECK(o.status == DecodeStatus::failed);
+        CHECK(o.message.find("prefill_and_decode of 1 prompt chunk (4 tokens) and 1 sequence failed: poisoned prompt") !=
+              std::string::npos);
+      }
+      replay::DecodeStream after = scheduler.submit({prompt_of(3, 9), 4});
+      CHECK(after.wait().tokens == model->expected(3, 9, 4, options.max_len).first);
+      const replay::DecodeStats stats = scheduler.stats();
+      CHECK(stats.failed_mixed_launches == 1);
+      CHECK(stats.failed == 2);
+      std::lock_guard lock(standin->mutex);
+      CHECK(standin->violations.empty());
+    }
+    {
+      // Request 1's 40-token prompt, one token per launch (budget 1), is
+      // cancelled part-way; its slot goes to request 2, whose chunks start
+      // at 0 again.
+      options.max_prefill_tokens = 1;
+      auto standin = std::make_shared<StandIn>(model, options);
+      standin->block_at = {6};
+      Recorder recorder;
+      Scheduler scheduler(StandInExecutor(standin), options);
+      replay::DecodeStream cancelled = scheduler.submit({prompt_of(1, 40), 5});
+      standin->wait_calls(6);
+      cancelled.cancel();
+      replay::DecodeStream next = scheduler.submit({prompt_of(2, 3), 4});
+      standin->release();
+      const replay::DecodeResult gone = cancelled.wait();
+      CHECK(gone.status == DecodeStatus::cancelled);
+      CHECK(gone.tokens.empty());
+      CHECK(next.wait().tokens == model->expected(2, 3, 4, options.max_len).first);
+      const replay::DecodeStats stats = scheduler.stats();
+      CHECK(stats.cancelled == 1);
+      CHECK(stats.active == 0);
+      std::lock_guard lock(standin->mutex);
+      for (const std::string& v : standin->violations) {
+        FAIL_CHECK(v);
+      }
+      std::size_t chunks_of_1 = 0;
+      for (const StandIn::Launch& launch : standin->launch_log) {
+        for (const StandIn::Chunk& c : launch.chunks) {
+          chunks_of_1 += c.id == 1 ? 1 : 0;
+          CHECK(c.size == 1);
+        }
+      }
+      CHECK(chunks_of_1 >= 6);
+      CHECK(chunks_of_1 < 40);
+    }
+  }
+
   TEST_CASE("DecodeScheduler: min_admission admits requests that arrive one by one in one prefill") {
     // A long request runs; the worker blocks in its launches 3, 5, 7 and 9,
     // and one more request arrives during each, so the boundaries after
@@ -1077,9 +1425,15 @@ TEST_SUITE("host") {
   }
 
   TEST_CASE("DecodeScheduler: 8 producers, 200 requests, random lengths and cancellations: each ends once, exactly") {
-    for (const std::size_t k : {1, 3}) {
+    for (const auto& [k, prefill] : {std::pair{std::size_t{1}, replay::DecodePrefill::separate},
+                                     std::pair{std::size_t{3}, replay::DecodePrefill::separate},
+                                     std::pair{std::size_t{1}, replay::DecodePrefill::with_decode},
+                                     std::pair{std::size_t{3}, replay::DecodePrefill::with_decode}}) {
       CAPTURE(k);
+      CAPTURE(prefill == replay::DecodePrefill::with_decode);
       replay::DecodeOptions options = small_options();
+      options.prefill = prefill;
+      options.max_prefill_tokens = prefill == replay::DecodePrefill::with_decode ? 16 : 0;
       options.max_len = 128;
       options.context_buckets = {16, 32, 64, 128};
       options.steps_per_launch = k;

@@ -1,10 +1,12 @@
 #pragma once
 #include <replay/detail/require_cxx20.hpp>
 // What a DecodeScheduler hands its executor: a PrefillBatch (prompts to write
-// into free cache slots, one first token back per prompt) and a DecodeBatch
+// into free cache slots, one first token back per prompt), a DecodeBatch
 // (one launch of up to max_steps decode steps over every active sequence,
-// padded to a batch bucket and read up to a context bucket). The scheduler
-// owns the memory behind the spans; they are valid for the call only.
+// padded to a batch bucket and read up to a context bucket), and with
+// chunked prefill (DecodePrefill::with_decode) a MixedBatch: prompt chunks
+// and one decode step in one launch. The scheduler owns the memory behind
+// the spans; they are valid for the call only.
 #include <cstddef>
 #include <cstdint>
 #include <source_location>
@@ -18,15 +20,21 @@ namespace replay {
 // A token of the model's vocabulary.
 using TokenId = ::std::int32_t;
 
-// One prompt to prefill.
+// One prompt, or one chunk of a prompt, to prefill.
 struct PrefillRow {
-  ::std::size_t slot = 0;              // the cache slot it goes into (< max_slots), free until now
-  ::std::span<const TokenId> prompt;  // positions 0 .. prompt.size() - 1; fewer than max_len tokens
+  ::std::size_t slot = 0;              // the cache slot it goes into (< max_slots)
+  ::std::span<const TokenId> prompt;  // the tokens of positions start .. start + prompt.size() - 1 (< max_len)
+  // Where prompt[0] goes. 0 (the slot was free until now) unless a chunked
+  // prefill continues: then positions 0 .. start - 1 of the slot hold the
+  // earlier chunks' keys and values, which the chunk's tokens attend to.
+  // Only a MixedBatch has chunks; prefill() always gets whole prompts.
+  ::std::size_t start = 0;
 };
 
-// The prompts admitted in one scheduler iteration. The executor writes each
-// prompt's keys and values into its slot and the greedy token that follows
-// the prompt (position prompt.size()) into first_tokens[row].
+// The prompts (or chunks) of one call. The executor writes each row's keys
+// and values into its slot and the greedy token that follows the row's last
+// token (position start + prompt.size()) into first_tokens[row]: a prompt's
+// first generated token when the row ends its prompt.
 struct PrefillBatch {
   ::std::span<const PrefillRow> rows;
   ::std::span<TokenId> first_tokens;  // out: one per row
@@ -90,6 +98,19 @@ struct DecodeBatch {
     }
     return false;
   }
+};
+
+// One launch of chunked prefill (DecodePrefill::with_decode): the prefill
+// rows (prompt chunks, each continuing its slot at its `start`) and one
+// decode step of every running sequence, in one forward, so the running
+// sequences do not wait for the prompts. prefill.rows is never empty;
+// decode.rows may be (then its buckets are 0). decode.max_steps is 1 and
+// every decode row's max_tokens 1: the executor emits one token per decode
+// row and writes one first token per prefill row, as prefill() and
+// decode() do. The rows' slots are distinct.
+struct MixedBatch {
+  PrefillBatch prefill;
+  DecodeBatch decode;
 };
 
 }  // namespace replay

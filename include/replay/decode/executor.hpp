@@ -13,7 +13,13 @@
 //       runs 1 to batch.max_steps decode steps for every row and reports the
 //       tokens with batch.emit(row, token) (or batch.row_tokens(row) and
 //       batch.counts[row]); see DecodeBatch.
-// Both throw on failure: the scheduler then fails the sequences of that call
+// and, for chunked prefill (DecodePrefill::with_decode), a MixedDecodeExecutor
+// also
+//   void prefill_and_decode(MixedBatch& batch)
+//       does both in one launch: each prefill row's tokens written at its
+//       slot's positions start.. (attending to the earlier chunks there), and
+//       one decode step of every decode row; see MixedBatch.
+// They throw on failure: the scheduler then fails the sequences of that call
 // with the exception's message and goes on serving the others. A scheduler
 // calls its executor from one thread (its worker), one call at a time, so an
 // executor needs no locking. The CPU tests use a stand-in.
@@ -27,6 +33,11 @@ template <class E>
 concept DecodeExecutor = requires(E& executor, PrefillBatch& prefill, DecodeBatch& decode) {
   { executor.prefill(prefill) } -> ::std::same_as<void>;
   { executor.decode(decode) } -> ::std::same_as<void>;
+};
+
+template <class E>
+concept MixedDecodeExecutor = DecodeExecutor<E> && requires(E& executor, MixedBatch& mixed) {
+  { executor.prefill_and_decode(mixed) } -> ::std::same_as<void>;
 };
 
 }  // namespace replay

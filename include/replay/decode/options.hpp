@@ -24,6 +24,20 @@ enum class DecodeBatching : ::std::uint8_t {
   static_batches,
 };
 
+// How admitted prompts reach the cache.
+enum class DecodePrefill : ::std::uint8_t {
+  // One prefill() call per iteration for the prompts admitted at its step
+  // boundary, before the decode launch: the running sequences wait for it.
+  separate,
+  // Chunked prefill: while prompts are being prefilled, each launch is one
+  // prefill_and_decode() call (MixedDecodeExecutor) that carries up to
+  // max_prefill_tokens of their tokens (a long prompt over several
+  // launches, oldest prompts first) and one decode step of every running
+  // sequence, so no running sequence waits for a whole prompt. Launches
+  // without prompts are decode() calls as before (K steps).
+  with_decode,
+};
+
 // What shutdown() does with the requests it did not finish.
 enum class DecodeShutdown : ::std::uint8_t {
   drain,   // serve every accepted request to its end, then stop
@@ -56,15 +70,22 @@ struct DecodeOptions {
   // DecodeStatus::queue_full. At least 1.
   ::std::size_t queue_capacity = 1024;
   // Most prompt tokens prefilled in one iteration (so long prompts do not
-  // stall the running sequences for long); 0: no limit. A request is
-  // admitted whatever its length when it is the first of its iteration.
+  // stall the running sequences for long); 0: no limit.
+  //   - DecodePrefill::separate: admission stops where the admitted prompts
+  //     would exceed it; a request is admitted whatever its length when it
+  //     is the first of its iteration;
+  //   - DecodePrefill::with_decode: the prompt tokens of one mixed launch
+  //     (its chunk budget): a longer prompt is cut into chunks over several
+  //     launches. The executor's forward then holds up to max_slots decode
+  //     rows and this many prompt tokens. 0: whole prompts.
   ::std::size_t max_prefill_tokens = 0;
   // continuous only: while sequences run, waiting requests are admitted only
   // once this many can join together (free slots and waiting requests both),
   // or once admission_delay has passed since the last admission (and since
-  // the oldest waiting request arrived). Each admission is one
-  // prefill call that pauses every running sequence, so grouping admissions
-  // trades some time to first token for fewer pauses. With no sequence
+  // the oldest waiting request arrived). With DecodePrefill::separate each
+  // admission is one prefill call that pauses every running sequence, so
+  // grouping admissions trades some time to first token for fewer pauses
+  // (chunked prefill pauses nothing: leave it at 1 there). With no sequence
   // running, waiting requests are admitted at once. 1: at every step boundary.
   // At least 1, at most max_slots.
   ::std::size_t min_admission = 1;
@@ -75,6 +96,7 @@ struct DecodeOptions {
   // load the oldest has always waited long, and grouping would stop. Not negative.
   ::std::chrono::microseconds admission_delay{5000};
   DecodeBatching batching = DecodeBatching::continuous;
+  DecodePrefill prefill = DecodePrefill::separate;
   // static_batches only: how long the oldest waiting request waits for a
   // batch to fill before it starts with fewer than max_slots.
   ::std::chrono::microseconds static_batch_delay{1000};

@@ -119,4 +119,23 @@ constexpr ::std::size_t plan_admission(::std::span<const ::std::size_t> waiting_
   return take;
 }
 
+// Chunked prefill (DecodePrefill::with_decode): how many prompt tokens each
+// prefilling sequence gets in the next launch. `remaining`: the tokens each
+// still has to prefill, oldest admission first; `budget`: the launch's
+// prompt tokens (max_prefill_tokens; 0: no limit). Oldest first, each as
+// many as fit, so a prompt's chunks come in order and the oldest prompt is
+// done soonest. Writes take[i] for every i (0: none this launch) and returns
+// the number of sequences that got tokens.
+constexpr ::std::size_t plan_prefill_chunks(::std::span<const ::std::size_t> remaining, ::std::size_t budget,
+                                    ::std::span<::std::size_t> take) noexcept {
+  ::std::size_t left = budget;
+  ::std::size_t rows = 0;
+  for (::std::size_t i = 0; i < remaining.size() && i < take.size(); ++i) {
+    take[i] = budget == 0 ? remaining[i] : ::std::min(remaining[i], left);
+    left -= budget == 0 ? 0 : take[i];
+    rows += take[i] != 0 ? 1 : 0;
+  }
+  return rows;
+}
+
 }  // namespace replay

@@ -13,7 +13,8 @@
 //
 // Many threads submit requests; one worker thread owned by the scheduler
 // runs a loop of step boundaries: admit waiting requests into free slots
-// (one prefill call), run one decode launch over every running sequence in
+// (one prefill call, or chunks of the prompts carried by the next launches:
+// DecodePrefill::with_decode), run one decode launch over every running sequence in
 // the smallest batch bucket x context bucket that holds it, hand each
 // request its new tokens, and retire the sequences that ended (an EOS token,
 // max_new_tokens, or max_len), freeing their slots for the next boundary.
@@ -58,8 +59,7 @@ class DecodeScheduler {
   // Checks `options` (usage_error naming what is wrong) and starts the worker.
   explicit DecodeScheduler(Executor executor, DecodeOptions options,
                            ::std::source_location where = ::std::source_location::current())
-      : core_(::std::make_shared<Core>(::std::forward<Executor>(executor),
-                                       detail::checked_decode_options(::std::move(options), where))) {
+      : core_(::std::make_shared<Core>(::std::forward<Executor>(executor), checked(::std::move(options), where))) {
     worker_ = ::std::thread([core = core_] { core->run(); });
   }
 
@@ -138,6 +138,16 @@ class DecodeScheduler {
   const DecodeOptions& options() const noexcept { return core_->options(); }
 
  private:
+  static DecodeOptions checked(DecodeOptions options, const ::std::source_location& where) {
+    if (options.prefill == DecodePrefill::with_decode && !MixedDecodeExecutor<Executor>) {
+      throw usage_error("DecodeScheduler: prefill = DecodePrefill::with_decode (chunked prefill) needs an executor "
+                        "with prefill_and_decode(MixedBatch&) (a MixedDecodeExecutor); this one has only prefill() "
+                        "and decode(): use DecodePrefill::separate",
+                        where);
+    }
+    return detail::checked_decode_options(::std::move(options), where);
+  }
+
   ::std::shared_ptr<Core> core_;
   ::std::mutex join_mutex_;
   ::std::thread worker_;

@@ -30,21 +30,26 @@ struct DecodeStats {
   ::std::uint64_t shut_down = 0;  // ended by a cancelling shutdown after being queued
 
   ::std::uint64_t enqueued = 0;   // requests that entered the queue
-  ::std::uint64_t admitted = 0;   // requests given a slot (prefilled)
+  ::std::uint64_t admitted = 0;   // requests given a slot
   ::std::size_t queue_depth = 0;  // requests waiting now
   ::std::size_t active = 0;       // sequences holding a slot now
 
   ::std::uint64_t prefills = 0;         // executor prefill() calls
   ::std::uint64_t failed_prefills = 0;  // ... that threw
-  ::std::uint64_t prefill_tokens = 0;   // prompt tokens prefilled
+  ::std::uint64_t prefill_tokens = 0;   // prompt tokens prefilled (by prefill() or in chunks)
   ::std::uint64_t launches = 0;         // executor decode() calls
   ::std::uint64_t failed_launches = 0;  // ... that threw or reported bad counts
   ::std::uint64_t steps = 0;            // decode steps run: per launch, the most tokens a row got
-  ::std::uint64_t tokens = 0;           // tokens produced (each prefill's first token included)
-  ::std::uint64_t rows = 0;             // sequences over all launches
+  ::std::uint64_t tokens = 0;           // tokens produced (each prompt's first token included)
+  ::std::uint64_t rows = 0;             // sequences over all decode() launches
   ::std::uint64_t padded_rows = 0;      // the same, padded to the batch buckets
+  // Chunked prefill (DecodePrefill::with_decode):
+  ::std::uint64_t mixed_launches = 0;         // executor prefill_and_decode() calls
+  ::std::uint64_t failed_mixed_launches = 0;  // ... that threw or reported bad counts
+  ::std::uint64_t prefill_chunks = 0;         // prompt chunks they carried (a whole prompt is one chunk)
+  ::std::uint64_t mixed_rows = 0;             // running sequences they stepped
 
-  // Launches per bucket: bucket_launches[b * context_buckets.size() + c] is
+  // decode() launches per bucket: bucket_launches[b * context_buckets.size() + c] is
   // the number of launches in batch bucket batch_buckets[b] and context
   // bucket context_buckets[c].
   ::std::vector<::std::int64_t> batch_buckets;

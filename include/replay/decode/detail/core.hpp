@@ -211,6 +211,8 @@ class DecodeCore {
   void end_running(DecodeStatus status, ::std::string_view message) noexcept;
   void prefill();
   void launch();
+  void mixed_launch();
+  void stage_decode_rows(::std::size_t max_steps);
   void settle(::std::size_t slot, bool hit_eos);
   void end_slot(::std::size_t slot, DecodeStatus status, ::std::string_view message) noexcept;
   void abandon(::std::string_view message) noexcept;
@@ -229,12 +231,16 @@ class DecodeCore {
   // The worker's own state.
   SlotTable<DecodeSequence> slots_;
   ::std::uint64_t seen_cancel_epoch_ = 0;
-  ::std::vector<::std::size_t> admitted_slots_;     // admitted this iteration, to prefill
+  ::std::vector<::std::size_t> admitted_slots_;     // admitted this iteration, to prefill (separate)
+  ::std::vector<::std::size_t> prefilling_;         // with_decode: slots still prefilling, oldest admission first
   ::std::vector<DecodeSequence> cancelled_waiting_;  // left the queue cancelled this iteration
   ::std::vector<::std::size_t> waiting_prompts_;
   clock::time_point last_admission_{};  // continuous batching's admission_delay counts from it
   ::std::vector<PrefillRow> prefill_rows_;
   ::std::vector<TokenId> first_tokens_;
+  ::std::vector<::std::size_t> chunk_remaining_;
+  ::std::vector<::std::size_t> chunk_take_;
+  ::std::vector<::std::size_t> chunk_slots_;
   ::std::vector<DecodeRow> rows_;
   ::std::vector<TokenId> row_tokens_;
   ::std::vector<::std::size_t> counts_;

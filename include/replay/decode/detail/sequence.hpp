@@ -23,6 +23,9 @@ struct DecodeSequence {
   ::std::size_t max_new_tokens = 0;  // 0: no limit
   clock::time_point submitted;
   ::std::chrono::microseconds queue_delay{0};
+  // Prompt tokens in the cache: prompt.size() once prefilled; less while a
+  // chunked prefill (DecodePrefill::with_decode) is under way.
+  ::std::size_t prefilled = 0;
   ::std::vector<TokenId> tokens;  // produced so far
   ::std::size_t delivered = 0;    // tokens[0, delivered) went out in updates
 };

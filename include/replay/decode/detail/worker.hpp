@@ -12,6 +12,10 @@
 //      batch and context buckets that hold it (plan_launch());
 //   5. each sequence gets its new tokens; those that ended (an EOS token,
 //      max_new_tokens, max_len) get their final update and free their slot.
+// With chunked prefill (DecodePrefill::with_decode) the admitted sequences
+// are prefilled in chunks instead (plan_prefill_chunks()); while any is, 3 and 4 are
+// one mixed launch (prefill_and_decode()) with one step for the running ones,
+// and a sequence whose last chunk ran gets its first token from it.
 // Callbacks run on this thread, outside the lock.
 #include <algorithm>
 #include <chrono>
@@ -70,6 +74,14 @@ void DecodeCore<Executor>::serve() {
     // update callback of this iteration) the executor is not called again.
     if (cancel_all_.load(::std::memory_order_relaxed)) {
       admitted_slots_.clear();
+      continue;
+    }
+    if (options_.prefill == DecodePrefill::with_decode) {
+      if (!prefilling_.empty()) {
+        mixed_launch();
+      } else if (slots_.size() != 0) {
+        launch();
+      }
       continue;
     }
     prefill();
@@ -140,8 +152,12 @@ void DecodeCore<Executor>::admit(clock::time_point now) {
   const bool oldest_due =
       stopping_ ||
       (!queue_.empty() && admission_due(options_.batching, now, queue_.front().submitted, last_admission_, delay));
-  const DecodeAdmissionLimits limits{options_.batching, options_.max_slots, options_.max_prefill_tokens,
-                                     options_.min_admission};
+  // Chunked prefill spends max_prefill_tokens per launch (plan_prefill_chunks()),
+  // not per admission.
+  const DecodeAdmissionLimits limits{
+      options_.batching, options_.max_slots,
+      options_.prefill == DecodePrefill::with_decode ? ::std::size_t{0} : options_.max_prefill_tokens,
+      options_.min_admission};
   const ::std::size_t take = plan_admission(waiting_prompts_, slots_.free(), slots_.size(), oldest_due, limits);
   if (take > 0) {
     last_admission_ = now;
@@ -159,7 +175,8 @@ void DecodeCore<Executor>::admit(clock::time_point now) {
     stats_.queue_delay_max_us = ::std::max(stats_.queue_delay_max_us, us);
     delays_.record(us);
     ++stats_.admitted;
-    admitted_slots_.push_back(slots_.place(::std::move(sequence)));
+    const ::std::size_t slot = slots_.place(::std::move(sequence));
+    (options_.prefill == DecodePrefill::with_decode ? prefilling_ : admitted_slots_).push_back(slot);
     queue_.pop_front();
   }
 }
@@ -203,6 +220,9 @@ void DecodeCore<Executor>::end_running(DecodeStatus status, ::std::string_view m
 template <DecodeExecutor Executor>
 void DecodeCore<Executor>::end_slot(::std::size_t slot, DecodeStatus status, ::std::string_view message) noexcept {
   DecodeSequence sequence = slots_.take(slot);
+  if (const auto it = ::std::find(prefilling_.begin(), prefilling_.end(), slot); it != prefilling_.end()) {
+    prefilling_.erase(it);
+  }
   {
     ::std::lock_guard lock(wakeup_->mutex);
     count_end(status, true);
@@ -251,6 +271,7 @@ void DecodeCore<Executor>::prefill() {
     }
   } else {
     for (::std::size_t i = 0; i < n; ++i) {
+      slots_[admitted_slots_[i]].prefilled = slots_[admitted_slots_[i]].prompt.size();
       slots_[admitted_slots_[i]].tokens.push_back(first_tokens_[i]);
       settle(admitted_slots_[i], is_eos(first_tokens_[i]));
     }
@@ -258,11 +279,13 @@ void DecodeCore<Executor>::prefill() {
   admitted_slots_.clear();
 }
 
+// rows_: every running sequence (prefilled, in slot order), each to produce
+// up to max_steps tokens.
 template <DecodeExecutor Executor>
-void DecodeCore<Executor>::launch() {
+void DecodeCore<Executor>::stage_decode_rows(::std::size_t max_steps) {
   rows_.clear();
   for (::std::size_t slot = 0; slot < slots_.capacity(); ++slot) {
-    if (!slots_.occupied(slot)) {
+    if (!slots_.occupied(slot) || slots_[slot].prefilled < slots_[slot].prompt.size()) {
       continue;
     }
     const DecodeSequence& sequence = slots_[slot];
@@ -270,8 +293,13 @@ void DecodeCore<Executor>::launch() {
     const ::std::size_t left =
         tokens_left(sequence.prompt.size(), sequence.tokens.size(), sequence.max_new_tokens, options_.max_len);
     rows_.push_back({slot, sequence.prompt.size() + sequence.tokens.size() - 1, sequence.tokens.back(),
-                     ::std::min(options_.steps_per_launch, left)});
+                     ::std::min(max_steps, left)});
   }
+}
+
+template <DecodeExecutor Executor>
+void DecodeCore<Executor>::launch() {
+  stage_decode_rows(options_.steps_per_launch);
   const DecodeLaunchShape shape = plan_launch(rows_, options_.batch_buckets, options_.context_buckets);
   if (shape.batch_bucket == 0 || shape.context_bucket == 0 || shape.max_steps == 0) {
     throw ::std::logic_error("replay: DecodeScheduler planned a launch that fits no bucket (a scheduler bug)");
@@ -340,6 +368,113 @@ void DecodeCore<Executor>::launch() {
   }
   for (::std::size_t r = 0; r < n; ++r) {
     settle(rows_[r].slot, row_hit_eos_[r]);
+  }
+}
+
+template <DecodeExecutor Executor>
+void DecodeCore<Executor>::mixed_launch() {
+  if constexpr (MixedDecodeExecutor<Executor>) {
+    // The prompt chunks: oldest admission first, within the launch's budget.
+    const ::std::size_t waiting = prefilling_.size();
+    chunk_remaining_.clear();
+    for (const ::std::size_t slot : prefilling_) {
+      chunk_remaining_.push_back(slots_[slot].prompt.size() - slots_[slot].prefilled);
+    }
+    chunk_take_.assign(waiting, 0);
+    (void)plan_prefill_chunks(chunk_remaining_, options_.max_prefill_tokens, chunk_take_);
+    prefill_rows_.clear();
+    chunk_slots_.clear();
+    ::std::size_t prompt_tokens = 0;
+    for (::std::size_t i = 0; i < waiting; ++i) {
+      if (chunk_take_[i] == 0) {
+        continue;
+      }
+      const DecodeSequence& sequence = slots_[prefilling_[i]];
+      prefill_rows_.push_back({prefilling_[i],
+                               ::std::span<const TokenId>(sequence.prompt).subspan(sequence.prefilled, chunk_take_[i]),
+                               sequence.prefilled});
+      chunk_slots_.push_back(prefilling_[i]);
+      prompt_tokens += chunk_take_[i];
+    }
+    first_tokens_.assign(prefill_rows_.size(), 0);
+    // One step of every running sequence.
+    stage_decode_rows(1);
+    const ::std::size_t n = rows_.size();
+    DecodeLaunchShape shape{};
+    if (n != 0) {
+      shape = plan_launch(rows_, options_.batch_buckets, options_.context_buckets);
+      if (shape.batch_bucket == 0 || shape.context_bucket == 0 || shape.max_steps != 1) {
+        throw ::std::logic_error(
+            "replay: DecodeScheduler planned a mixed launch that fits no bucket (a scheduler bug)");
+      }
+    }
+    row_tokens_.assign(n, 0);
+    counts_.assign(n, 0);
+    MixedBatch batch{{prefill_rows_, first_tokens_},
+                     {rows_, shape.batch_bucket, shape.context_bucket, 1, options_.eos_tokens, row_tokens_, counts_}};
+    bool failed = false;
+    ::std::string error;
+    try {
+      executor_.prefill_and_decode(batch);
+      for (::std::size_t r = 0; r < n && !failed; ++r) {
+        if (counts_[r] != 1) {
+          failed = true;
+          error = concat("it reported ", counts_[r], " tokens for decode row ", r, " (slot ", rows_[r].slot,
+                         "), expected 1");
+        }
+      }
+    } catch (...) {
+      failed = true;
+      error = describe_current_exception();
+    }
+    ::std::size_t completed = 0;  // prompts whose last chunk this is
+    for (::std::size_t i = 0; i < chunk_slots_.size(); ++i) {
+      const DecodeSequence& sequence = slots_[chunk_slots_[i]];
+      completed += sequence.prefilled + prefill_rows_[i].prompt.size() == sequence.prompt.size() ? 1 : 0;
+    }
+    {
+      ::std::lock_guard lock(wakeup_->mutex);
+      ++stats_.mixed_launches;
+      stats_.prefill_chunks += prefill_rows_.size();
+      stats_.prefill_tokens += prompt_tokens;
+      if (failed) {
+        ++stats_.failed_mixed_launches;
+      } else {
+        stats_.mixed_rows += n;
+        stats_.steps += n != 0 ? 1 : 0;
+        stats_.tokens += n + completed;
+      }
+    }
+    if (failed) {
+      const ::std::string message = concat("the executor's prefill_and_decode of ", prefill_rows_.size(),
+                                           prefill_rows_.size() == 1 ? " prompt chunk (" : " prompt chunks (",
+                                           prompt_tokens, " tokens) and ", n, n == 1 ? " sequence" : " sequences",
+                                           " failed: ", error);
+      for (const ::std::size_t slot : chunk_slots_) {
+        end_slot(slot, DecodeStatus::failed, message);
+      }
+      for (const DecodeRow& row : rows_) {
+        end_slot(row.slot, DecodeStatus::failed, message);
+      }
+      return;
+    }
+    for (::std::size_t i = 0; i < chunk_slots_.size(); ++i) {
+      const ::std::size_t slot = chunk_slots_[i];
+      DecodeSequence& sequence = slots_[slot];
+      sequence.prefilled += prefill_rows_[i].prompt.size();
+      if (sequence.prefilled == sequence.prompt.size()) {
+        prefilling_.erase(::std::find(prefilling_.begin(), prefilling_.end(), slot));
+        sequence.tokens.push_back(first_tokens_[i]);
+        settle(slot, is_eos(first_tokens_[i]));
+      }
+    }
+    for (::std::size_t r = 0; r < n; ++r) {
+      slots_[rows_[r].slot].tokens.push_back(row_tokens_[r]);
+      settle(rows_[r].slot, is_eos(row_tokens_[r]));
+    }
+  } else {
+    throw ::std::logic_error(
+        "replay: DecodeScheduler ran a mixed launch without prefill_and_decode() (a scheduler bug)");
   }
 }
 
