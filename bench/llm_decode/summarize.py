@@ -146,7 +146,8 @@ def main():
         out.append(f"### Load test{title}: {per_point}, prompts {load.get('prompt_tokens')}, "
                    f"outputs {load.get('new_tokens')} tokens, Poisson arrivals; prefill {load.get('prefill', 'unpadded')}"
                    + (f", grouped: {load['min_admission']} requests or {load['admission_delay_us'] / 1000:g} ms"
-                      if "min_admission" in load else ""))
+                      if "min_admission" in load else "")
+                   + (f", chunked: {load['chunk_tokens']} prompt tokens per launch" if "chunk_tokens" in load else ""))
         out.append("")
         out.append("| batching | offered req/s | done req/s | tokens/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | finished |")
         out.append("|---|---:|---:|---:|---:|---:|---:|")
@@ -158,7 +159,7 @@ def main():
                        f"{r['finished']}/{r['requests']} |")
         out.append("")
         rates = sorted({rate for _, rate in by})
-        for policy in ("continuous", "grouped"):
+        for policy in ("continuous", "grouped", "chunked"):
             for rate in rates:
                 c, s = by.get((policy, rate)), by.get(("static", rate))
                 if c and s:

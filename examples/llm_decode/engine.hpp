@@ -39,6 +39,9 @@ struct EngineOptions {
   std::vector<std::int64_t> prefill_buckets{};  // empty: the executor's default (ExecutorOptions)
   replay::DecodeBatching batching = replay::DecodeBatching::continuous;
   std::chrono::microseconds static_batch_delay{1000};
+  // separate prefill calls, or chunked prefill (with_decode: needs
+  // DecodeKernels::fused; max_prefill_tokens is then the chunk budget).
+  replay::DecodePrefill decode_prefill = replay::DecodePrefill::separate;
   replay::CaptureProgress<std::array<std::int64_t, 2>> on_capture_progress{};
 };
 
@@ -73,6 +76,7 @@ class DecodeEngine {
                                               .min_admission = options.min_admission,
                                               .admission_delay = options.admission_delay,
                                               .batching = options.batching,
+                                              .prefill = options.decode_prefill,
                                               .static_batch_delay = options.static_batch_delay})) {}
 
   DecodeEngine(const DecodeEngine&) = delete;

@@ -6,7 +6,9 @@
 // step repeated inside a WHILE node (loop_control.hpp) until every row is done
 // or the launch's step budget is spent. Prefill: the admitted prompts packed
 // into forwards padded to prefill buckets, one graph per bucket in the same
-// pool (PrefillMode).
+// pool (PrefillMode). With chunked prefill (replay::DecodePrefill::with_decode,
+// DecodeKernels::fused) prefill_and_decode() packs prompt chunks and one
+// decode step of the running rows into one such forward.
 //
 // Every launch, graphed or eager, reads one block of static device state and
 // writes its tokens into a ring in the same block, so a launch costs one
@@ -34,6 +36,7 @@
 #include <optional>
 #include <exception>
 #include <set>
+#include <span>
 #include <thread>
 #include <stdexcept>
 #include <string_view>
@@ -107,6 +110,8 @@ struct ExecutorStats {
   std::uint64_t prefills = 0;             // prompts prefilled
   std::uint64_t prefill_forwards = 0;     // forwards they took (packed)
   double prefill_seconds = 0;             // prefill(): wall time, read-back included
+  std::uint64_t mixed_launches = 0;       // prefill_and_decode() calls
+  double mixed_seconds = 0;               // their wall time, read-back included
   double host_seconds = 0;               // decode(): CPU time before the launch returned and after the read-back
   double launch_seconds = 0;             // decode(): wall time of whole launches
   double capture_seconds = 0;            // the constructor's captures
@@ -272,7 +277,13 @@ class LlamaExecutor {
   // PrefillMode), and reads every first token back with one copy and one
   // synchronization.
   void prefill(replay::PrefillBatch& batch) {
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = std::chrono::steady_clock::now();    for (std::size_t r = 0; r < batch.rows.size(); ++r) {
+      if (batch.rows[r].start != 0) {
+        throw std::invalid_argument("LlamaExecutor::prefill: row " + std::to_string(r) + " starts at position " +
+                                    std::to_string(batch.rows[r].start) +
+                                    "; prefill() takes whole prompts (chunks go through prefill_and_decode())");
+      }
+    }
     const c10::cuda::CUDAGuard guard(device_);
     const c10::cuda::CUDAStreamGuard stream_guard(*stream_);
     const c10::InferenceMode inference;
@@ -282,6 +293,7 @@ class LlamaExecutor {
       throw std::invalid_argument("LlamaExecutor::prefill: " + std::to_string(batch.rows.size()) +
                                   " prompts; the cache has " + std::to_string(cache_->slots()) + " slots");
     }
+
     // Packs of consecutive rows, each at most pack_limit tokens (a longer
     // prompt alone).
     std::vector<std::pair<std::size_t, std::size_t>> packs;  // [begin, end) rows
@@ -388,6 +400,78 @@ class LlamaExecutor {
     stats_.host_seconds += std::chrono::duration<double>(issued - start).count() +
                            std::chrono::duration<double>(end - returned).count();
     stats_.launch_seconds += std::chrono::duration<double>(end - start).count();
+  }
+
+  // Chunked prefill: the prompt chunks and one decode step of every decode
+  // row in one packed forward (model.hpp's prefill_packed), padded to the
+  // smallest prefill bucket that holds both (that bucket's graph in graphed
+  // mode, the same kernels op by op in eager mode): each chunk's tokens go
+  // to its slot's positions start.., each decode row's token to its
+  // position, and every token attends to its own slot up to its own
+  // position. One copy in, one forward, one copy out, one synchronization.
+  // Needs DecodeKernels::fused (the operators' packed prefill attends within
+  // the forward only, not to the keys already in the cache) and
+  // PrefillMode::bucketed; the decode rows plus the chunks' tokens must fit
+  // the largest prefill bucket.
+  void prefill_and_decode(replay::MixedBatch& batch) {
+    const auto start = std::chrono::steady_clock::now();
+    if (options_.kernels != DecodeKernels::fused || options_.prefill != PrefillMode::bucketed) {
+      throw std::invalid_argument(
+          "LlamaExecutor::prefill_and_decode: chunked prefill needs kernels = DecodeKernels::fused and prefill = "
+          "PrefillMode::bucketed (the operators' packed prefill attends within its forward only, not to the keys "
+          "already in the cache); use replay::DecodePrefill::separate with these options");
+    }
+    const c10::cuda::CUDAGuard guard(device_);
+    const c10::cuda::CUDAStreamGuard stream_guard(*stream_);
+    const c10::InferenceMode inference;
+    const std::span<const replay::PrefillRow> chunks = batch.prefill.rows;
+    const std::span<const replay::DecodeRow> rows = batch.decode.rows;
+    if (chunks.empty() || batch.prefill.first_tokens.size() != chunks.size() || batch.decode.max_steps != 1) {
+      throw std::invalid_argument("LlamaExecutor::prefill_and_decode: a mixed launch has at least one chunk, one "
+                                  "first token per chunk and one step (max_steps " +
+                                  std::to_string(batch.decode.max_steps) + ")");
+    }
+    std::vector<Segment> segments;
+    segments.reserve(rows.size() + chunks.size());
+    std::int64_t tokens = 0;
+    for (const replay::DecodeRow& row : rows) {
+      segments.push_back({static_cast<std::int64_t>(row.slot), static_cast<std::int64_t>(row.position),
+                          std::span<const replay::TokenId>(&row.token, 1)});
+      tokens += 1;
+    }
+    for (const replay::PrefillRow& chunk : chunks) {
+      segments.push_back({static_cast<std::int64_t>(chunk.slot), static_cast<std::int64_t>(chunk.start), chunk.prompt});
+      tokens += static_cast<std::int64_t>(chunk.prompt.size());
+    }
+    const std::int64_t largest = options_.prefill_buckets.back();
+    if (tokens > largest || static_cast<std::int64_t>(segments.size()) > cache_->slots()) {
+      throw std::invalid_argument(
+          "LlamaExecutor::prefill_and_decode: " + std::to_string(rows.size()) + " decode rows and " +
+          std::to_string(tokens - static_cast<std::int64_t>(rows.size())) + " prompt tokens make " +
+          std::to_string(tokens) + " packed tokens; the largest prefill bucket is " + std::to_string(largest) +
+          ": set the scheduler's max_prefill_tokens to at most " + std::to_string(largest) + " - max_slots");
+    }
+    const std::int64_t bucket = replay::smallest_bucket(options_.prefill_buckets, static_cast<std::size_t>(tokens));
+    if (options_.mode == StepMode::graphed && !prefill_captured_.contains(bucket)) capture_prefill_now(bucket);
+    stage_packed(segments, 0);
+    if (options_.mode == StepMode::graphed) {
+      (void)prefill_router_->run(bucket, replay::StreamRef(stream_->stream()));
+    } else {
+      prefill_forward(bucket);
+    }
+    auto* out = host_first_.data_ptr<std::int64_t>();
+    replay::check(::cudaMemcpyAsync(out, prefill_first_.data_ptr<std::int64_t>(),
+                                    segments.size() * sizeof(std::int64_t), ::cudaMemcpyDeviceToHost,
+                                    stream_->stream()),
+                  "cudaMemcpyAsync");
+    stream_->synchronize();
+    for (std::size_t r = 0; r < rows.size(); ++r) batch.decode.emit(r, static_cast<replay::TokenId>(out[r]));
+    for (std::size_t c = 0; c < chunks.size(); ++c) {
+      batch.prefill.first_tokens[c] = static_cast<replay::TokenId>(out[rows.size() + c]);
+    }
+    stats_.mixed_launches += 1;
+    stats_.steps += rows.empty() ? 0 : 1;
+    stats_.mixed_seconds += seconds_since(start);
   }
 
   const ExecutorStats& stats() const noexcept { return stats_; }
@@ -503,19 +587,37 @@ class LlamaExecutor {
     for (std::int64_t r = 0; r < w; ++r) in[kPrefillLastRow * w + r] = 0;
   }
 
+  // What one packed forward carries per prompt, chunk or decode row: its
+  // tokens go to `slot` at positions start, start + 1, ...
+  struct Segment {
+    std::int64_t slot = 0;
+    std::int64_t start = 0;
+    std::span<const replay::TokenId> tokens;
+  };
+
   // Rows [begin, end) of the batch packed into staging block `block`, padding after them.
   void stage_prefill(const replay::PrefillBatch& batch, std::size_t begin, std::size_t end, std::size_t block) {
+    std::vector<Segment> segments;
+    for (std::size_t r = begin; r < end; ++r) {
+      segments.push_back({static_cast<std::int64_t>(batch.rows[r].slot), 0, batch.rows[r].prompt});
+    }
+    stage_packed(segments, block);
+  }
+
+  // Segments packed one after another into staging block `block`, padding
+  // after them; segment i's logits are the forward's row i.
+  void stage_packed(std::span<const Segment> segments, std::size_t block) {
     const std::int64_t w = prefill_width_;
     auto* in = host_prefill_in_.data_ptr<std::int64_t>() + static_cast<std::int64_t>(block) * kPrefillRows * w;
     std::int64_t t = 0;
     std::vector<std::int64_t> last_rows;
-    for (std::size_t r = begin; r < end; ++r) {
-      const replay::PrefillRow& row = batch.rows[r];
-      for (std::size_t i = 0; i < row.prompt.size(); ++i, ++t) {
-        in[kPrefillTokensRow * w + t] = row.prompt[i];
-        in[kPrefillSlotsRow * w + t] = static_cast<std::int64_t>(row.slot);
-        in[kPrefillPositionsRow * w + t] = static_cast<std::int64_t>(i);
-        in[kPrefillSegmentsRow * w + t] = static_cast<std::int64_t>(r - begin);
+    for (std::size_t s = 0; s < segments.size(); ++s) {
+      const Segment& segment = segments[s];
+      for (std::size_t i = 0; i < segment.tokens.size(); ++i, ++t) {
+        in[kPrefillTokensRow * w + t] = segment.tokens[i];
+        in[kPrefillSlotsRow * w + t] = segment.slot;
+        in[kPrefillPositionsRow * w + t] = segment.start + static_cast<std::int64_t>(i);
+        in[kPrefillSegmentsRow * w + t] = static_cast<std::int64_t>(s);
       }
       last_rows.push_back(t - 1);
     }
@@ -723,6 +825,6 @@ class LlamaExecutor {
   ExecutorStats stats_;
 };
 
-static_assert(replay::DecodeExecutor<LlamaExecutor>);
+static_assert(replay::MixedDecodeExecutor<LlamaExecutor>);
 
 }  // namespace llm_decode

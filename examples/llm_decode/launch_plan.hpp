@@ -75,8 +75,42 @@ std::vector<replay::TokenId> run_prefill(Executor& executor, const std::vector<s
   return first;
 }
 
+// One mixed launch (chunked prefill): its prompt chunks and the first tokens
+// they produced, its decode rows and the token each got.
+struct RecordedMixed {
+  std::vector<replay::PrefillRow> chunk_rows;  // prompt spans point into `chunks`
+  std::vector<std::vector<replay::TokenId>> chunks;
+  std::vector<replay::TokenId> first_tokens;
+  RecordedLaunch launch;  // max_steps 1
+};
+
+// Runs one mixed launch on `executor` with owned buffers; returns the chunks'
+// first tokens, then each decode row's token.
+template <class Executor>
+std::vector<replay::TokenId> run_mixed(Executor& executor, const RecordedMixed& call,
+                                       const std::vector<replay::TokenId>& eos_tokens) {
+  std::vector<replay::PrefillRow> chunk_rows = call.chunk_rows;
+  for (std::size_t c = 0; c < chunk_rows.size(); ++c) chunk_rows[c].prompt = call.chunks[c];
+  std::vector<replay::TokenId> first(chunk_rows.size());
+  const std::vector<replay::DecodeRow>& rows = call.launch.rows;
+  std::vector<replay::TokenId> tokens(rows.size());
+  std::vector<std::size_t> counts(rows.size(), 0);
+  replay::MixedBatch batch{.prefill = {.rows = chunk_rows, .first_tokens = first},
+                           .decode = {.rows = rows,
+                                      .batch_bucket = call.launch.batch_bucket,
+                                      .context_bucket = call.launch.context_bucket,
+                                      .max_steps = 1,
+                                      .eos_tokens = eos_tokens,
+                                      .tokens = tokens,
+                                      .counts = counts}};
+  executor.prefill_and_decode(batch);
+  first.insert(first.end(), tokens.begin(), tokens.end());
+  return first;
+}
+
 // A DecodeExecutor that forwards to `inner` and records every call, in order,
 // so the same calls can be replayed on another executor (replay_recording).
+// A MixedDecodeExecutor when `inner` is one.
 template <class Inner>
 class RecordingExecutor {
  public:
@@ -89,7 +123,7 @@ class RecordingExecutor {
       call.prompts.emplace_back(batch.rows[r].prompt.begin(), batch.rows[r].prompt.end());
       call.first_tokens.push_back(batch.first_tokens[r]);
     }
-    calls_.push_back(Call{.prefill = std::move(call), .is_prefill = true});
+    calls_.push_back(Call{.prefill = std::move(call), .kind = Call::Kind::prefill});
   }
   void decode(replay::DecodeBatch& batch) {
     inner_->decode(batch);
@@ -102,13 +136,35 @@ class RecordingExecutor {
       const auto row = batch.row_tokens(r);
       launch.tokens.emplace_back(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(batch.counts[r]));
     }
-    calls_.push_back(Call{.launch = std::move(launch), .is_prefill = false});
+    calls_.push_back(Call{.launch = std::move(launch), .kind = Call::Kind::launch});
+  }
+  void prefill_and_decode(replay::MixedBatch& batch)
+    requires replay::MixedDecodeExecutor<Inner>
+  {
+    inner_->prefill_and_decode(batch);
+    RecordedMixed call{.chunk_rows = {batch.prefill.rows.begin(), batch.prefill.rows.end()},
+                       .chunks = {},
+                       .first_tokens = {batch.prefill.first_tokens.begin(), batch.prefill.first_tokens.end()},
+                       .launch = {.rows = {batch.decode.rows.begin(), batch.decode.rows.end()},
+                                  .batch_bucket = batch.decode.batch_bucket,
+                                  .context_bucket = batch.decode.context_bucket,
+                                  .max_steps = 1,
+                                  .tokens = {}}};
+    for (const replay::PrefillRow& row : batch.prefill.rows) {
+      call.chunks.emplace_back(row.prompt.begin(), row.prompt.end());
+    }
+    for (std::size_t r = 0; r < batch.decode.rows.size(); ++r) {
+      call.launch.tokens.push_back({batch.decode.tokens[r]});
+    }
+    calls_.push_back(Call{.mixed = std::move(call), .kind = Call::Kind::mixed});
   }
 
   struct Call {
+    enum class Kind : std::uint8_t { prefill, launch, mixed };
     RecordedPrefill prefill{};
     RecordedLaunch launch{};
-    bool is_prefill = false;
+    RecordedMixed mixed{};
+    Kind kind = Kind::launch;
   };
   const std::vector<Call>& calls() const noexcept { return calls_; }
 
@@ -127,18 +183,30 @@ std::size_t replay_recording(Executor& executor, const std::vector<Call>& calls,
   for (std::size_t i = 0; i < calls.size(); ++i) {
     const Call& call = calls[i];
     bool same = true;
-    if (call.is_prefill) {
+    std::string what;
+    if (call.kind == Call::Kind::prefill) {
       same = run_prefill(executor, call.prefill.slots, call.prefill.prompts) == call.prefill.first_tokens;
-    } else {
+      what = "prefill of " + std::to_string(call.prefill.prompts.size()) + " prompts";
+    } else if (call.kind == Call::Kind::launch) {
       const RecordedLaunch& l = call.launch;
       same = run_launch(executor, l.rows, l.batch_bucket, l.context_bucket, l.max_steps, eos_tokens) == l.tokens;
+      what = "decode launch of " + std::to_string(l.rows.size()) + " rows";
+    } else {
+      const RecordedMixed& m = call.mixed;
+      std::vector<replay::TokenId> recorded = m.first_tokens;
+      for (const auto& row : m.launch.tokens) recorded.insert(recorded.end(), row.begin(), row.end());
+      if constexpr (replay::MixedDecodeExecutor<Executor>) {
+        same = run_mixed(executor, m, eos_tokens) == recorded;
+      } else {
+        throw std::invalid_argument(
+            "replay_recording: a mixed launch to replay on an executor without prefill_and_decode()");
+      }
+      what = "mixed launch of " + std::to_string(m.chunks.size()) + " chunks and " +
+             std::to_string(m.launch.rows.size()) + " decode rows";
     }
     if (!same) {
       if (differing == 0 && first_difference != nullptr) {
-        *first_difference = "call " + std::to_string(i) + " (" + (call.is_prefill ? "prefill" : "decode launch") +
-                            " of " +
-                            std::to_string(call.is_prefill ? call.prefill.prompts.size() : call.launch.rows.size()) +
-                            " rows)";
+        *first_difference = "call " + std::to_string(i) + " (" + what + ")";
       }
       ++differing;
     }

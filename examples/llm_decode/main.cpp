@@ -79,6 +79,7 @@ struct Common {
   std::string kernels = "aten";                // aten | fused (DecodeKernels)
   std::string prefill = "bucketed";            // bucketed | unpadded (PrefillMode)
   std::vector<std::int64_t> prefill_buckets;   // empty: the executor's default
+  std::size_t prefill_chunk = 0;               // generate: > 0: chunked prefill of this many prompt tokens per launch
   std::string json;
 
   llm_decode::DecodeKernels decode_kernels() const {
@@ -130,7 +131,10 @@ int generate(const Common& c, std::size_t prompts, std::size_t new_tokens, std::
                     .max_len = static_cast<std::size_t>(c.context_buckets.back()),
                     .batch_buckets = c.batch_buckets,
                     .context_buckets = c.context_buckets,
-                    .steps_per_launch = steps});
+                    .steps_per_launch = steps,
+                    .max_prefill_tokens = c.prefill_chunk,
+                    .prefill = c.prefill_chunk > 0 ? replay::DecodePrefill::with_decode
+                                                   : replay::DecodePrefill::separate});
     // Requests from several threads at once.
     std::vector<std::thread> submitters;
     for (int t = 0; t < threads; ++t) {
@@ -185,9 +189,12 @@ int generate(const Common& c, std::size_t prompts, std::size_t new_tokens, std::
   out["calls_differing_from_eager"] = differing;
   out["capture_failures"] = graphed.capture_failures();
   write_json(c.json, out);
+  std::size_t mixed = 0;
+  for (const auto& call : recording.calls()) mixed += call.kind == decltype(recording)::Call::Kind::mixed ? 1 : 0;
+  out["mixed_calls"] = mixed;
   std::printf("llm_decode generate: %zu requests from %d threads, %zu finished with %zu tokens each; %zu executor "
-              "calls replayed eagerly: %zu differ%s%s\n",
-              prompts, threads, finished, new_tokens, recording.calls().size(), differing,
+              "calls (%zu mixed: chunked prefill) replayed eagerly: %zu differ%s%s\n",
+              prompts, threads, finished, new_tokens, recording.calls().size(), mixed, differing,
               differing != 0 ? ", the first: " : "", first_difference.c_str());
   for (const std::string& failure : graphed.capture_failures()) std::printf("  capture failed: %s\n", failure.c_str());
   return finished == prompts && differing == 0 && graphed.capture_failures().empty() ? 0 : 1;
@@ -394,9 +401,11 @@ struct OutputLengths {
 
 // A batching policy of the load test.
 struct LoadPolicy {
-  std::string name;  // continuous | grouped | static
+  std::string name;  // continuous | grouped | chunked | static
   replay::DecodeBatching batching = replay::DecodeBatching::continuous;
   std::size_t min_admission = 1;
+  replay::DecodePrefill prefill = replay::DecodePrefill::separate;
+  std::size_t max_prefill_tokens = 0;
 };
 
 struct LoadResult {
@@ -492,8 +501,9 @@ struct LoadSettings {
   std::size_t requests = 256;  // per point, at least
   double seconds = 0;          // > 0: per point also at least rate x seconds requests
   std::size_t steps = 1;
-  std::vector<std::string> policies{"continuous", "grouped", "static"};
+  std::vector<std::string> policies{"continuous", "grouped", "chunked", "static"};
   std::size_t min_admission = 8;
+  std::size_t chunk_tokens = 64;  // chunked: prompt tokens per mixed launch
   std::int64_t admission_delay_us = 20000;
   OutputLengths lengths;
 };
@@ -508,6 +518,7 @@ int load(const Common& c, const LoadSettings& settings) {
            {"new_tokens", settings.lengths.describe()},
            {"prefill", c.prefill},
            {"min_admission", settings.min_admission},
+           {"chunk_tokens", settings.chunk_tokens},
            {"admission_delay_us", settings.admission_delay_us}};
   bool all_finished = true;
   // The queue holds every request of a point: an overloaded point shows in
@@ -522,21 +533,26 @@ int load(const Common& c, const LoadSettings& settings) {
       policy.batching = replay::DecodeBatching::static_batches;
     } else if (name == "grouped") {
       policy.min_admission = settings.min_admission;
+    } else if (name == "chunked") {
+      policy.prefill = replay::DecodePrefill::with_decode;
+      policy.max_prefill_tokens = settings.chunk_tokens;
     } else if (name != "continuous") {
-      throw std::invalid_argument("--policies: '" + name + "' is none of continuous, grouped, static");
+      throw std::invalid_argument("--policies: '" + name + "' is none of continuous, grouped, chunked, static");
     }
     // One engine per policy (its graphs captured once), every rate through it.
     DecodeEngine engine(model, {.batch_buckets = c.batch_buckets,
                                 .context_buckets = c.context_buckets,
                                 .steps_per_launch = settings.steps,
                                 .queue_capacity = most_requests,
+                                .max_prefill_tokens = policy.max_prefill_tokens,
                                 .min_admission = policy.min_admission,
                                 .admission_delay = std::chrono::microseconds(settings.admission_delay_us),
                                 .kernels = c.decode_kernels(),
                                 .prefill = c.prefill_mode(),
                                 .prefill_buckets = c.prefill_buckets,
                                 .batching = policy.batching,
-                                .static_batch_delay = std::chrono::microseconds(20000)});
+                                .static_batch_delay = std::chrono::microseconds(20000),
+                                .decode_prefill = policy.prefill});
     for (const double rate : settings.rates) {
       // Enough requests that the run is mostly steady state, not the ramp
       // and the drain of a few batches.
@@ -565,12 +581,21 @@ int load(const Common& c, const LoadSettings& settings) {
     const auto& stats = engine.executor().stats();
     out["prefill_stats"][policy.name] = {{"prompts", stats.prefills},
                                          {"forwards", stats.prefill_forwards},
-                                         {"seconds", stats.prefill_seconds}};
-    std::printf("llm_decode load: %-10s %llu prompts prefilled in %llu forwards, %.3f ms per forward\n",
-                policy.name.c_str(), static_cast<unsigned long long>(stats.prefills),
-                static_cast<unsigned long long>(stats.prefill_forwards),
-                stats.prefill_forwards > 0 ? 1e3 * stats.prefill_seconds / static_cast<double>(stats.prefill_forwards)
+                                         {"seconds", stats.prefill_seconds},
+                                         {"mixed_launches", stats.mixed_launches},
+                                         {"mixed_seconds", stats.mixed_seconds}};
+    if (policy.prefill == replay::DecodePrefill::with_decode) {
+      std::printf("llm_decode load: %-10s %llu mixed launches (prompt chunks with a decode step), %.3f ms each\n",
+                  policy.name.c_str(), static_cast<unsigned long long>(stats.mixed_launches),
+                  stats.mixed_launches > 0 ? 1e3 * stats.mixed_seconds / static_cast<double>(stats.mixed_launches)
                                            : 0.0);
+    } else {
+      std::printf("llm_decode load: %-10s %llu prompts prefilled in %llu forwards, %.3f ms per forward\n",
+                  policy.name.c_str(), static_cast<unsigned long long>(stats.prefills),
+                  static_cast<unsigned long long>(stats.prefill_forwards),
+                  stats.prefill_forwards > 0 ? 1e3 * stats.prefill_seconds / static_cast<double>(stats.prefill_forwards)
+                                             : 0.0);
+    }
   }
   write_json(c.json, out);
   return all_finished ? 0 : 1;
@@ -598,6 +623,10 @@ int main(int argc, char** argv) {
     sub->add_option("--prefill-buckets", c.prefill_buckets, "packed prompt tokens a prefill is padded to")
         ->delimiter(',');
     sub->add_option("--json", c.json, "write the results to this file");
+    sub->add_option("--prefill-chunk", c.prefill_chunk,
+                    "generate: chunked prefill, this many prompt tokens per launch carried with a decode step of the "
+                    "running sequences (needs --kernels fused); 0: separate prefill calls")
+        ->capture_default_str();
   };
   std::string out_dir;
   CLI::App* write = app.add_subcommand("write-weights", "write random weights (config.json, weights.pt)");
@@ -636,10 +665,13 @@ int main(int argc, char** argv) {
   load_app->add_option("--steps-per-launch", load_settings.steps)->capture_default_str();
   load_app
       ->add_option("--policies", load_settings.policies,
-                   "continuous (admit at every step), grouped (continuous, admissions grouped), static")
+                   "continuous (admit at every step), grouped (continuous, admissions grouped), chunked "
+                   "(continuous, chunked prefill: needs --kernels fused), static")
       ->delimiter(',')
-      ->check(CLI::IsMember({"continuous", "grouped", "static"}));
+      ->check(CLI::IsMember({"continuous", "grouped", "chunked", "static"}));
   load_app->add_option("--min-admission", load_settings.min_admission, "grouped: requests admitted together")
+      ->capture_default_str();
+  load_app->add_option("--chunk-tokens", load_settings.chunk_tokens, "chunked: prompt tokens per mixed launch")
       ->capture_default_str();
   load_app
       ->add_option("--admission-delay-us", load_settings.admission_delay_us,

@@ -369,7 +369,11 @@ class LlamaModel {
   // step: every token's key and value is written into the cache first, then
   // each token attends to its own slot up to its own position, which is the
   // causal attention within its prompt (prompts are told apart by their
-  // slots; the segments are not read).
+  // slots; the segments are not read). So there the positions need not start
+  // at 0: a segment may continue keys and values already in its slot (a
+  // chunk of a longer prompt) or be one decode row, which is how chunked
+  // prefill carries prompts and decode steps in one forward. The operators'
+  // path attends within the packed tokens only: whole prompts from 0.
   at::Tensor prefill_packed(KvCache& cache, const at::Tensor& tokens, const Packing& packing,
                             const at::Tensor& last_rows, DecodeKernels kernels = DecodeKernels::aten) const {
     check_cache(cache);
@@ -388,7 +392,8 @@ class LlamaModel {
       detail::invalid("prefill_packed: last_rows must be a non-empty 1-D int64 tensor on " + device_.str());
     }
     if (kernels == DecodeKernels::fused) {
-      return decode_fused(cache, packing.slots, packing.positions, tokens, /*context=*/length, &last_rows);
+      // The context only clamps each row's keys (0 .. its position).
+      return decode_fused(cache, packing.slots, packing.positions, tokens, config_.max_len, &last_rows);
     }
     const at::Tensor hidden = packed_hidden(tokens, packing, &cache);
     const at::Tensor last = hidden.index_select(0, last_rows);

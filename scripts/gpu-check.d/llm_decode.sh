@@ -5,7 +5,8 @@
 #            and with 4 steps per launch (24 requests from 4 threads through
 #            continuous batching, every executor call replayed eagerly: the
 #            tokens must be equal bit for bit), with the ATen operators and
-#            with the fused kernels; scripts/llm_decode_compare.py
+#            with the fused kernels, and with the fused kernels and chunked
+#            prefill; scripts/llm_decode_compare.py
 #            (C++ against llama.py and Hugging Face on the same weights);
 #   measure: for each preset in REPLAY_LLM_PRESETS (default "small"): the C++
 #            benchmark (eager, graphed, graphed 4 steps per launch, graphed with
@@ -14,7 +15,7 @@
 #            Hugging Face generate eager and static cache, torch.compile last,
 #            within what is left of the budget), the summary with the goals
 #            (bench/llm_decode/summarize.py); for "small" also the load test
-#            (continuous, grouped and static batching; uniform and exponential
+#            (continuous, grouped, chunked and static batching; uniform and exponential
 #            output lengths) and its plots.
 #   scripts/gpu-check.d/llm_decode.sh [all | check | measure]   (default: $REPLAY_LLM_MODE, else check)
 # gpu-check.sh runs the check (about 40 s); the measurement takes minutes
@@ -84,6 +85,11 @@ if [ "$mode" != measure ]; then
       --json "$OUT/llm_generate_fused_k$k.json" >"$OUT/llm_generate_fused_k$k.txt" 2>&1 ||
       failed "generate with the fused kernels, $k step(s) per launch (rc=$?)"
     tail -3 "$OUT/llm_generate_fused_k$k.txt"
+    step "generate with the fused kernels and chunked prefill (16 prompt tokens per launch), $k step(s) per launch"
+    bounded 120 "$exe" generate --weights "$small" --kernels fused --prefill-chunk 16 --steps-per-launch "$k" \
+      --json "$OUT/llm_generate_chunked_k$k.json" >"$OUT/llm_generate_chunked_k$k.txt" 2>&1 ||
+      failed "generate with chunked prefill, $k step(s) per launch (rc=$?)"
+    tail -3 "$OUT/llm_generate_chunked_k$k.txt"
   done
   step "C++ against llama.py and Hugging Face (scripts/llm_decode_compare.py)"
   bounded 120 python3 scripts/llm_decode_compare.py "$small" "$OUT/llm_generate_k1.json" \
@@ -104,17 +110,20 @@ if [ "$mode" != check ]; then
       [ "$mixes" = none ] && mixes=""
       for lengths in $mixes; do
         load_kernels=${REPLAY_LLM_LOAD_KERNELS:-fused}
-        step "load test (small, $lengths output lengths, $load_kernels kernels): continuous, grouped and static batching"
+        # Chunked prefill needs the fused kernels.
+        policies=continuous,grouped,chunked,static
+        [ "$load_kernels" = fused ] || policies=continuous,grouped,static
+        step "load test (small, $lengths output lengths, $load_kernels kernels): ${policies//,/, } batching"
         length_args=(--output-lengths uniform --new-tokens-min 16 --new-tokens-max 192)
         [ "$lengths" = exponential ] &&
           length_args=(--output-lengths exponential --new-tokens-min 8 --new-tokens-mean 128 --new-tokens-max 768)
         bounded 200 "$exe" load --weights "$dir" --kernels "$load_kernels" --rates "${REPLAY_LLM_LOAD_RATES:-50,100,200,400,800}" \
-          --requests 128 --seconds 3 "${length_args[@]}" \
+          --policies "$policies" --requests 128 --seconds 3 "${length_args[@]}" \
           --json "$OUT/llm_load_small_$lengths.json" >"$OUT/llm_load_small_$lengths.txt" 2>&1 ||
           failed "load test, $lengths (rc=$?)"
         cat "$OUT/llm_load_small_$lengths.txt"
         python3 bench/llm_decode/plot_load.py "$OUT/llm_load_small_$lengths.json" "$OUT/llm_load_small_$lengths.png" \
-          --title "llm_decode, small preset, $lengths output lengths, $load_kernels kernels: continuous, grouped and static batching" ||
+          --title "llm_decode, small preset, $lengths output lengths, $load_kernels kernels: ${policies//,/, } batching" ||
           failed "the load plot ($lengths)"
       done
     fi

@@ -206,6 +206,36 @@ struct Gate {
   }
 };
 
+// Submits request i (prompts[i], limits[i] new tokens) from `threads`
+// threads at once, each thread its own run of requests, one after another.
+template <class Scheduler>
+std::vector<replay::DecodeResult> submit_from_threads(Scheduler& scheduler,
+                                                      const std::vector<std::vector<replay::TokenId>>& prompts,
+                                                      const std::vector<std::size_t>& limits, std::size_t threads) {
+  std::vector<replay::DecodeResult> results(prompts.size());
+  const std::size_t per_thread = prompts.size() / threads;
+  std::vector<std::thread> submitters;
+  for (std::size_t t = 0; t < threads; ++t) {
+    submitters.emplace_back([&, t] {
+      const std::size_t end = t + 1 == threads ? prompts.size() : (t + 1) * per_thread;
+      for (std::size_t i = t * per_thread; i < end; ++i) {
+        results[i] = scheduler.submit({.prompt = prompts[i], .max_new_tokens = limits[i]}).wait();
+      }
+    });
+  }
+  for (auto& s : submitters) s.join();
+  return results;
+}
+
+// Every request ended at its token limit with exactly that many tokens.
+void check_token_limits(const std::vector<replay::DecodeResult>& results, const std::vector<std::size_t>& limits) {
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    CAPTURE(i);
+    CHECK(results[i].status == replay::DecodeStatus::token_limit);
+    CHECK(results[i].tokens.size() == limits[i]);
+  }
+}
+
 }  // namespace
 
 TEST_SUITE("host") {
@@ -408,16 +438,15 @@ TEST_CASE("continuous batching with requests from several threads: every request
     KvCache cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
     LlamaExecutor graphed(model, cache, options(StepMode::graphed, steps));
     llm_decode::RecordingExecutor<LlamaExecutor> recording(graphed);
-    constexpr int threads = 4;
-    constexpr std::size_t per_thread = 6;
-    std::vector<std::vector<replay::TokenId>> prompts(threads * per_thread);
+    constexpr std::size_t threads = 4;
+    std::vector<std::vector<replay::TokenId>> prompts(24);
     std::vector<std::size_t> limits(prompts.size());
     std::mt19937_64 rng(11);
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       prompts[i] = random_prompt(rng, 1 + i % 20, model.config().vocab_size);
       limits[i] = 3 + (i * 7) % 17;
     }
-    std::vector<replay::DecodeResult> results(prompts.size());
+    std::vector<replay::DecodeResult> results;
     {
       replay::DecodeScheduler<llm_decode::RecordingExecutor<LlamaExecutor>&> scheduler(
           recording, {.max_slots = 8,
@@ -425,23 +454,10 @@ TEST_CASE("continuous batching with requests from several threads: every request
                       .batch_buckets = kBatchBuckets,
                       .context_buckets = kContextBuckets,
                       .steps_per_launch = steps});
-      std::vector<std::thread> submitters;
-      for (int t = 0; t < threads; ++t) {
-        submitters.emplace_back([&, t] {
-          for (std::size_t k = 0; k < per_thread; ++k) {
-            const std::size_t i = static_cast<std::size_t>(t) * per_thread + k;
-            results[i] = scheduler.submit({.prompt = prompts[i], .max_new_tokens = limits[i]}).wait();
-          }
-        });
-      }
-      for (auto& s : submitters) s.join();
+      results = submit_from_threads(scheduler, prompts, limits, threads);
       scheduler.shutdown(replay::DecodeShutdown::drain);
     }
-    for (std::size_t i = 0; i < prompts.size(); ++i) {
-      CAPTURE(i);
-      CHECK(results[i].status == replay::DecodeStatus::token_limit);
-      CHECK(results[i].tokens.size() == limits[i]);
-    }
+    check_token_limits(results, limits);
     // The launches the scheduler made, replayed eagerly on a fresh cache.
     KvCache eager_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
     LlamaExecutor eager(model, eager_cache, options(StepMode::eager, steps));
@@ -450,6 +466,138 @@ TEST_CASE("continuous batching with requests from several threads: every request
                   first_difference);
     CHECK(recording.calls().size() > prompts.size() / 2);
   }
+}
+
+TEST_CASE("chunked prefill, requests from several threads: mixed launches give the eager replay's tokens exactly") {
+  const at::Device cuda(at::kCUDA, 0);
+  const LlamaModel model = tiny_model(cuda);
+  for (const std::size_t steps : {std::size_t{1}, std::size_t{4}}) {
+    CAPTURE(steps);
+    KvCache cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+    LlamaExecutor graphed(model, cache, options(StepMode::graphed, steps, true, llm_decode::DecodeKernels::fused));
+    llm_decode::RecordingExecutor<LlamaExecutor> recording(graphed);
+    static_assert(replay::MixedDecodeExecutor<llm_decode::RecordingExecutor<LlamaExecutor>>);
+    constexpr std::size_t threads = 4;
+    std::vector<std::vector<replay::TokenId>> prompts(24);
+    std::vector<std::size_t> limits(prompts.size());
+    std::mt19937_64 rng(13);
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      prompts[i] = random_prompt(rng, 1 + (i * 5) % 30, model.config().vocab_size);
+      limits[i] = 3 + (i * 7) % 17;
+    }
+    std::vector<replay::DecodeResult> results;
+    {
+      // 8 prompt tokens per launch: the longer prompts take several chunks.
+      replay::DecodeScheduler<llm_decode::RecordingExecutor<LlamaExecutor>&> scheduler(
+          recording, {.max_slots = 8,
+                      .max_len = 64,
+                      .batch_buckets = kBatchBuckets,
+                      .context_buckets = kContextBuckets,
+                      .steps_per_launch = steps,
+                      .max_prefill_tokens = 8,
+                      .prefill = replay::DecodePrefill::with_decode});
+      results = submit_from_threads(scheduler, prompts, limits, threads);
+      scheduler.shutdown(replay::DecodeShutdown::drain);
+      CHECK(scheduler.stats().prefills == 0);
+      CHECK(scheduler.stats().mixed_launches == graphed.stats().mixed_launches);
+    }
+    check_token_limits(results, limits);
+    std::size_t mixed = 0, continued = 0, with_rows = 0;
+    for (const auto& call : recording.calls()) {
+      if (call.kind != decltype(recording)::Call::Kind::mixed) continue;
+      ++mixed;
+      for (const replay::PrefillRow& row : call.mixed.chunk_rows) continued += row.start > 0 ? 1 : 0;
+      with_rows += call.mixed.launch.rows.empty() ? 0 : 1;
+    }
+    CHECK(mixed > 0);
+    CHECK(continued > 0);  // some prompts were cut into chunks
+    CHECK(with_rows > 0);  // and some chunks rode with running sequences' steps
+    // Every call the scheduler made, replayed eagerly on a fresh cache.
+    KvCache eager_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+    LlamaExecutor eager(model, eager_cache, options(StepMode::eager, steps, true, llm_decode::DecodeKernels::fused));
+    std::string first_difference;
+    CHECK_MESSAGE(llm_decode::replay_recording(eager, recording.calls(), {}, &first_difference) == 0,
+                  first_difference);
+  }
+}
+
+TEST_CASE("a prompt in chunks beside a decode row: the whole prompt's cache and first token; refusals") {
+  const at::Device cuda(at::kCUDA, 0);
+  const LlamaModel model = tiny_model(cuda);
+  std::mt19937_64 rng(29);
+  const std::vector<replay::TokenId> prompt = random_prompt(rng, 40, model.config().vocab_size);
+  const std::vector<replay::TokenId> other = random_prompt(rng, 9, model.config().vocab_size);
+  const ExecutorOptions fused = options(StepMode::graphed, 1, true, llm_decode::DecodeKernels::fused);
+  // Whole: slot 1 holds `other`, then the prompt in slot 3 in one prefill,
+  // then one decode step of slot 1.
+  KvCache whole_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+  LlamaExecutor whole(model, whole_cache, fused);
+  const replay::TokenId other_first = llm_decode::run_prefill(whole, {1}, {other})[0];
+  const replay::TokenId expected_first = llm_decode::run_prefill(whole, {3}, {prompt})[0];
+  const replay::DecodeRow row{.slot = 1, .position = other.size(), .token = other_first, .max_tokens = 1};
+  const auto expected_step = llm_decode::run_launch(whole, {row}, 1, 16, 1, {});
+  // Chunked: the prompt in chunks of 16, 16 and 8; slot 1's step rides with the second.
+  KvCache chunked_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+  LlamaExecutor chunked(model, chunked_cache, fused);
+  CHECK(llm_decode::run_prefill(chunked, {1}, {other})[0] == other_first);
+  std::vector<replay::TokenId> got;
+  for (std::size_t begin = 0; begin < prompt.size(); begin += 16) {
+    const std::size_t end = std::min(prompt.size(), begin + 16);
+    llm_decode::RecordedMixed call;
+    call.chunks.emplace_back(prompt.begin() + static_cast<std::ptrdiff_t>(begin),
+                             prompt.begin() + static_cast<std::ptrdiff_t>(end));
+    call.chunk_rows.push_back({.slot = 3, .prompt = {}, .start = begin});
+    if (begin == 16) {
+      call.launch = {.rows = {row}, .batch_bucket = 1, .context_bucket = 16, .max_steps = 1, .tokens = {}};
+    }
+    got = llm_decode::run_mixed(chunked, call, {});
+    if (begin == 16) {
+      REQUIRE(got.size() == 2);
+      CHECK(got[1] == expected_step[0][0]);
+    }
+  }
+  CHECK(got.size() == 1);
+  CHECK(got[0] == expected_first);
+  CHECK(chunked.stats().mixed_launches == 3);
+  // Keys and values of both slots as the whole prefill and the decode step wrote them (fp16 rounding apart).
+  for (const auto& [slot, length] : {std::pair<std::int64_t, std::int64_t>{3, 40}, {1, 10}}) {
+    CAPTURE(slot);
+    for (const auto& [a, b] :
+         {std::pair{&whole_cache.k, &chunked_cache.k}, std::pair{&whole_cache.v, &chunked_cache.v}}) {
+      const at::Tensor x = a->select(1, slot).narrow(2, 0, length).to(at::kFloat);
+      const at::Tensor y = b->select(1, slot).narrow(2, 0, length).to(at::kFloat);
+      CHECK(at::allclose(x, y, /*rtol=*/1e-2, /*atol=*/1e-2));
+      CHECK(b->select(1, slot).narrow(2, length, 64 - length).abs().sum().item<double>() == 0.0);
+    }
+  }
+  // A chunk too many for the largest prefill bucket (64 tokens) is refused, naming the budget.
+  const std::vector<replay::TokenId> long_chunk(60, 5);
+  llm_decode::RecordedMixed too_long;
+  too_long.chunks.push_back(long_chunk);
+  too_long.chunk_rows.push_back({.slot = 4, .prompt = {}, .start = 0});
+  too_long.launch = {.rows = {{.slot = 1, .position = 10, .token = 1, .max_tokens = 1},
+                              {.slot = 3, .position = 40, .token = 1, .max_tokens = 1},
+                              {.slot = 5, .position = 0, .token = 1, .max_tokens = 1},
+                              {.slot = 6, .position = 0, .token = 1, .max_tokens = 1},
+                              {.slot = 7, .position = 0, .token = 1, .max_tokens = 1}},
+                     .batch_bucket = 8, .context_bucket = 64, .max_steps = 1, .tokens = {}};
+  CHECK_THROWS_WITH_AS(llm_decode::run_mixed(chunked, too_long, {}),
+                       doctest::Contains("5 decode rows and 60 prompt tokens make 65 packed tokens; the largest prefill "
+                                         "bucket is 64: set the scheduler's max_prefill_tokens"),
+                       std::invalid_argument);
+  // Chunked prefill needs the fused kernels; prefill() takes whole prompts.
+  KvCache aten_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+  LlamaExecutor aten(model, aten_cache, options(StepMode::eager, 1));
+  const std::vector<replay::TokenId> chunk{5, 6, 7};
+  const std::vector<replay::PrefillRow> rows{{.slot = 2, .prompt = chunk, .start = 4}};
+  std::vector<replay::TokenId> first(1);
+  replay::MixedBatch mixed{.prefill = {.rows = rows, .first_tokens = first}, .decode = {}};
+  CHECK_THROWS_WITH_AS(aten.prefill_and_decode(mixed),
+                       doctest::Contains("chunked prefill needs kernels = DecodeKernels::fused"), std::invalid_argument);
+  replay::PrefillBatch whole_only{.rows = rows, .first_tokens = first};
+  CHECK_THROWS_WITH_AS(aten.prefill(whole_only),
+                       doctest::Contains("row 0 starts at position 4; prefill() takes whole prompts"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("DecodeEngine: refusals, cancellation mid-stream, and the freed slot serving the next request") {
