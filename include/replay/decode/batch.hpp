@@ -109,7 +109,9 @@ struct DecodeBatch {
 // row and writes one first token per prefill row, as prefill() and
 // decode() do. The rows' slots are distinct.
 struct MixedBatch {
+  // The prompt chunks and their first tokens.
   PrefillBatch prefill;
+  // One step of every running sequence (max_steps 1; may have no rows).
   DecodeBatch decode;
 };
 

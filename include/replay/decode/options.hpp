@@ -96,6 +96,8 @@ struct DecodeOptions {
   // load the oldest has always waited long, and grouping would stop. Not negative.
   ::std::chrono::microseconds admission_delay{5000};
   DecodeBatching batching = DecodeBatching::continuous;
+  // separate prefill() calls, or chunked prefill (with_decode: needs a
+  // MixedDecodeExecutor).
   DecodePrefill prefill = DecodePrefill::separate;
   // static_batches only: how long the oldest waiting request waits for a
   // batch to fill before it starts with fewer than max_slots.

@@ -43,11 +43,15 @@ struct DecodeStats {
   ::std::uint64_t tokens = 0;           // tokens produced (each prompt's first token included)
   ::std::uint64_t rows = 0;             // sequences over all decode() launches
   ::std::uint64_t padded_rows = 0;      // the same, padded to the batch buckets
-  // Chunked prefill (DecodePrefill::with_decode):
-  ::std::uint64_t mixed_launches = 0;         // executor prefill_and_decode() calls
-  ::std::uint64_t failed_mixed_launches = 0;  // ... that threw or reported bad counts
-  ::std::uint64_t prefill_chunks = 0;         // prompt chunks they carried (a whole prompt is one chunk)
-  ::std::uint64_t mixed_rows = 0;             // running sequences they stepped
+  // Chunked prefill (DecodePrefill::with_decode): executor
+  // prefill_and_decode() calls.
+  ::std::uint64_t mixed_launches = 0;
+  // prefill_and_decode() calls that threw or reported bad counts.
+  ::std::uint64_t failed_mixed_launches = 0;
+  // Prompt chunks the mixed launches carried (a whole prompt is one chunk).
+  ::std::uint64_t prefill_chunks = 0;
+  // Running sequences the mixed launches stepped.
+  ::std::uint64_t mixed_rows = 0;
 
   // decode() launches per bucket: bucket_launches[b * context_buckets.size() + c] is
   // the number of launches in batch bucket batch_buckets[b] and context
