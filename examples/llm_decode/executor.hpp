@@ -277,7 +277,8 @@ class LlamaExecutor {
   // PrefillMode), and reads every first token back with one copy and one
   // synchronization.
   void prefill(replay::PrefillBatch& batch) {
-    const auto start = std::chrono::steady_clock::now();    for (std::size_t r = 0; r < batch.rows.size(); ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (std::size_t r = 0; r < batch.rows.size(); ++r) {
       if (batch.rows[r].start != 0) {
         throw std::invalid_argument("LlamaExecutor::prefill: row " + std::to_string(r) + " starts at position " +
                                     std::to_string(batch.rows[r].start) +
@@ -293,7 +294,6 @@ class LlamaExecutor {
       throw std::invalid_argument("LlamaExecutor::prefill: " + std::to_string(batch.rows.size()) +
                                   " prompts; the cache has " + std::to_string(cache_->slots()) + " slots");
     }
-
     // Packs of consecutive rows, each at most pack_limit tokens (a longer
     // prompt alone).
     std::vector<std::pair<std::size_t, std::size_t>> packs;  // [begin, end) rows

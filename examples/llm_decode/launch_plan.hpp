@@ -78,7 +78,7 @@ std::vector<replay::TokenId> run_prefill(Executor& executor, const std::vector<s
 // One mixed launch (chunked prefill): its prompt chunks and the first tokens
 // they produced, its decode rows and the token each got.
 struct RecordedMixed {
-  std::vector<replay::PrefillRow> chunk_rows;  // prompt spans point into `chunks`
+  std::vector<replay::PrefillRow> chunk_rows;  // slot and start; the prompt spans are empty (see `chunks`)
   std::vector<std::vector<replay::TokenId>> chunks;
   std::vector<replay::TokenId> first_tokens;
   RecordedLaunch launch;  // max_steps 1
@@ -150,8 +150,11 @@ class RecordingExecutor {
                                   .context_bucket = batch.decode.context_bucket,
                                   .max_steps = 1,
                                   .tokens = {}}};
-    for (const replay::PrefillRow& row : batch.prefill.rows) {
+    // The chunks' tokens are copied; the spans into the scheduler's memory
+    // are not kept (run_mixed() points them at the copies).
+    for (replay::PrefillRow& row : call.chunk_rows) {
       call.chunks.emplace_back(row.prompt.begin(), row.prompt.end());
+      row.prompt = {};
     }
     for (std::size_t r = 0; r < batch.decode.rows.size(); ++r) {
       call.launch.tokens.push_back({batch.decode.tokens[r]});

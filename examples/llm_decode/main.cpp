@@ -82,6 +82,15 @@ struct Common {
   std::size_t prefill_chunk = 0;               // generate: > 0: chunked prefill of this many prompt tokens per launch
   std::string json;
 
+  // Chunked prefill runs on the fused kernels' bucketed prefill only
+  // (LlamaExecutor::prefill_and_decode): refused here rather than in every launch.
+  void check_chunked_prefill(const std::string& what) const {
+    if (kernels != "fused" || prefill != "bucketed") {
+      throw std::invalid_argument(what + " needs --kernels fused and --prefill bucketed (chunked prefill); given " +
+                                  "--kernels " + kernels + " --prefill " + prefill);
+    }
+  }
+
   llm_decode::DecodeKernels decode_kernels() const {
     return kernels == "fused" ? llm_decode::DecodeKernels::fused : llm_decode::DecodeKernels::aten;
   }
@@ -113,6 +122,7 @@ LlamaModel load_model(const Common& c) {
 // ---- generate: fixed prompts through the engine, checked against eager ----
 
 int generate(const Common& c, std::size_t prompts, std::size_t new_tokens, std::size_t steps, int threads) {
+  if (c.prefill_chunk > 0) c.check_chunked_prefill("--prefill-chunk");
   const LlamaModel model = load_model(c);
   std::mt19937_64 rng(c.seed);
   std::vector<std::vector<replay::TokenId>> inputs;
@@ -509,6 +519,9 @@ struct LoadSettings {
 };
 
 int load(const Common& c, const LoadSettings& settings) {
+  if (std::find(settings.policies.begin(), settings.policies.end(), "chunked") != settings.policies.end()) {
+    c.check_chunked_prefill("--policies chunked");
+  }
   const LlamaModel model = load_model(c);
   Json out{{"preset", c.preset},
            {"requests", settings.requests},
@@ -623,10 +636,6 @@ int main(int argc, char** argv) {
     sub->add_option("--prefill-buckets", c.prefill_buckets, "packed prompt tokens a prefill is padded to")
         ->delimiter(',');
     sub->add_option("--json", c.json, "write the results to this file");
-    sub->add_option("--prefill-chunk", c.prefill_chunk,
-                    "generate: chunked prefill, this many prompt tokens per launch carried with a decode step of the "
-                    "running sequences (needs --kernels fused); 0: separate prefill calls")
-        ->capture_default_str();
   };
   std::string out_dir;
   CLI::App* write = app.add_subcommand("write-weights", "write random weights (config.json, weights.pt)");
@@ -641,6 +650,10 @@ int main(int argc, char** argv) {
   gen->add_option("--new-tokens", new_tokens)->capture_default_str();
   gen->add_option("--steps-per-launch", steps)->capture_default_str();
   gen->add_option("--threads", threads, "threads submitting requests")->capture_default_str();
+  gen->add_option("--prefill-chunk", c.prefill_chunk,
+                  "chunked prefill: this many prompt tokens per launch, carried with a decode step of the running "
+                  "sequences (needs --kernels fused); 0: separate prefill calls")
+      ->capture_default_str();
 
   std::vector<std::int64_t> batches{1, 8, 32, 64};
   std::size_t prompt_len = 32;
