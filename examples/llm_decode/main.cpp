@@ -592,6 +592,29 @@ int load(const Common& c, const LoadSettings& settings) {
     }
     engine.shutdown(replay::DecodeShutdown::drain);
     const auto& stats = engine.executor().stats();
+    // What the decode launches cost, over every rate of this policy: the
+    // rows and context they carried, and their wall time (read-back included).
+    const replay::DecodeStats scheduled = engine.stats();
+    double context_sum = 0;
+    for (std::size_t b = 0; b < scheduled.batch_buckets.size(); ++b) {
+      for (std::size_t k = 0; k < scheduled.context_buckets.size(); ++k) {
+        context_sum += static_cast<double>(scheduled.bucket_launches[b * scheduled.context_buckets.size() + k]) *
+                       static_cast<double>(scheduled.context_buckets[k]);
+      }
+    }
+    const double launches = static_cast<double>(std::max<std::uint64_t>(scheduled.launches, 1));
+    out["launch_stats"][policy.name] = {{"decode_launches", scheduled.launches},
+                                        {"mean_rows", scheduled.mean_batch_rows()},
+                                        {"mean_padded_rows", static_cast<double>(scheduled.padded_rows) / launches},
+                                        {"mean_context_bucket", context_sum / launches},
+                                        {"ms_per_decode_launch", 1e3 * stats.launch_seconds / launches},
+                                        {"mixed_launches", scheduled.mixed_launches},
+                                        {"mixed_rows", scheduled.mixed_rows}};
+    std::printf("llm_decode load: %-10s %llu decode launches: %.1f rows (padded %.1f), context bucket %.0f, %.3f ms "
+                "each on average\n",
+                policy.name.c_str(), static_cast<unsigned long long>(scheduled.launches), scheduled.mean_batch_rows(),
+                static_cast<double>(scheduled.padded_rows) / launches, context_sum / launches,
+                1e3 * stats.launch_seconds / launches);
     out["prefill_stats"][policy.name] = {{"prompts", stats.prefills},
                                          {"forwards", stats.prefill_forwards},
                                          {"seconds", stats.prefill_seconds},
