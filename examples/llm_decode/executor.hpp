@@ -431,8 +431,8 @@ class LlamaExecutor {
                                   "first token per chunk and one step (max_steps " +
                                   std::to_string(batch.decode.max_steps) + ")");
     }
-    std::vector<Segment> segments;
-    segments.reserve(rows.size() + chunks.size());
+    std::vector<Segment>& segments = segments_;
+    segments.clear();
     std::int64_t tokens = 0;
     for (const replay::DecodeRow& row : rows) {
       segments.push_back({static_cast<std::int64_t>(row.slot), static_cast<std::int64_t>(row.position),
@@ -597,11 +597,11 @@ class LlamaExecutor {
 
   // Rows [begin, end) of the batch packed into staging block `block`, padding after them.
   void stage_prefill(const replay::PrefillBatch& batch, std::size_t begin, std::size_t end, std::size_t block) {
-    std::vector<Segment> segments;
+    segments_.clear();
     for (std::size_t r = begin; r < end; ++r) {
-      segments.push_back({static_cast<std::int64_t>(batch.rows[r].slot), 0, batch.rows[r].prompt});
+      segments_.push_back({static_cast<std::int64_t>(batch.rows[r].slot), 0, batch.rows[r].prompt});
     }
-    stage_packed(segments, block);
+    stage_packed(segments_, block);
   }
 
   // Segments packed one after another into staging block `block`, padding
@@ -822,6 +822,7 @@ class LlamaExecutor {
   std::unique_ptr<PrefillRouter> prefill_router_;
   std::set<std::int64_t> prefill_captured_;
   std::vector<std::string> capture_failures_;
+  std::vector<Segment> segments_;  // a packed forward's, reused from call to call
   ExecutorStats stats_;
 };
 

@@ -236,6 +236,58 @@ void check_token_limits(const std::vector<replay::DecodeResult>& results, const 
   }
 }
 
+using Recording = llm_decode::RecordingExecutor<LlamaExecutor>;
+
+// What threaded_run_against_eager() saw.
+struct ThreadedRun {
+  std::vector<Recording::Call> calls;  // every executor call, in order
+  replay::DecodeStats scheduler;
+  llm_decode::ExecutorStats executor;
+};
+
+// 24 requests (request i: a random prompt of prompt_length(i) tokens and
+// 3 + 7i mod 17 new tokens) from 4 threads through continuous batching over
+// a graphed executor whose calls are recorded. Checks that every request
+// ended at its limit with exactly that many tokens, and that every recorded
+// call replayed eagerly (the same kernels, op by op) on a fresh cache gives
+// the same tokens bit for bit.
+template <class PromptLength>
+ThreadedRun threaded_run_against_eager(const LlamaModel& model, std::size_t steps, llm_decode::DecodeKernels kernels,
+                                       std::uint64_t seed, PromptLength prompt_length, std::size_t max_prefill_tokens,
+                                       replay::DecodePrefill prefill) {
+  const at::Device device = model.device();
+  KvCache cache(model.config(), kBatchBuckets.back(), device, model.dtype());
+  LlamaExecutor graphed(model, cache, options(StepMode::graphed, steps, true, kernels));
+  Recording recording(graphed);
+  std::vector<std::vector<replay::TokenId>> prompts(24);
+  std::vector<std::size_t> limits(prompts.size());
+  std::mt19937_64 rng(seed);
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    prompts[i] = random_prompt(rng, prompt_length(i), model.config().vocab_size);
+    limits[i] = 3 + (i * 7) % 17;
+  }
+  ThreadedRun run;
+  {
+    replay::DecodeScheduler<Recording&> scheduler(recording, {.max_slots = 8,
+                                                              .max_len = 64,
+                                                              .batch_buckets = kBatchBuckets,
+                                                              .context_buckets = kContextBuckets,
+                                                              .steps_per_launch = steps,
+                                                              .max_prefill_tokens = max_prefill_tokens,
+                                                              .prefill = prefill});
+    check_token_limits(submit_from_threads(scheduler, prompts, limits, 4), limits);
+    scheduler.shutdown(replay::DecodeShutdown::drain);
+    run.scheduler = scheduler.stats();
+  }
+  run.executor = graphed.stats();
+  run.calls = recording.calls();
+  KvCache eager_cache(model.config(), kBatchBuckets.back(), device, model.dtype());
+  LlamaExecutor eager(model, eager_cache, options(StepMode::eager, steps, true, kernels));
+  std::string first_difference;
+  CHECK_MESSAGE(llm_decode::replay_recording(eager, run.calls, {}, &first_difference) == 0, first_difference);
+  return run;
+}
+
 }  // namespace
 
 TEST_SUITE("host") {
@@ -435,76 +487,28 @@ TEST_CASE("continuous batching with requests from several threads: every request
   const LlamaModel model = tiny_model(cuda);
   for (const std::size_t steps : {std::size_t{1}, std::size_t{4}}) {
     CAPTURE(steps);
-    KvCache cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
-    LlamaExecutor graphed(model, cache, options(StepMode::graphed, steps));
-    llm_decode::RecordingExecutor<LlamaExecutor> recording(graphed);
-    constexpr std::size_t threads = 4;
-    std::vector<std::vector<replay::TokenId>> prompts(24);
-    std::vector<std::size_t> limits(prompts.size());
-    std::mt19937_64 rng(11);
-    for (std::size_t i = 0; i < prompts.size(); ++i) {
-      prompts[i] = random_prompt(rng, 1 + i % 20, model.config().vocab_size);
-      limits[i] = 3 + (i * 7) % 17;
-    }
-    std::vector<replay::DecodeResult> results;
-    {
-      replay::DecodeScheduler<llm_decode::RecordingExecutor<LlamaExecutor>&> scheduler(
-          recording, {.max_slots = 8,
-                      .max_len = 64,
-                      .batch_buckets = kBatchBuckets,
-                      .context_buckets = kContextBuckets,
-                      .steps_per_launch = steps});
-      results = submit_from_threads(scheduler, prompts, limits, threads);
-      scheduler.shutdown(replay::DecodeShutdown::drain);
-    }
-    check_token_limits(results, limits);
-    // The launches the scheduler made, replayed eagerly on a fresh cache.
-    KvCache eager_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
-    LlamaExecutor eager(model, eager_cache, options(StepMode::eager, steps));
-    std::string first_difference;
-    CHECK_MESSAGE(llm_decode::replay_recording(eager, recording.calls(), {}, &first_difference) == 0,
-                  first_difference);
-    CHECK(recording.calls().size() > prompts.size() / 2);
+    const ThreadedRun run = threaded_run_against_eager(
+        model, steps, llm_decode::DecodeKernels::aten, 11, [](std::size_t i) { return 1 + i % 20; }, 0,
+        replay::DecodePrefill::separate);
+    CHECK(run.calls.size() > 24 / 2);
   }
 }
 
 TEST_CASE("chunked prefill, requests from several threads: mixed launches give the eager replay's tokens exactly") {
   const at::Device cuda(at::kCUDA, 0);
   const LlamaModel model = tiny_model(cuda);
+  static_assert(replay::MixedDecodeExecutor<llm_decode::RecordingExecutor<LlamaExecutor>>);
   for (const std::size_t steps : {std::size_t{1}, std::size_t{4}}) {
     CAPTURE(steps);
-    KvCache cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
-    LlamaExecutor graphed(model, cache, options(StepMode::graphed, steps, true, llm_decode::DecodeKernels::fused));
-    llm_decode::RecordingExecutor<LlamaExecutor> recording(graphed);
-    static_assert(replay::MixedDecodeExecutor<llm_decode::RecordingExecutor<LlamaExecutor>>);
-    constexpr std::size_t threads = 4;
-    std::vector<std::vector<replay::TokenId>> prompts(24);
-    std::vector<std::size_t> limits(prompts.size());
-    std::mt19937_64 rng(13);
-    for (std::size_t i = 0; i < prompts.size(); ++i) {
-      prompts[i] = random_prompt(rng, 1 + (i * 5) % 30, model.config().vocab_size);
-      limits[i] = 3 + (i * 7) % 17;
-    }
-    std::vector<replay::DecodeResult> results;
-    {
-      // 8 prompt tokens per launch: the longer prompts take several chunks.
-      replay::DecodeScheduler<llm_decode::RecordingExecutor<LlamaExecutor>&> scheduler(
-          recording, {.max_slots = 8,
-                      .max_len = 64,
-                      .batch_buckets = kBatchBuckets,
-                      .context_buckets = kContextBuckets,
-                      .steps_per_launch = steps,
-                      .max_prefill_tokens = 8,
-                      .prefill = replay::DecodePrefill::with_decode});
-      results = submit_from_threads(scheduler, prompts, limits, threads);
-      scheduler.shutdown(replay::DecodeShutdown::drain);
-      CHECK(scheduler.stats().prefills == 0);
-      CHECK(scheduler.stats().mixed_launches == graphed.stats().mixed_launches);
-    }
-    check_token_limits(results, limits);
+    // 8 prompt tokens per launch: the longer prompts take several chunks.
+    const ThreadedRun run = threaded_run_against_eager(
+        model, steps, llm_decode::DecodeKernels::fused, 13, [](std::size_t i) { return 1 + (i * 5) % 30; }, 8,
+        replay::DecodePrefill::with_decode);
+    CHECK(run.scheduler.prefills == 0);
+    CHECK(run.scheduler.mixed_launches == run.executor.mixed_launches);
     std::size_t mixed = 0, continued = 0, with_rows = 0;
-    for (const auto& call : recording.calls()) {
-      if (call.kind != decltype(recording)::Call::Kind::mixed) continue;
+    for (const auto& call : run.calls) {
+      if (call.kind != Recording::Call::Kind::mixed) continue;
       ++mixed;
       for (const replay::PrefillRow& row : call.mixed.chunk_rows) continued += row.start > 0 ? 1 : 0;
       with_rows += call.mixed.launch.rows.empty() ? 0 : 1;
@@ -512,12 +516,6 @@ TEST_CASE("chunked prefill, requests from several threads: mixed launches give t
     CHECK(mixed > 0);
     CHECK(continued > 0);  // some prompts were cut into chunks
     CHECK(with_rows > 0);  // and some chunks rode with running sequences' steps
-    // Every call the scheduler made, replayed eagerly on a fresh cache.
-    KvCache eager_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
-    LlamaExecutor eager(model, eager_cache, options(StepMode::eager, steps, true, llm_decode::DecodeKernels::fused));
-    std::string first_difference;
-    CHECK_MESSAGE(llm_decode::replay_recording(eager, recording.calls(), {}, &first_difference) == 0,
-                  first_difference);
   }
 }
 

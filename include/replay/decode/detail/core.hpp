@@ -240,7 +240,6 @@ class DecodeCore {
   ::std::vector<TokenId> first_tokens_;
   ::std::vector<::std::size_t> chunk_remaining_;
   ::std::vector<::std::size_t> chunk_take_;
-  ::std::vector<::std::size_t> chunk_slots_;
   ::std::vector<DecodeRow> rows_;
   ::std::vector<TokenId> row_tokens_;
   ::std::vector<::std::size_t> counts_;

@@ -383,7 +383,6 @@ void DecodeCore<Executor>::mixed_launch() {
     chunk_take_.assign(waiting, 0);
     (void)plan_prefill_chunks(chunk_remaining_, options_.max_prefill_tokens, chunk_take_);
     prefill_rows_.clear();
-    chunk_slots_.clear();
     ::std::size_t prompt_tokens = 0;
     for (::std::size_t i = 0; i < waiting; ++i) {
       if (chunk_take_[i] == 0) {
@@ -393,7 +392,6 @@ void DecodeCore<Executor>::mixed_launch() {
       prefill_rows_.push_back({prefilling_[i],
                                ::std::span<const TokenId>(sequence.prompt).subspan(sequence.prefilled, chunk_take_[i]),
                                sequence.prefilled});
-      chunk_slots_.push_back(prefilling_[i]);
       prompt_tokens += chunk_take_[i];
     }
     first_tokens_.assign(prefill_rows_.size(), 0);
@@ -428,9 +426,8 @@ void DecodeCore<Executor>::mixed_launch() {
       error = describe_current_exception();
     }
     ::std::size_t completed = 0;  // prompts whose last chunk this is
-    for (::std::size_t i = 0; i < chunk_slots_.size(); ++i) {
-      const DecodeSequence& sequence = slots_[chunk_slots_[i]];
-      completed += sequence.prefilled + prefill_rows_[i].prompt.size() == sequence.prompt.size() ? 1 : 0;
+    for (const PrefillRow& chunk : prefill_rows_) {
+      completed += chunk.start + chunk.prompt.size() == slots_[chunk.slot].prompt.size() ? 1 : 0;
     }
     {
       ::std::lock_guard lock(wakeup_->mutex);
@@ -450,16 +447,16 @@ void DecodeCore<Executor>::mixed_launch() {
                                            prefill_rows_.size() == 1 ? " prompt chunk (" : " prompt chunks (",
                                            prompt_tokens, " tokens) and ", n, n == 1 ? " sequence" : " sequences",
                                            " failed: ", error);
-      for (const ::std::size_t slot : chunk_slots_) {
-        end_slot(slot, DecodeStatus::failed, message);
+      for (const PrefillRow& chunk : prefill_rows_) {
+        end_slot(chunk.slot, DecodeStatus::failed, message);
       }
       for (const DecodeRow& row : rows_) {
         end_slot(row.slot, DecodeStatus::failed, message);
       }
       return;
     }
-    for (::std::size_t i = 0; i < chunk_slots_.size(); ++i) {
-      const ::std::size_t slot = chunk_slots_[i];
+    for (::std::size_t i = 0; i < prefill_rows_.size(); ++i) {
+      const ::std::size_t slot = prefill_rows_[i].slot;
       DecodeSequence& sequence = slots_[slot];
       sequence.prefilled += prefill_rows_[i].prompt.size();
       if (sequence.prefilled == sequence.prompt.size()) {
