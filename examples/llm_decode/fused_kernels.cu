@@ -75,7 +75,10 @@ __host__ __device__ inline void rotary_element(const __half* qkv, std::int64_t q
   }
 }
 
-// Where one (row, key/value head) of the attention reads and writes.
+// Where one block of the attention, (row, key/value head, key split), reads
+// and writes. The row's keys are split kSplitKeys at a time (one pass of the
+// block's warps); a row of more than kSplitKeys keys is attended by several
+// blocks, whose states the last of them merges.
 struct AttentionBlock {
   const __half* q;  // its `group` query heads, [group, head_dim]
   const __half* k;  // its slot's keys, [max_len, head_dim]
@@ -84,24 +87,37 @@ struct AttentionBlock {
   int group;
   int head_dim;
   int keys;         // positions 0..keys-1 attend
+  int first;        // this block's keys: first..end-1
+  int end;
+  int splits;       // the row's blocks that have keys: ceil(keys / kSplitKeys)
 };
 
 __host__ __device__ inline AttentionBlock attention_block(const __half* q, const __half* cache_k, const __half* cache_v,
                                                           const std::int64_t* slots, const std::int64_t* positions,
                                                           __half* out, int heads, int kv_heads, int head_dim,
-                                                          std::int64_t max_len, int context, int r, int kv) {
+                                                          std::int64_t max_len, int context, int r, int kv, int split) {
   const int group = heads / kv_heads;
   const std::int64_t slot = slots[r];
   // Keys 0..position; positions < context by contract (clamped all the same).
   const std::int64_t last = positions[r] + 1;
   const int keys = static_cast<int>(last < context ? last : context);
+  const int first = split * kSplitKeys;
+  const int end = first + kSplitKeys < keys ? first + kSplitKeys : keys;
   const std::int64_t first_head = static_cast<std::int64_t>(r) * heads + static_cast<std::int64_t>(kv) * group;
-  return {q + first_head * head_dim, cache_k + (slot * kv_heads + kv) * max_len * head_dim,
-          cache_v + (slot * kv_heads + kv) * max_len * head_dim, out + first_head * head_dim, group, head_dim, keys};
+  return {q + first_head * head_dim,
+          cache_k + (slot * kv_heads + kv) * max_len * head_dim,
+          cache_v + (slot * kv_heads + kv) * max_len * head_dim,
+          out + first_head * head_dim,
+          group,
+          head_dim,
+          keys,
+          first,
+          end,
+          (keys + kSplitKeys - 1) / kSplitKeys};
 }
 
-// The attention's work is split over a block's warps, each taking chunks of
-// 32 keys (chunk c of the block goes to warp c % kAttentionWarps). Within a
+// A block's keys (at most kSplitKeys) are split over its warps, each taking
+// chunks of 32 keys (chunk c of the block goes to warp c % kAttentionWarps). Within a
 // chunk, lane l scores key l of the chunk against every query head (one key
 // row per lane: no reduction across lanes). Then the chunk's values: a value
 // row is head_dim / 8 lanes' 16-byte loads, so a warp takes 32 / (head_dim /
@@ -114,6 +130,7 @@ __host__ __device__ inline AttentionBlock attention_block(const __half* q, const
 // the query heads' work interleaves.
 constexpr int kAttentionWarps = 8;
 constexpr int kLanes = 32;
+static_assert(kSplitKeys == kAttentionWarps * kLanes, "a key split is one pass of the block's warps");
 constexpr int kKeyVector = 8;  // halves per 16-byte load of a key or value row
 constexpr std::size_t kAttentionSharedLimit = 48 * 1024;  // the default, no opt-in
 
@@ -265,21 +282,77 @@ __host__ __device__ inline void lane_store(const LaneState<Group>& s, const Atte
   }
 }
 
-// Output element i (query head i / head_dim, dimension i % head_dim): the
-// warps' states rescaled to the largest score of all and summed.
-__host__ __device__ inline void merge_output(const AttentionBlock& b, const float* merge, int i) {
+// Element i (query head i / head_dim, dimension i % head_dim) of the block's
+// state: the warps' states rescaled to the largest score of all and summed.
+struct MergedElement {
+  float largest;
+  float sum;
+  float acc;
+};
+
+__host__ __device__ inline MergedElement merge_warps(const AttentionBlock& b, const float* merge, int i) {
   const int states = kAttentionWarps * b.group;
   const int g = i / b.head_dim;
   const int d = i % b.head_dim;
-  float largest = -INFINITY;
-  for (int w = 0; w < kAttentionWarps; ++w) largest = fmaxf(largest, merge[w * b.group + g]);
-  float sum = 0.0F;
-  float acc = 0.0F;
+  MergedElement m{-INFINITY, 0.0F, 0.0F};
+  for (int w = 0; w < kAttentionWarps; ++w) m.largest = fmaxf(m.largest, merge[w * b.group + g]);
   for (int w = 0; w < kAttentionWarps; ++w) {
     const int state = w * b.group + g;
-    const float rescale = expf(merge[state] - largest);  // 0 for a warp that had no key
-    sum += merge[states + state] * rescale;
-    acc += merge[2 * states + state * b.head_dim + d] * rescale;
+    const float rescale = expf(merge[state] - m.largest);  // 0 for a warp that had no key
+    m.sum += merge[states + state] * rescale;
+    m.acc += merge[2 * states + state * b.head_dim + d] * rescale;
+  }
+  return m;
+}
+
+// Output element i of a row that one block attends (at most kSplitKeys keys).
+__host__ __device__ inline void merge_output(const AttentionBlock& b, const float* merge, int i) {
+  const MergedElement m = merge_warps(b, merge, i);
+  b.out[i] = __float2half(m.acc / m.sum);
+}
+
+// Where a split block leaves its state for the merge: `partials` is the
+// (row, key/value head)'s area, `grid_splits` blocks of
+// partial_floats(group, head_dim) floats: acc [group, head_dim], then the
+// largest [group], then the sum [group].
+__host__ __device__ inline int partial_floats(int group, int head_dim) { return group * (head_dim + 2); }
+
+__host__ __device__ inline void store_partial(const AttentionBlock& b, const float* merge, float* partials, int split,
+                                              int i) {
+  const MergedElement m = merge_warps(b, merge, i);
+  float* mine = partials + split * partial_floats(b.group, b.head_dim);
+  const int g = i / b.head_dim;
+  mine[i] = m.acc;
+  if (i % b.head_dim == 0) {
+    mine[b.group * b.head_dim + g] = m.largest;
+    mine[b.group * b.head_dim + b.group + g] = m.sum;
+  }
+}
+
+// Another block's store, read past the (incoherent) L1 on the device.
+__host__ __device__ inline float load_partial(const float* p) {
+#ifdef __CUDA_ARCH__
+  return __ldcg(p);
+#else
+  return *p;
+#endif
+}
+
+// Output element i of a row split over b.splits blocks: their states merged
+// in split order, so the result depends on the row's keys alone, not on how
+// many blocks the launch's context gave it.
+__host__ __device__ inline void merge_partials(const AttentionBlock& b, const float* partials, int i) {
+  const int stride = partial_floats(b.group, b.head_dim);
+  const int g = i / b.head_dim;
+  float largest = -INFINITY;
+  for (int s = 0; s < b.splits; ++s) largest = fmaxf(largest, load_partial(partials + s * stride + b.group * b.head_dim + g));
+  float sum = 0.0F;
+  float acc = 0.0F;
+  for (int s = 0; s < b.splits; ++s) {
+    const float* state = partials + s * stride;
+    const float rescale = expf(load_partial(state + b.group * b.head_dim + g) - largest);
+    sum += load_partial(state + b.group * b.head_dim + b.group + g) * rescale;
+    acc += load_partial(state + i) * rescale;
   }
   b.out[i] = __float2half(acc / sum);
 }
@@ -425,7 +498,8 @@ __global__ void rotary_and_cache_write_kernel(const __half* qkv, std::int64_t qk
 }
 
 // A block's attention once its scaled queries are in shared memory: each
-// warp's chunks, the sums of the passes' rows, the merge of the warps.
+// warp's chunks of the block's keys, the sums of the passes' rows, the
+// warps' states into `merge` (visible to the block on return).
 template <int Group>
 __device__ void attend(const AttentionBlock& b, const float* queries, float* merge) {
   const int tid = static_cast<int>(threadIdx.x);
@@ -434,7 +508,7 @@ __device__ void attend(const AttentionBlock& b, const float* queries, float* mer
   const ValueLane v(b.head_dim, lane);
   LaneState<Group> s;
   lane_start(s);
-  for (int chunk = warp * kLanes; chunk < b.keys; chunk += kAttentionWarps * kLanes) {
+  for (int chunk = b.first + warp * kLanes; chunk < b.end; chunk += kAttentionWarps * kLanes) {
     float score[Group];
     key_scores(b, queries, chunk + lane, score);
     float chunk_largest[Group];
@@ -442,7 +516,7 @@ __device__ void attend(const AttentionBlock& b, const float* queries, float* mer
     for (int g = 0; g < Group; ++g) chunk_largest[g] = warp_max(score[g]);
     float weight[Group];
     chunk_weights(s, score, chunk_largest, weight);
-    const int count = min(kLanes, b.keys - chunk);
+    const int count = min(kLanes, b.end - chunk);
 #pragma unroll 4
     for (int first = 0; first < count; first += v.rows) {
       const int j = first + v.row;  // this lane's key of the pass
@@ -468,55 +542,95 @@ __device__ void attend(const AttentionBlock& b, const float* queries, float* mer
   for (int g = 0; g < Group; ++g) sum[g] = warp_sum(s.sum[g]);
   lane_store(s, b, sum, v, warp, lane, merge);
   __syncthreads();
-  for (int i = tid; i < Group * b.head_dim; i += static_cast<int>(blockDim.x)) merge_output(b, merge, i);
 }
 
-// One block per (row, key/value head): its query heads attend to the same keys.
+// The block's output: the row's, when the block alone attends it. Otherwise
+// its state into the workspace, counted in; the row's last block to count
+// merges every block's state and leaves the counter at zero for the next
+// call (the next layer's).
+__device__ void finish_attention(const AttentionBlock& b, const float* merge, const AttentionWorkspace& workspace,
+                                 int row_kv, int split, int grid_splits) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int threads = static_cast<int>(blockDim.x);
+  const int elements = b.group * b.head_dim;
+  if (b.splits == 1) {
+    for (int i = tid; i < elements; i += threads) merge_output(b, merge, i);
+    return;
+  }
+  float* partials = workspace.partials +
+                    static_cast<std::int64_t>(row_kv) * grid_splits * partial_floats(b.group, b.head_dim);
+  for (int i = tid; i < elements; i += threads) store_partial(b, merge, partials, split, i);
+  __threadfence();  // this thread's stores reach the device before the count does
+  __syncthreads();
+  __shared__ bool last;
+  if (tid == 0) last = atomicAdd(workspace.counters + row_kv, 1U) == static_cast<unsigned>(b.splits - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = tid; i < elements; i += threads) merge_partials(b, partials, i);
+  if (tid == 0) workspace.counters[row_kv] = 0;
+}
+
+// One block per (row, key/value head, key split): its query heads attend to
+// the same keys. A split past the row's keys has nothing to do.
 template <int Group>
 __global__ void __launch_bounds__(kAttentionWarps * kLanes)
     decode_attention_kernel(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
                             const std::int64_t* positions, __half* out, int heads, int kv_heads, int head_dim,
-                            std::int64_t max_len, int context, float scale) {
+                            std::int64_t max_len, int context, float scale, AttentionWorkspace workspace) {
   extern __shared__ float shared[];
+  const int r = static_cast<int>(blockIdx.x);
+  const int kv = static_cast<int>(blockIdx.y);
+  const int split = static_cast<int>(blockIdx.z);
   const AttentionBlock b = attention_block(q, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim,
-                                           max_len, context, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y));
+                                           max_len, context, r, kv, split);
+  if (b.first >= b.keys) return;
   float* queries = shared;
   for (int i = static_cast<int>(threadIdx.x); i < Group * head_dim; i += static_cast<int>(blockDim.x)) {
     attention_load_queries(b, queries, scale, i);
   }
   __syncthreads();
-  attend<Group>(b, queries, shared + Group * head_dim);
+  float* merge = shared + Group * head_dim;
+  attend<Group>(b, queries, merge);
+  finish_attention(b, merge, workspace, r * kv_heads + kv, split, static_cast<int>(gridDim.z));
 }
 
 // The same with the rotary embedding and the cache write of the block's key
 // and value head first: its queries straight from the qkv row into shared
-// memory, its key and value into the cache, visible to the block after the
-// barrier. Only the block's own row reads what it writes, so the rows' slots
-// must differ (the spare slot aside, which padding rows share).
+// memory, its key and value into the cache (by the split holding the row's
+// position), visible to the block after the barrier. The other splits read
+// earlier positions only. Only the row's own blocks read what it writes, so
+// the rows' slots must differ (the spare slot aside, which padding rows share).
 template <int Group>
 __global__ void __launch_bounds__(kAttentionWarps * kLanes)
     rotary_attention_kernel(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
                             const std::int64_t* positions, const std::int64_t* slots, __half* cache_k,
                             __half* cache_v, __half* out, int heads, int kv_heads, int head_dim, std::int64_t max_len,
-                            int context, float scale) {
+                            int context, float scale, AttentionWorkspace workspace) {
   extern __shared__ float shared[];
   const int r = static_cast<int>(blockIdx.x);
   const int kv = static_cast<int>(blockIdx.y);
+  const int split = static_cast<int>(blockIdx.z);
   const AttentionBlock b = attention_block(nullptr, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim,
-                                           max_len, context, r, kv);
+                                           max_len, context, r, kv, split);
+  if (b.first >= b.keys) return;
   const __half* row = qkv + r * qkv_stride;
   const std::int64_t position = positions[r];
   float* queries = shared;
   for (int i = static_cast<int>(threadIdx.x); i < Group * head_dim; i += static_cast<int>(blockDim.x)) {
     rotary_query(row, cos, sin, position, kv * Group, head_dim, scale, queries, i);
   }
-  __half* k_row = const_cast<__half*>(b.k) + position * head_dim;
-  __half* v_row = const_cast<__half*>(b.v) + position * head_dim;
-  for (int d = static_cast<int>(threadIdx.x); d < head_dim; d += static_cast<int>(blockDim.x)) {
-    rotary_key_value(row, cos, sin, position, heads, kv_heads, kv, head_dim, k_row, v_row, d);
+  if (split == b.splits - 1) {
+    __half* k_row = const_cast<__half*>(b.k) + position * head_dim;
+    __half* v_row = const_cast<__half*>(b.v) + position * head_dim;
+    for (int d = static_cast<int>(threadIdx.x); d < head_dim; d += static_cast<int>(blockDim.x)) {
+      rotary_key_value(row, cos, sin, position, heads, kv_heads, kv, head_dim, k_row, v_row, d);
+    }
   }
   __syncthreads();
-  attend<Group>(b, queries, shared + Group * head_dim);
+  float* merge = shared + Group * head_dim;
+  attend<Group>(b, queries, merge);
+  finish_attention(b, merge, workspace, r * kv_heads + kv, split, static_cast<int>(gridDim.z));
 }
 
 __global__ void add_rms_norm_kernel(__half* x, const __half* delta, const __half* weight, __half* out, int width,
@@ -567,10 +681,16 @@ void check_aligned(const void* p, const char* what, const char* kernel) {
 // What an attention call (kernel or host version) checks before it runs;
 // returns the shared memory it needs, in floats.
 std::size_t check_attention_call(const char* kernel, int heads, int kv_heads, int head_dim, int context,
-                                 const __half* cache_k, const __half* cache_v) {
+                                 const __half* cache_k, const __half* cache_v, const AttentionWorkspace& workspace) {
   check_attention_shape(heads, kv_heads, head_dim);
   if (context < 1) {
     throw std::invalid_argument(std::string("fused ") + kernel + ": the context must be at least 1 position");
+  }
+  if (attention_splits(context) > 1 && (workspace.partials == nullptr || workspace.counters == nullptr)) {
+    throw std::invalid_argument(std::string("fused ") + kernel + ": a context of " + std::to_string(context) +
+                                " positions is split over " + std::to_string(attention_splits(context)) +
+                                " blocks per row and key/value head, which need a workspace: "
+                                "attention_partial_floats() floats and rows * kv_heads counters at zero");
   }
   check_aligned(cache_k, "the key cache", kernel);
   check_aligned(cache_v, "the value cache", kernel);
@@ -598,14 +718,16 @@ void with_query_group(int group, F&& f) {
 
 void decode_attention(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
                       const std::int64_t* positions, __half* out, int rows, int heads, int kv_heads, int head_dim,
-                      std::int64_t max_len, int context, float scale, cudaStream_t stream) {
+                      std::int64_t max_len, int context, float scale, const AttentionWorkspace& workspace,
+                      cudaStream_t stream) {
   const std::size_t shared_floats =
-      check_attention_call("decode_attention", heads, kv_heads, head_dim, context, cache_k, cache_v);
+      check_attention_call("decode_attention", heads, kv_heads, head_dim, context, cache_k, cache_v, workspace);
   const std::size_t shared = shared_floats * sizeof(float);
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads),
+                  static_cast<unsigned>(attention_splits(context)));
   with_query_group(heads / kv_heads, [&](auto group) {
-    decode_attention_kernel<group()>
-        <<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads)), kAttentionWarps * kLanes, shared,
-           stream>>>(q, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim, max_len, context, scale);
+    decode_attention_kernel<group()><<<grid, kAttentionWarps * kLanes, shared, stream>>>(
+        q, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim, max_len, context, scale, workspace);
   });
   replay::check_last_launch("fused decode_attention");
 }
@@ -613,15 +735,16 @@ void decode_attention(const __half* q, const __half* cache_k, const __half* cach
 void rotary_attention(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
                       const std::int64_t* positions, const std::int64_t* slots, __half* cache_k, __half* cache_v,
                       __half* out, int rows, int heads, int kv_heads, int head_dim, std::int64_t max_len, int context,
-                      float scale, cudaStream_t stream) {
+                      float scale, const AttentionWorkspace& workspace, cudaStream_t stream) {
   const std::size_t shared_floats =
-      check_attention_call("rotary_attention", heads, kv_heads, head_dim, context, cache_k, cache_v);
+      check_attention_call("rotary_attention", heads, kv_heads, head_dim, context, cache_k, cache_v, workspace);
   const std::size_t shared = shared_floats * sizeof(float);
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads),
+                  static_cast<unsigned>(attention_splits(context)));
   with_query_group(heads / kv_heads, [&](auto group) {
-    rotary_attention_kernel<group()>
-        <<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads)), kAttentionWarps * kLanes, shared,
-           stream>>>(qkv, qkv_stride, cos, sin, positions, slots, cache_k, cache_v, out, heads, kv_heads, head_dim,
-                     max_len, context, scale);
+    rotary_attention_kernel<group()><<<grid, kAttentionWarps * kLanes, shared, stream>>>(
+        qkv, qkv_stride, cos, sin, positions, slots, cache_k, cache_v, out, heads, kv_heads, head_dim, max_len,
+        context, scale, workspace);
   });
   replay::check_last_launch("fused rotary_attention");
 }
@@ -684,7 +807,8 @@ void host_rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, con
 
 // The kernel's work as one thread: each warp's lanes in turn, where the
 // kernel passes values between lanes (the chunk's largest score, the keys'
-// weights, the sums) the host reads them from arrays.
+// weights, the sums) the host reads them from arrays. Leaves the warps'
+// states in `merge`.
 template <int Group>
 void host_attend(const AttentionBlock& b, const float* queries, float* merge) {
   std::vector<LaneState<Group>> lanes(kLanes);
@@ -693,7 +817,7 @@ void host_attend(const AttentionBlock& b, const float* queries, float* merge) {
   const auto at = [](int i) { return static_cast<std::size_t>(i); };
   for (int warp = 0; warp < kAttentionWarps; ++warp) {
     for (LaneState<Group>& s : lanes) lane_start(s);
-    for (int chunk = warp * kLanes; chunk < b.keys; chunk += kAttentionWarps * kLanes) {
+    for (int chunk = b.first + warp * kLanes; chunk < b.end; chunk += kAttentionWarps * kLanes) {
       float chunk_largest[Group];
       for (int g = 0; g < Group; ++g) chunk_largest[g] = -INFINITY;
       for (int lane = 0; lane < kLanes; ++lane) {
@@ -711,7 +835,7 @@ void host_attend(const AttentionBlock& b, const float* queries, float* merge) {
         chunk_weights(lanes[at(lane)], score, chunk_largest, weight);
         for (int g = 0; g < Group; ++g) weights[at(lane)][at(g)] = weight[g];
       }
-      const int count = std::min(kLanes, b.keys - chunk);
+      const int count = std::min(kLanes, b.end - chunk);
       for (int lane = 0; lane < kLanes; ++lane) {
         const ValueLane v(b.head_dim, lane);
         if (v.idle()) continue;
@@ -742,23 +866,44 @@ void host_attend(const AttentionBlock& b, const float* queries, float* merge) {
       lane_store(lanes[at(lane)], b, sum, ValueLane(b.head_dim, lane), warp, lane, merge);
     }
   }
-  for (int i = 0; i < Group * b.head_dim; ++i) merge_output(b, merge, i);
+}
+
+// finish_attention() as one thread; the splits of a row run in order, so the
+// last to count is the last split.
+void host_finish_attention(const AttentionBlock& b, const float* merge, const AttentionWorkspace& workspace,
+                           int row_kv, int split, int grid_splits) {
+  const int elements = b.group * b.head_dim;
+  if (b.splits == 1) {
+    for (int i = 0; i < elements; ++i) merge_output(b, merge, i);
+    return;
+  }
+  float* partials = workspace.partials +
+                    static_cast<std::int64_t>(row_kv) * grid_splits * partial_floats(b.group, b.head_dim);
+  for (int i = 0; i < elements; ++i) store_partial(b, merge, partials, split, i);
+  if (workspace.counters[row_kv]++ != static_cast<unsigned>(b.splits - 1)) return;
+  for (int i = 0; i < elements; ++i) merge_partials(b, partials, i);
+  workspace.counters[row_kv] = 0;
 }
 
 void host_decode_attention(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
                            const std::int64_t* positions, __half* out, int rows, int heads, int kv_heads, int head_dim,
-                           std::int64_t max_len, int context, float scale, cudaStream_t /*stream*/) {
+                           std::int64_t max_len, int context, float scale, const AttentionWorkspace& workspace,
+                           cudaStream_t /*stream*/) {
   const std::size_t shared_floats =
-      check_attention_call("decode_attention", heads, kv_heads, head_dim, context, cache_k, cache_v);
+      check_attention_call("decode_attention", heads, kv_heads, head_dim, context, cache_k, cache_v, workspace);
   std::vector<float> shared(shared_floats);
+  const int grid_splits = attention_splits(context);
   for (int r = 0; r < rows; ++r) {
     for (int kv = 0; kv < kv_heads; ++kv) {
-      const AttentionBlock b =
-          attention_block(q, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim, max_len, context, r, kv);
-      for (int i = 0; i < b.group * head_dim; ++i) attention_load_queries(b, shared.data(), scale, i);
-      with_query_group(b.group, [&](auto group) {
-        host_attend<group()>(b, shared.data(), shared.data() + group() * head_dim);
-      });
+      for (int split = 0; split < grid_splits; ++split) {
+        const AttentionBlock b = attention_block(q, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim,
+                                                 max_len, context, r, kv, split);
+        if (b.first >= b.keys) continue;
+        for (int i = 0; i < b.group * head_dim; ++i) attention_load_queries(b, shared.data(), scale, i);
+        float* merge = shared.data() + b.group * head_dim;
+        with_query_group(b.group, [&](auto group) { host_attend<group()>(b, shared.data(), merge); });
+        host_finish_attention(b, merge, workspace, r * kv_heads + kv, split, grid_splits);
+      }
     }
   }
 }
@@ -766,26 +911,34 @@ void host_decode_attention(const __half* q, const __half* cache_k, const __half*
 void host_rotary_attention(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
                            const std::int64_t* positions, const std::int64_t* slots, __half* cache_k, __half* cache_v,
                            __half* out, int rows, int heads, int kv_heads, int head_dim, std::int64_t max_len,
-                           int context, float scale, cudaStream_t /*stream*/) {
+                           int context, float scale, const AttentionWorkspace& workspace, cudaStream_t /*stream*/) {
   const std::size_t shared_floats =
-      check_attention_call("rotary_attention", heads, kv_heads, head_dim, context, cache_k, cache_v);
+      check_attention_call("rotary_attention", heads, kv_heads, head_dim, context, cache_k, cache_v, workspace);
   const int group = heads / kv_heads;
   std::vector<float> shared(shared_floats);
+  const int grid_splits = attention_splits(context);
   for (int r = 0; r < rows; ++r) {
     for (int kv = 0; kv < kv_heads; ++kv) {
-      const AttentionBlock b = attention_block(nullptr, cache_k, cache_v, slots, positions, out, heads, kv_heads,
-                                               head_dim, max_len, context, r, kv);
-      const __half* row = qkv + r * qkv_stride;
-      const std::int64_t position = positions[r];
-      for (int i = 0; i < group * head_dim; ++i) {
-        rotary_query(row, cos, sin, position, kv * group, head_dim, scale, shared.data(), i);
+      for (int split = 0; split < grid_splits; ++split) {
+        const AttentionBlock b = attention_block(nullptr, cache_k, cache_v, slots, positions, out, heads, kv_heads,
+                                                 head_dim, max_len, context, r, kv, split);
+        if (b.first >= b.keys) continue;
+        const __half* row = qkv + r * qkv_stride;
+        const std::int64_t position = positions[r];
+        for (int i = 0; i < group * head_dim; ++i) {
+          rotary_query(row, cos, sin, position, kv * group, head_dim, scale, shared.data(), i);
+        }
+        if (split == b.splits - 1) {
+          for (int d = 0; d < head_dim; ++d) {
+            rotary_key_value(row, cos, sin, position, heads, kv_heads, kv, head_dim,
+                             const_cast<__half*>(b.k) + position * head_dim,
+                             const_cast<__half*>(b.v) + position * head_dim, d);
+          }
+        }
+        float* merge = shared.data() + group * head_dim;
+        with_query_group(group, [&](auto g) { host_attend<g()>(b, shared.data(), merge); });
+        host_finish_attention(b, merge, workspace, r * kv_heads + kv, split, grid_splits);
       }
-      for (int d = 0; d < head_dim; ++d) {
-        rotary_key_value(row, cos, sin, position, heads, kv_heads, kv, head_dim,
-                         const_cast<__half*>(b.k) + position * head_dim, const_cast<__half*>(b.v) + position * head_dim,
-                         d);
-      }
-      with_query_group(group, [&](auto g) { host_attend<g()>(b, shared.data(), shared.data() + g() * head_dim); });
     }
   }
 }
@@ -860,6 +1013,13 @@ void check_attention_shape(int heads, int kv_heads, int head_dim) {
                                 std::to_string(shared) + " bytes of shared memory; it takes at most " +
                                 std::to_string(kAttentionSharedLimit));
   }
+}
+
+std::size_t attention_partial_floats(int rows, int heads, int kv_heads, int head_dim, int context) {
+  const int splits = attention_splits(context);
+  if (splits <= 1 || kv_heads < 1) return 0;
+  return static_cast<std::size_t>(rows) * static_cast<std::size_t>(kv_heads) * static_cast<std::size_t>(splits) *
+         static_cast<std::size_t>(partial_floats(heads / kv_heads, head_dim));
 }
 
 const Kernels& kernels() {

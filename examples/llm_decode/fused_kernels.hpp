@@ -23,6 +23,31 @@ namespace llm_decode::fused {
 inline constexpr int kMaxQueryGroup = 8;
 inline constexpr int kMaxHeadDim = 256;
 
+// The attention splits a row's keys kSplitKeys at a time over as many blocks
+// per (row, key/value head), so a long context is read by many blocks at
+// once rather than by one in turn (the split-K of flash decoding). A row's
+// result depends on its keys alone: the same for any context that holds them.
+inline constexpr int kSplitKeys = 256;
+
+// Blocks per (row, key/value head) of an attention call over `context`
+// positions: ceil(context / kSplitKeys).
+inline constexpr int attention_splits(int context) { return (context + kSplitKeys - 1) / kSplitKeys; }
+
+// Where the blocks of a split row leave their states and count themselves
+// in; needed when attention_splits(context) > 1 (the calls refuse null
+// pointers then). `partials`: attention_partial_floats() floats, any
+// contents. `counters`: rows * kv_heads, zero before a call and left zero
+// after it, so one set serves every layer of a step in stream order; two
+// calls running at once need their own.
+struct AttentionWorkspace {
+  float* partials = nullptr;
+  unsigned int* counters = nullptr;
+};
+
+// Floats of AttentionWorkspace::partials for `rows` rows over `context`
+// positions: 0 when one block per (row, key/value head) attends.
+std::size_t attention_partial_floats(int rows, int heads, int kv_heads, int head_dim, int context);
+
 // Throws std::invalid_argument, naming the sizes, for a head layout
 // decode_attention() cannot take: heads not a multiple of kv_heads, more than
 // kMaxQueryGroup query heads per key/value head, a head_dim that is not a
@@ -75,14 +100,16 @@ struct Kernels {
   // heads attend to keys 0..positions[r] of slot slots[r]; grouped-query
   // (heads / kv_heads query heads per key/value head, at most
   // kMaxQueryGroup). positions[r] < context <= max_len; the keys are split
-  // over a block's warps, each keeping a running softmax (no scores stored,
-  // so no bound on the context), merged at the end; float32 throughout.
+  // over blocks (kSplitKeys each) and a block's keys over its warps, each
+  // keeping a running softmax (no scores stored, so no bound on the
+  // context), merged at the end; float32 throughout.
   //   q: [rows, heads, head_dim]; out: [rows, heads * head_dim]
   // Throws std::invalid_argument for shapes it cannot take
-  // (check_attention_shape).
+  // (check_attention_shape), and for a split context without a workspace.
   void (*decode_attention)(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
                            const std::int64_t* positions, __half* out, int rows, int heads, int kv_heads,
-                           int head_dim, std::int64_t max_len, int context, float scale, cudaStream_t stream);
+                           int head_dim, std::int64_t max_len, int context, float scale,
+                           const AttentionWorkspace& workspace, cudaStream_t stream);
   // rotary_and_cache_write() and decode_attention() in one kernel, for rows
   // whose slots differ (a decode step's; padding rows may share the spare
   // slot, whose contents nobody reads): each block rotates its own query
@@ -91,7 +118,8 @@ struct Kernels {
   void (*rotary_attention)(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
                            const std::int64_t* positions, const std::int64_t* slots, __half* cache_k,
                            __half* cache_v, __half* out, int rows, int heads, int kv_heads, int head_dim,
-                           std::int64_t max_len, int context, float scale, cudaStream_t stream);
+                           std::int64_t max_len, int context, float scale, const AttentionWorkspace& workspace,
+                           cudaStream_t stream);
   // The residual add and the RMSNorm after it: x += delta (rounded to fp16,
   // as the plain add), then out = x * rsqrt(mean(x^2) + eps) * weight in
   // float32, rounded once (as at::rms_norm). delta may be null: only the norm.

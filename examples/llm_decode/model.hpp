@@ -660,7 +660,8 @@ class LlamaModel {
   static __half* half_ptr(const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); }
 
   // decode() with DecodeKernels::fused: the same math, 8 kernels per layer
-  // (9 for a packed prefill). Capture-safe like decode(): device tensors
+  // (9 for a packed prefill; and, past fused::kSplitKeys positions of
+  // context, one fill of the attention's counters per call). Capture-safe like decode(): device tensors
   // only, torch's allocator, the current stream.
   // `logit_rows`: when given (a packed prefill), only these rows' logits are
   // computed, and the rows, which share slots, write every key and value
@@ -693,6 +694,20 @@ class LlamaModel {
     at::Tensor h = at::empty_like(x);                // the normed input of the next product
     k.add_rms_norm(half_ptr(x), nullptr, half_ptr(layers_[0].input_norm), half_ptr(h), rows, hidden, eps, stream);
     const at::Tensor q = logit_rows != nullptr ? at::empty({rows, heads, head_dim}, options) : at::Tensor();
+    // A context of more than fused::kSplitKeys positions splits each row's
+    // attention over several blocks: their states and counters, one set for
+    // every layer (the counters are left at zero by each call).
+    const auto context_positions = static_cast<int>(context);
+    const std::size_t partial_floats =
+        fused::attention_partial_floats(rows, heads, kv_heads, head_dim, context_positions);
+    const at::Tensor partials =
+        partial_floats > 0 ? at::empty({static_cast<std::int64_t>(partial_floats)}, options.dtype(at::kFloat))
+                           : at::Tensor();
+    const at::Tensor counters =
+        partial_floats > 0 ? at::zeros({rows * kv_heads}, options.dtype(at::kInt)) : at::Tensor();
+    const fused::AttentionWorkspace workspace{
+        .partials = partials.defined() ? partials.data_ptr<float>() : nullptr,
+        .counters = counters.defined() ? reinterpret_cast<unsigned int*>(counters.data_ptr<int>()) : nullptr};
     const at::Tensor attended = at::empty({rows, heads * head_dim}, options);
     const at::Tensor act = at::empty({rows, intermediate}, options);
     for (std::int64_t i = 0; i < config_.num_layers; ++i) {
@@ -703,14 +718,14 @@ class LlamaModel {
       if (logit_rows == nullptr) {
         k.rotary_attention(half_ptr(qkv), qkv.stride(0), half_ptr(cos_), half_ptr(sin_), position_data, slot_data,
                            half_ptr(cache_k), half_ptr(cache_v), half_ptr(attended), rows, heads, kv_heads, head_dim,
-                           config_.max_len, static_cast<int>(context), static_cast<float>(scale_), stream);
+                           config_.max_len, context_positions, static_cast<float>(scale_), workspace, stream);
       } else {
         k.rotary_and_cache_write(half_ptr(qkv), qkv.stride(0), half_ptr(cos_), half_ptr(sin_), position_data,
                                  slot_data, half_ptr(q), half_ptr(cache_k), half_ptr(cache_v), rows, heads, kv_heads,
                                  head_dim, config_.max_len, stream);
         k.decode_attention(half_ptr(q), half_ptr(cache_k), half_ptr(cache_v), slot_data, position_data,
-                           half_ptr(attended), rows, heads, kv_heads, head_dim, config_.max_len,
-                           static_cast<int>(context), static_cast<float>(scale_), stream);
+                           half_ptr(attended), rows, heads, kv_heads, head_dim, config_.max_len, context_positions,
+                           static_cast<float>(scale_), workspace, stream);
       }
       const at::Tensor o = at::linear(attended, layer.o);
       k.add_rms_norm(half_ptr(x), half_ptr(o), half_ptr(layer.post_norm), half_ptr(h), rows, hidden, eps, stream);

@@ -121,7 +121,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     }
   }
 
-  TEST_CASE("the fused attention kernels match a float64 reference past 256 keys and at head widths that leave lanes idle") {
+  TEST_CASE("the fused attention kernels match a float64 reference past 256 keys (split over blocks) and at head widths that leave lanes idle") {
     at::manual_seed(replay_test::case_seed());
     for (const llm_decode_test::AttentionLayout& layout : llm_decode_test::attention_layouts()) {
       INFO(layout.heads << " query heads over " << layout.kv_heads << ", head_dim " << layout.head_dim);
@@ -130,6 +130,8 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       // One kernel or two: the same math, the query loads apart.
       CHECK(errors.rotary < 2e-3);
       CHECK(errors.rotary_cache == 0.0);  // the cache rows are rounded once either way
+      CHECK(errors.same_for_every_context);  // 1, 2 or 3 blocks per row: the same bits
+      CHECK(errors.counters_left_zero);      // the last block of each row reset its counter
     }
   }
 

@@ -376,7 +376,7 @@ TEST_SUITE("host") {
     }
   }
 
-  TEST_CASE("the fused attention kernels (host versions) match a float64 reference past 256 keys and at head widths that leave lanes idle") {
+  TEST_CASE("the fused attention kernels (host versions) match a float64 reference past 256 keys (split over blocks) and at head widths that leave lanes idle") {
     at::manual_seed(replay_test::case_seed());
     for (const llm_decode_test::AttentionLayout& layout : llm_decode_test::attention_layouts()) {
       INFO(layout.heads << " query heads over " << layout.kv_heads << ", head_dim " << layout.head_dim);
@@ -384,6 +384,8 @@ TEST_SUITE("host") {
       CHECK(errors.decode < 2e-3);  // fp16 rounding of the output
       CHECK(errors.rotary == 0.0);  // the same code, one thread: bit for bit
       CHECK(errors.rotary_cache == 0.0);
+      CHECK(errors.same_for_every_context);  // 1, 2 or 3 blocks per row: the same bits
+      CHECK(errors.counters_left_zero);
     }
   }
 
@@ -424,8 +426,13 @@ TEST_SUITE("host") {
         doctest::Contains("the weight must be 16-byte aligned"), std::invalid_argument);
     const std::int64_t zero = 0;
     CHECK_THROWS_WITH_AS(k.decode_attention(half_ptr(aligned), half_ptr(odd), half_ptr(aligned), &zero, &zero,
-                                            half_ptr(aligned), 1, 1, 1, 8, 1, 1, 1.0F, nullptr),
+                                            half_ptr(aligned), 1, 1, 1, 8, 1, 1, 1.0F, {}, nullptr),
                          doctest::Contains("the key cache must be 16-byte aligned"), std::invalid_argument);
+    // A context split over blocks, without the workspace their states need.
+    CHECK_THROWS_WITH_AS(k.decode_attention(half_ptr(aligned), half_ptr(aligned), half_ptr(aligned), &zero, &zero,
+                                            half_ptr(aligned), 1, 1, 1, 8, 512, 300, 1.0F, {}, nullptr),
+                         doctest::Contains("a context of 300 positions is split over 2 blocks"),
+                         std::invalid_argument);
   }
 
   TEST_CASE("the fused step bookkeeping (its host versions) writes what the ATen bookkeeping writes, bit for bit") {
