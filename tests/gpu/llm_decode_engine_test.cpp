@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <map>
+#include <set>
 #include <random>
 #include <string>
 #include <thread>
@@ -377,6 +378,67 @@ TEST_CASE("fused kernels: graphed steps give the eager steps' tokens bit for bit
     CHECK(launches > 20);
     REQUIRE(graphed.router() != nullptr);
     CHECK(graphed.router()->stats().hits == launches);
+  }
+}
+
+TEST_CASE("fused kernels past 256 positions (attention split over blocks): graphed and K-step launches give eager's tokens") {
+  const at::Device cuda(at::kCUDA, 0);
+  llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset("tiny");
+  config.max_len = 640;
+  const LlamaModel model = LlamaModel::random(config, 11, cuda);
+  // Contexts of 1, 2 and 3 key splits; prompts that start the rows on both
+  // sides of the split boundaries (256, 512), each prefilled in a bucket's
+  // graph (whose forward reads the whole cache length: 3 splits).
+  const std::vector<std::int64_t> context_buckets{64, 320, 640};
+  const auto fused_options = [&](StepMode mode, std::size_t steps) {
+    return ExecutorOptions{.mode = mode,
+                           .batch_buckets = kBatchBuckets,
+                           .context_buckets = context_buckets,
+                           .steps_per_launch = steps,
+                           .kernels = llm_decode::DecodeKernels::fused,
+                           .prefill_buckets = {64, 512}};
+  };
+  std::mt19937_64 rng(replay_test::case_seed());
+  const std::vector<std::size_t> lengths{40, 250, 300, 509};
+  for (const std::size_t steps : {std::size_t{1}, std::size_t{3}}) {
+    CAPTURE(steps);
+    KvCache eager_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+    KvCache graphed_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+    LlamaExecutor eager(model, eager_cache, fused_options(StepMode::eager, steps));
+    LlamaExecutor graphed(model, graphed_cache, fused_options(StepMode::graphed, steps));
+    REQUIRE(graphed.capture_failures().empty());
+    std::vector<replay::DecodeRow> rows;
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      const std::vector<std::vector<replay::TokenId>> prompt{random_prompt(rng, lengths[i], model.config().vocab_size)};
+      const auto first = llm_decode::run_prefill(eager, {i}, prompt);
+      REQUIRE(llm_decode::run_prefill(graphed, {i}, prompt) == first);
+      rows.push_back({.slot = i, .position = lengths[i], .token = first[0], .max_tokens = steps});
+    }
+    // 9 steps of the first 3 rows (a context of 320: 2 splits; the rows
+    // cross position 256), then 9 of all 4 (640: 3 splits, the last row
+    // crossing 512).
+    std::set<std::int64_t> contexts;
+    for (const std::size_t live : {std::size_t{3}, std::size_t{4}}) {
+      for (std::size_t launch = 0; launch * steps < 9; ++launch) {
+        const std::vector<replay::DecodeRow> launch_rows(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(live));
+        std::size_t reach = 0;
+        for (const replay::DecodeRow& row : launch_rows) reach = std::max(reach, row.position + steps);
+        const std::int64_t context =
+            llm_decode::smallest_bucket_for(context_buckets, static_cast<std::int64_t>(reach));
+        contexts.insert(context);
+        const auto expected = llm_decode::run_launch(eager, launch_rows, 4, context, steps, {});
+        INFO("launch " << launch << " of " << live << " rows, context bucket " << context);
+        REQUIRE(llm_decode::run_launch(graphed, launch_rows, 4, context, steps, {}) == expected);
+        for (std::size_t r = 0; r < live; ++r) {
+          REQUIRE(expected[r].size() == steps);
+          rows[r].position += steps;
+          rows[r].token = expected[r].back();
+        }
+      }
+    }
+    CHECK(contexts == std::set<std::int64_t>{320, 640});
+    CHECK(graphed.router()->stats().eager_fallbacks == 0);
+    CHECK(graphed.prefill_router()->stats().hits == graphed.stats().prefill_forwards);
   }
 }
 
