@@ -345,7 +345,9 @@ __host__ __device__ inline void merge_partials(const AttentionBlock& b, const fl
   const int stride = partial_floats(b.group, b.head_dim);
   const int g = i / b.head_dim;
   float largest = -INFINITY;
-  for (int s = 0; s < b.splits; ++s) largest = fmaxf(largest, load_partial(partials + s * stride + b.group * b.head_dim + g));
+  for (int s = 0; s < b.splits; ++s) {
+    largest = fmaxf(largest, load_partial(partials + s * stride + b.group * b.head_dim + g));
+  }
   float sum = 0.0F;
   float acc = 0.0F;
   for (int s = 0; s < b.splits; ++s) {

@@ -661,8 +661,8 @@ class LlamaModel {
 
   // decode() with DecodeKernels::fused: the same math, 8 kernels per layer
   // (9 for a packed prefill; and, past fused::kSplitKeys positions of
-  // context, one fill of the attention's counters per call). Capture-safe like decode(): device tensors
-  // only, torch's allocator, the current stream.
+  // context, one fill of the attention's counters per call). Capture-safe
+  // like decode(): device tensors only, torch's allocator, the current stream.
   // `logit_rows`: when given (a packed prefill), only these rows' logits are
   // computed, and the rows, which share slots, write every key and value
   // before any attends (two kernels); a decode step's rows have slots of

@@ -420,7 +420,8 @@ TEST_CASE("fused kernels past 256 positions (attention split over blocks): graph
     std::set<std::int64_t> contexts;
     for (const std::size_t live : {std::size_t{3}, std::size_t{4}}) {
       for (std::size_t launch = 0; launch * steps < 9; ++launch) {
-        const std::vector<replay::DecodeRow> launch_rows(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(live));
+        const std::vector<replay::DecodeRow> launch_rows(rows.begin(),
+                                                         rows.begin() + static_cast<std::ptrdiff_t>(live));
         std::size_t reach = 0;
         for (const replay::DecodeRow& row : launch_rows) reach = std::max(reach, row.position + steps);
         const std::int64_t context =
