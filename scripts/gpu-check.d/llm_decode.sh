@@ -5,8 +5,9 @@
 #            and with 4 steps per launch (24 requests from 4 threads through
 #            continuous batching, every executor call replayed eagerly: the
 #            tokens must be equal bit for bit), with the ATen operators and
-#            with the fused kernels, and with the fused kernels and chunked
-#            prefill; scripts/llm_decode_compare.py
+#            with the fused kernels, with the fused kernels and chunked
+#            prefill, and with the fused kernels past 256 positions (300 new
+#            tokens: the attention split over blocks); scripts/llm_decode_compare.py
 #            (C++ against llama.py and Hugging Face on the same weights);
 #   measure: for each preset in REPLAY_LLM_PRESETS (default "small"): the C++
 #            benchmark (eager, graphed, graphed 4 steps per launch, graphed with
@@ -90,6 +91,11 @@ if [ "$mode" != measure ]; then
       --json "$OUT/llm_generate_chunked_k$k.json" >"$OUT/llm_generate_chunked_k$k.txt" 2>&1 ||
       failed "generate with chunked prefill, $k step(s) per launch (rc=$?)"
     tail -3 "$OUT/llm_generate_chunked_k$k.txt"
+    step "generate with the fused kernels past 256 positions (300 new tokens: attention split over blocks), $k step(s) per launch"
+    bounded 120 "$exe" generate --weights "$small" --kernels fused --new-tokens 300 --steps-per-launch "$k" \
+      --json "$OUT/llm_generate_long_k$k.json" >"$OUT/llm_generate_long_k$k.txt" 2>&1 ||
+      failed "generate past 256 positions, $k step(s) per launch (rc=$?)"
+    tail -3 "$OUT/llm_generate_long_k$k.txt"
   done
   step "C++ against llama.py and Hugging Face (scripts/llm_decode_compare.py)"
   bounded 120 python3 scripts/llm_decode_compare.py "$small" "$OUT/llm_generate_k1.json" \
