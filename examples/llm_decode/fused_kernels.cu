@@ -113,7 +113,7 @@ __host__ __device__ inline AttentionBlock attention_block(const __half* q, const
           keys,
           first,
           end,
-          (keys + kSplitKeys - 1) / kSplitKeys};
+          attention_splits(keys)};
 }
 
 // A block's keys (at most kSplitKeys) are split over its warps, each taking

@@ -31,7 +31,9 @@ inline constexpr int kSplitKeys = 256;
 
 // Blocks per (row, key/value head) of an attention call over `context`
 // positions: ceil(context / kSplitKeys).
-inline constexpr int attention_splits(int context) { return (context + kSplitKeys - 1) / kSplitKeys; }
+__host__ __device__ inline constexpr int attention_splits(int context) {
+  return (context + kSplitKeys - 1) / kSplitKeys;
+}
 
 // Where the blocks of a split row leave their states and count themselves
 // in; needed when attention_splits(context) > 1 (the calls refuse null
