@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plots `llm_decode load --json` (continuous, grouped, chunked and static batching):
+"""Plots `llm_decode load --json` (continuous, grouped, chunked, chunked-grouped and static batching):
 throughput, p99 time per output token and p99 time to first token against the
 offered load.
 
@@ -22,7 +22,7 @@ def main():
     args = p.parse_args()
     rows = json.load(open(args.load))["rows"]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    styles = {"continuous": "o-", "grouped": "^-", "chunked": "D-", "static": "s--"}
+    styles = {"continuous": "o-", "grouped": "^-", "chunked": "D-", "chunked-grouped": "v-", "static": "s--"}
     for batching in [b for b in styles if any(r["batching"] == b for r in rows)]:
         style = styles[batching]
         pts = sorted((r for r in rows if r["batching"] == batching), key=lambda r: r["offered_rps"])

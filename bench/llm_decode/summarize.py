@@ -147,7 +147,9 @@ def main():
                    f"outputs {load.get('new_tokens')} tokens, Poisson arrivals; prefill {load.get('prefill', 'unpadded')}"
                    + (f", grouped: {load['min_admission']} requests or {load['admission_delay_us'] / 1000:g} ms"
                       if "min_admission" in load else "")
-                   + (f", chunked: {load['chunk_tokens']} prompt tokens per launch" if "chunk_tokens" in load else ""))
+                   + (f", chunked: {load['chunk_tokens']} prompt tokens per launch" if "chunk_tokens" in load else "")
+                   + (f", chunked-grouped: {load['grouped_chunk_tokens']} prompt tokens per launch, admissions grouped"
+                      if "grouped_chunk_tokens" in load else ""))
         out.append("")
         out.append("| batching | offered req/s | done req/s | tokens/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | finished |")
         out.append("|---|---:|---:|---:|---:|---:|---:|")
@@ -159,7 +161,7 @@ def main():
                        f"{r['finished']}/{r['requests']} |")
         out.append("")
         rates = sorted({rate for _, rate in by})
-        for policy in ("continuous", "grouped", "chunked"):
+        for policy in ("continuous", "grouped", "chunked", "chunked-grouped"):
             for rate in rates:
                 c, s = by.get((policy, rate)), by.get(("static", rate))
                 if c and s:

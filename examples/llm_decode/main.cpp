@@ -411,7 +411,7 @@ struct OutputLengths {
 
 // A batching policy of the load test.
 struct LoadPolicy {
-  std::string name;  // continuous | grouped | chunked | static
+  std::string name;  // continuous | grouped | chunked | chunked-grouped | static
   replay::DecodeBatching batching = replay::DecodeBatching::continuous;
   std::size_t min_admission = 1;
   replay::DecodePrefill prefill = replay::DecodePrefill::separate;
@@ -514,13 +514,18 @@ struct LoadSettings {
   std::vector<std::string> policies{"continuous", "grouped", "chunked", "static"};
   std::size_t min_admission = 8;
   std::size_t chunk_tokens = 64;  // chunked: prompt tokens per mixed launch
+  // chunked-grouped: prompt tokens per mixed launch, at most the largest
+  // prefill bucket less the largest batch bucket (512 - 64 by default).
+  std::size_t grouped_chunk_tokens = 448;
   std::int64_t admission_delay_us = 20000;
   OutputLengths lengths;
 };
 
 int load(const Common& c, const LoadSettings& settings) {
-  if (std::find(settings.policies.begin(), settings.policies.end(), "chunked") != settings.policies.end()) {
-    c.check_chunked_prefill("--policies chunked");
+  for (const char* chunked : {"chunked", "chunked-grouped"}) {
+    if (std::find(settings.policies.begin(), settings.policies.end(), chunked) != settings.policies.end()) {
+      c.check_chunked_prefill(std::string("--policies ") + chunked);
+    }
   }
   const LlamaModel model = load_model(c);
   Json out{{"preset", c.preset},
@@ -532,6 +537,7 @@ int load(const Common& c, const LoadSettings& settings) {
            {"prefill", c.prefill},
            {"min_admission", settings.min_admission},
            {"chunk_tokens", settings.chunk_tokens},
+           {"grouped_chunk_tokens", settings.grouped_chunk_tokens},
            {"admission_delay_us", settings.admission_delay_us}};
   bool all_finished = true;
   // The queue holds every request of a point: an overloaded point shows in
@@ -549,8 +555,15 @@ int load(const Common& c, const LoadSettings& settings) {
     } else if (name == "chunked") {
       policy.prefill = replay::DecodePrefill::with_decode;
       policy.max_prefill_tokens = settings.chunk_tokens;
+    } else if (name == "chunked-grouped") {
+      // Fewer, larger mixed launches: the running rows meet fewer of them,
+      // and the grouped prompts wait for each other.
+      policy.prefill = replay::DecodePrefill::with_decode;
+      policy.max_prefill_tokens = settings.grouped_chunk_tokens;
+      policy.min_admission = settings.min_admission;
     } else if (name != "continuous") {
-      throw std::invalid_argument("--policies: '" + name + "' is none of continuous, grouped, chunked, static");
+      throw std::invalid_argument("--policies: '" + name +
+                                  "' is none of continuous, grouped, chunked, chunked-grouped, static");
     }
     // One engine per policy (its graphs captured once), every rate through it.
     DecodeEngine engine(model, {.batch_buckets = c.batch_buckets,
@@ -702,16 +715,25 @@ int main(int argc, char** argv) {
   load_app
       ->add_option("--policies", load_settings.policies,
                    "continuous (admit at every step), grouped (continuous, admissions grouped), chunked "
-                   "(continuous, chunked prefill: needs --kernels fused), static")
+                   "(continuous, chunked prefill: needs --kernels fused), chunked-grouped (chunked prefill, "
+                   "admissions grouped), static")
       ->delimiter(',')
-      ->check(CLI::IsMember({"continuous", "grouped", "chunked", "static"}));
-  load_app->add_option("--min-admission", load_settings.min_admission, "grouped: requests admitted together")
+      ->check(CLI::IsMember({"continuous", "grouped", "chunked", "chunked-grouped", "static"}));
+  load_app
+      ->add_option("--min-admission", load_settings.min_admission,
+                   "grouped, chunked-grouped: requests admitted together")
       ->capture_default_str();
   load_app->add_option("--chunk-tokens", load_settings.chunk_tokens, "chunked: prompt tokens per mixed launch")
       ->capture_default_str();
   load_app
+      ->add_option("--grouped-chunk-tokens", load_settings.grouped_chunk_tokens,
+                   "chunked-grouped: prompt tokens per mixed launch (at most the largest prefill bucket less the "
+                   "largest batch bucket)")
+      ->capture_default_str();
+  load_app
       ->add_option("--admission-delay-us", load_settings.admission_delay_us,
-                   "grouped: the longest the scheduler goes without an admission while requests wait")
+                   "grouped, chunked-grouped: the longest the scheduler goes without an admission while requests "
+                   "wait")
       ->capture_default_str();
   load_app->add_option("--output-lengths", load_settings.lengths.shape, "new tokens per request: uniform or exponential")
       ->check(CLI::IsMember({"uniform", "exponential"}))

@@ -1227,16 +1227,24 @@ TEST_SUITE("host") {
     }
   }
 
-  TEST_CASE("DecodeScheduler: min_admission admits requests that arrive one by one in one prefill") {
+  TEST_CASE("DecodeScheduler: min_admission admits requests that arrive one by one together, separate or chunked prefill") {
     // A long request runs; the worker blocks in its launches 3, 5, 7 and 9,
     // and one more request arrives during each, so the boundaries after
     // them see 1, 2, 3, then 4 waiting. Without grouping each is a prefill
-    // of its own; with min_admission 4 the four are one.
+    // (or, with chunked prefill, a mixed launch) of its own; with
+    // min_admission 4 the four are one.
     auto model = std::make_shared<Model>();
-    for (const std::size_t min_admission : {std::size_t{1}, std::size_t{4}}) {
+    using replay::DecodePrefill;
+    for (const auto& [min_admission, prefill] :
+         {std::pair{std::size_t{1}, DecodePrefill::separate}, std::pair{std::size_t{4}, DecodePrefill::separate},
+          std::pair{std::size_t{1}, DecodePrefill::with_decode},
+          std::pair{std::size_t{4}, DecodePrefill::with_decode}}) {
       CAPTURE(min_admission);
+      const bool chunked = prefill == DecodePrefill::with_decode;
+      CAPTURE(chunked);
       replay::DecodeOptions options = small_options();
       options.min_admission = min_admission;
+      options.prefill = prefill;
       options.admission_delay = 30s;  // never due here
       auto standin = std::make_shared<StandIn>(model, options);
       standin->block_at = {3, 5, 7, 9};
@@ -1261,9 +1269,27 @@ TEST_SUITE("host") {
       const std::vector<std::vector<std::size_t>> expected_prefills =
           min_admission == 1 ? std::vector<std::vector<std::size_t>>{{0}, {1}, {2}, {3}, {4}}
                              : std::vector<std::vector<std::size_t>>{{0}, {1, 2, 3, 4}};
-      CHECK(scheduler.stats().prefills == expected_prefills.size());
       std::lock_guard lock(standin->mutex);
-      CHECK(standin->prefill_ids == expected_prefills);
+      if (chunked) {
+        // The prompts of each admission ride one mixed launch (no budget).
+        std::vector<std::vector<std::size_t>> chunk_ids;
+        for (const StandIn::Launch& launch : standin->launch_log) {
+          if (launch.chunks.empty()) {
+            continue;
+          }
+          std::vector<std::size_t>& ids = chunk_ids.emplace_back();
+          for (const StandIn::Chunk& c : launch.chunks) {
+            ids.push_back(c.id);
+          }
+          std::sort(ids.begin(), ids.end());
+        }
+        CHECK(chunk_ids == expected_prefills);
+        CHECK(scheduler.stats().prefills == 0);
+        CHECK(scheduler.stats().mixed_launches == expected_prefills.size());
+      } else {
+        CHECK(scheduler.stats().prefills == expected_prefills.size());
+        CHECK(standin->prefill_ids == expected_prefills);
+      }
       CHECK(standin->violations.empty());
     }
   }
