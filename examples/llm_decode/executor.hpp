@@ -78,6 +78,12 @@ enum class PrefillMode : std::uint8_t {
   unpadded,
 };
 
+// The priority of an executor's stream.
+enum class StreamPriority : std::uint8_t {
+  normal,
+  high,  // the highest of torch's stream pool: its waiting blocks are scheduled before a normal stream's
+};
+
 struct ExecutorOptions {
   StepMode mode = StepMode::graphed;
   std::vector<std::int64_t> batch_buckets;    // the scheduler's lists (DecodeOptions)
@@ -101,6 +107,9 @@ struct ExecutorOptions {
   int capture_threads = 1;
   // Told after each bucket the constructor captured: (done, total, bucket).
   replay::CaptureProgress<std::array<std::int64_t, 2>> on_capture_progress;
+  // The priority of the executor's stream (a stream of torch's pool): what
+  // the GPU schedules first when another executor's work runs beside it.
+  StreamPriority stream_priority = StreamPriority::normal;
 };
 
 // What the executor measured since it was made (or since reset_stats()).
@@ -233,7 +242,7 @@ class LlamaExecutor {
     columns_ = std::max<std::int64_t>(max_batch_, 3);  // row 5 holds 3 loop counters
     steps_ = static_cast<std::int64_t>(options_.steps_per_launch);
     const c10::cuda::CUDAGuard guard(device_);
-    stream_.emplace(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index()));
+    stream_.emplace(c10::cuda::getStreamFromPool(options_.stream_priority == StreamPriority::high, device_.index()));
     const c10::cuda::CUDAStreamGuard stream_guard(*stream_);
     const c10::InferenceMode inference;
     const auto i64 = at::TensorOptions().dtype(at::kLong);

@@ -270,8 +270,52 @@ double time_decode(LlamaExecutor& executor, const Common& c, std::int64_t batch,
   return seconds / static_cast<double>(new_tokens - 1);
 }
 
+// Decode steps while a second executor (its own cache, graph pool and
+// stream) prefills one prompt of `beside_tokens` tokens after another on a
+// second thread: what a step costs when prompts are prefilled beside the
+// running rows instead of between their steps (as the engine does). Returns
+// the median seconds per step over `repeats` and the prefills per second.
+std::pair<double, double> time_decode_beside_prefill(LlamaExecutor& decoder, LlamaExecutor& prefiller,
+                                                     const Common& c, std::int64_t batch, std::size_t prompt_len,
+                                                     std::size_t new_tokens, std::size_t beside_tokens, int repeats,
+                                                     std::mt19937_64& rng, std::int64_t vocab) {
+  const std::vector<std::size_t> slot{0};
+  const std::vector<std::vector<replay::TokenId>> prompt{random_prompt(rng, beside_tokens, vocab)};
+  (void)llm_decode::run_prefill(prefiller, slot, prompt);  // its bucket's graph, before the timing
+  std::atomic<bool> stop{false};
+  std::atomic<std::size_t> prefills{0};
+  std::exception_ptr failure;
+  std::thread beside([&] {
+    try {
+      while (!stop.load(std::memory_order_relaxed)) {
+        (void)llm_decode::run_prefill(prefiller, slot, prompt);
+        prefills.fetch_add(1, std::memory_order_relaxed);
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  std::vector<double> per_step;
+  const auto start = Clock::now();
+  try {
+    for (int r = 0; r < repeats; ++r) {
+      per_step.push_back(time_decode(decoder, c, batch, prompt_len, new_tokens, 1, rng, vocab));
+    }
+  } catch (...) {
+    stop = true;
+    beside.join();
+    throw;
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  stop = true;
+  beside.join();
+  if (failure) std::rethrow_exception(failure);
+  return {percentile(per_step, 0.5), static_cast<double>(prefills.load()) / seconds};
+}
+
 int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t prompt_len, std::size_t new_tokens,
-          const std::vector<std::size_t>& multi_steps, int repeats, int capture_threads) {
+          const std::vector<std::size_t>& multi_steps, int repeats, int capture_threads,
+          const std::vector<std::size_t>& beside_prefill) {
   const LlamaModel model = load_model(c);
   std::mt19937_64 rng(c.seed + 7);
   Json out{{"preset", c.preset},        {"prompt", prompt_len},          {"new_tokens", new_tokens},
@@ -349,6 +393,48 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
       if (m.kernels != llm_decode::DecodeKernels::fused || kernels == llm_decode::DecodeKernels::fused) throw;
       std::printf("llm_decode bench: %s FAILED: %s\n", m.name.c_str(), e.what());
       out["failures"][m.name] = e.what();
+    }
+  }
+  // Decode steps alone, then with prefill beside them (graphed, one step per launch).
+  for (const std::size_t tokens : beside_prefill) {
+    if (tokens == 0 || static_cast<std::int64_t>(tokens) > model.config().max_len) {
+      throw std::invalid_argument("--beside-prefill: a prompt of " + std::to_string(tokens) +
+                                  " tokens; it must hold 1.." + std::to_string(model.config().max_len));
+    }
+    llm_decode::KvCache decoder_cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
+    llm_decode::KvCache prefiller_cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
+    // The decoder's stream at normal priority (as the prefiller's), then at high.
+    for (const llm_decode::StreamPriority priority :
+         {llm_decode::StreamPriority::normal, llm_decode::StreamPriority::high}) {
+      const char* priority_name = priority == llm_decode::StreamPriority::high ? "high" : "normal";
+      ExecutorOptions decoder_options = executor_options(c, StepMode::graphed, 1);
+      decoder_options.stream_priority = priority;
+      LlamaExecutor decoder(model, decoder_cache, decoder_options);
+      LlamaExecutor prefiller(model, prefiller_cache, executor_options(c, StepMode::graphed, 1));
+      const std::int64_t vocab = model.config().vocab_size;
+      const double prefill_alone = time_prefill(prefiller, 1, tokens, std::max(repeats, 5), rng, vocab);
+      for (const std::int64_t batch : batches) {
+        (void)time_decode(decoder, c, batch, prompt_len, std::min<std::size_t>(new_tokens, 16), 1, rng, vocab);
+        std::vector<double> alone;
+        for (int r = 0; r < repeats; ++r) {
+          alone.push_back(time_decode(decoder, c, batch, prompt_len, new_tokens, 1, rng, vocab));
+        }
+        const auto [beside, prefills_per_s] = time_decode_beside_prefill(decoder, prefiller, c, batch, prompt_len,
+                                                                         new_tokens, tokens, repeats, rng, vocab);
+        const double alone_s = percentile(alone, 0.5);
+        std::printf("llm_decode bench: beside prefill, batch %3lld, decode stream priority %s: %.3f ms/step alone, "
+                    "%.3f ms/step while a second executor prefills %zu-token prompts (%.0f per s, %.3f ms each "
+                    "alone)\n",
+                    static_cast<long long>(batch), priority_name, alone_s * 1e3, beside * 1e3, tokens,
+                    prefills_per_s, prefill_alone * 1e3);
+        out["beside_prefill"].push_back({{"batch", batch},
+                                         {"decode_stream_priority", priority_name},
+                                         {"prompt_tokens", tokens},
+                                         {"ms_per_step_alone", alone_s * 1e3},
+                                         {"ms_per_step_beside", beside * 1e3},
+                                         {"prefills_per_s", prefills_per_s},
+                                         {"prefill_ms_alone", prefill_alone * 1e3}});
+      }
     }
   }
   // Graph memory: all buckets against the largest bucket alone (both captured
@@ -695,6 +781,7 @@ int main(int argc, char** argv) {
   std::size_t prompt_len = 32;
   std::vector<std::size_t> multi_steps{4};
   int repeats = 3, capture_threads = 4;
+  std::vector<std::size_t> beside_prefill;
   CLI::App* bench_app = app.add_subcommand("bench", "ms per step and tokens/s: eager, graphed, K steps per launch");
   add_common(bench_app);
   bench_app->add_option("--batches", batches)->delimiter(',');
@@ -703,6 +790,11 @@ int main(int argc, char** argv) {
   bench_app->add_option("--multi-steps", multi_steps, "K of the several-steps-per-launch rows")->delimiter(',');
   bench_app->add_option("--repeats", repeats)->capture_default_str();
   bench_app->add_option("--capture-threads", capture_threads)->capture_default_str();
+  bench_app
+      ->add_option("--beside-prefill", beside_prefill,
+                   "also time graphed steps while a second executor prefills prompts of these many tokens, one after "
+                   "another, on a second thread and stream")
+      ->delimiter(',');
 
   LoadSettings load_settings{.rates = {50, 200, 800}};
   CLI::App* load_app = app.add_subcommand("load", "Poisson load test: continuous against static batching");
@@ -763,7 +855,7 @@ int main(int argc, char** argv) {
     if (gen->parsed()) return generate(c, prompts, new_tokens, steps, threads);
     if (bench_app->parsed()) {
       std::sort(multi_steps.begin(), multi_steps.end());
-      return bench(c, batches, prompt_len, new_tokens, multi_steps, repeats, capture_threads);
+      return bench(c, batches, prompt_len, new_tokens, multi_steps, repeats, capture_threads, beside_prefill);
     }
     if (load_app->parsed()) {
       const OutputLengths& l = load_settings.lengths;

@@ -714,6 +714,34 @@ TEST_CASE("DecodeEngine: refusals, cancellation mid-stream, and the freed slot s
   CHECK(engine.executor().capture_failures().empty());
 }
 
+TEST_CASE("ExecutorOptions::stream_priority: the stream has a higher priority when asked, and the steps the same tokens") {
+  const at::Device cuda(at::kCUDA, 0);
+  const LlamaModel model = tiny_model(cuda);
+  std::map<llm_decode::StreamPriority, int> priority;
+  std::map<llm_decode::StreamPriority, std::vector<std::vector<replay::TokenId>>> tokens;
+  for (const llm_decode::StreamPriority asked : {llm_decode::StreamPriority::normal, llm_decode::StreamPriority::high}) {
+    KvCache cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+    ExecutorOptions o = options(StepMode::graphed, 1);
+    o.stream_priority = asked;
+    LlamaExecutor executor(model, cache, o);
+    REQUIRE(::cudaStreamGetPriority(executor.stream().stream(), &priority[asked]) == ::cudaSuccess);
+    const auto first = llm_decode::run_prefill(executor, {0, 1}, {{1, 2, 3}, {4, 5, 6, 7}});
+    std::vector<replay::DecodeRow> rows{{.slot = 0, .position = 3, .token = first[0], .max_tokens = 1},
+                                        {.slot = 1, .position = 4, .token = first[1], .max_tokens = 1}};
+    for (int step = 0; step < 6; ++step) {
+      const auto next = llm_decode::run_launch(executor, rows, 2, 16, 1, {});
+      tokens[asked].push_back({next[0].at(0), next[1].at(0)});
+      for (std::size_t r = 0; r < rows.size(); ++r) {
+        rows[r].position += 1;
+        rows[r].token = next[r].at(0);
+      }
+    }
+  }
+  // CUDA: a lower number is a higher priority.
+  CHECK(priority[llm_decode::StreamPriority::high] < priority[llm_decode::StreamPriority::normal]);
+  CHECK(tokens[llm_decode::StreamPriority::high] == tokens[llm_decode::StreamPriority::normal]);
+}
+
 TEST_CASE("a launch asking for more steps than the executor was made for is refused") {
   const at::Device cuda(at::kCUDA, 0);
   const LlamaModel model = tiny_model(cuda);
