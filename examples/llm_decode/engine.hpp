@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -50,7 +52,7 @@ class DecodeEngine {
   // The cache has one slot per row of the largest batch bucket (and the
   // spare); max_len is the largest context bucket.
   DecodeEngine(const LlamaModel& model, EngineOptions options)
-      : cache_(std::make_unique<KvCache>(model.config(), options.batch_buckets.back(), model.device(), model.dtype())),
+      : cache_(checked_cache(model, options)),
         executor_(std::make_unique<LlamaExecutor>(
             model, *cache_,
             ExecutorOptions{.mode = options.mode,
@@ -98,6 +100,42 @@ class DecodeEngine {
   const LlamaExecutor& executor() const noexcept { return *executor_; }
 
  private:
+  // What the members below read before the executor and the scheduler check
+  // the rest. Chunked prefill that the executor could not run is refused
+  // here, before any capture, rather than failing the requests of its first
+  // mixed launch: it needs the fused kernels, bucketed prefill, and a chunk
+  // budget that leaves room for every decode row in the largest prefill bucket.
+  static void check_options(const LlamaModel& model, const EngineOptions& options) {
+    if (options.batch_buckets.empty() || options.context_buckets.empty()) {
+      throw std::invalid_argument("DecodeEngine: batch_buckets and context_buckets must not be empty");
+    }
+    if (options.decode_prefill != replay::DecodePrefill::with_decode) return;
+    if (options.kernels != DecodeKernels::fused || options.prefill != PrefillMode::bucketed) {
+      throw std::invalid_argument(
+          "DecodeEngine: chunked prefill (decode_prefill = DecodePrefill::with_decode) needs kernels = "
+          "DecodeKernels::fused and prefill = PrefillMode::bucketed (the operators' packed prefill attends within "
+          "its forward only, not to the keys already in the cache)");
+    }
+    const std::vector<std::int64_t> buckets = options.prefill_buckets.empty()
+                                                  ? default_prefill_buckets(model.config().max_len)
+                                                  : options.prefill_buckets;
+    const std::int64_t rows = options.batch_buckets.back();
+    const std::int64_t room = buckets.back() - rows;
+    if (options.max_prefill_tokens == 0 || static_cast<std::int64_t>(options.max_prefill_tokens) > room) {
+      throw std::invalid_argument(
+          "DecodeEngine: chunked prefill with max_prefill_tokens = " + std::to_string(options.max_prefill_tokens) +
+          ": a mixed launch's " + std::to_string(rows) + " decode rows (the largest batch bucket) and its prompt "
+          "tokens must fit the largest prefill bucket, " + std::to_string(buckets.back()) +
+          " tokens, so the budget must be 1.." + (room > 0 ? std::to_string(room) : std::string("0 (none fits)")));
+    }
+  }
+
+  // The options checked first, then the cache.
+  static std::unique_ptr<KvCache> checked_cache(const LlamaModel& model, const EngineOptions& options) {
+    check_options(model, options);
+    return std::make_unique<KvCache>(model.config(), options.batch_buckets.back(), model.device(), model.dtype());
+  }
+
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<LlamaExecutor> executor_;
   std::unique_ptr<replay::DecodeScheduler<LlamaExecutor&>> scheduler_;

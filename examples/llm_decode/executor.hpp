@@ -78,6 +78,17 @@ enum class PrefillMode : std::uint8_t {
   unpadded,
 };
 
+// ExecutorOptions::prefill_buckets when none are given: 64, 128, 256, 512
+// (those up to max_len; {max_len} when it is below 64).
+inline std::vector<std::int64_t> default_prefill_buckets(std::int64_t max_len) {
+  std::vector<std::int64_t> buckets;
+  for (const std::int64_t n : {64, 128, 256, 512}) {
+    if (n <= max_len) buckets.push_back(n);
+  }
+  if (buckets.empty()) buckets.push_back(max_len);
+  return buckets;
+}
+
 // The priority of an executor's stream.
 enum class StreamPriority : std::uint8_t {
   normal,
@@ -523,10 +534,7 @@ class LlamaExecutor {
   void resolve_prefill_buckets(std::int64_t max_len) {
     std::vector<std::int64_t>& buckets = options_.prefill_buckets;
     if (buckets.empty()) {
-      for (const std::int64_t n : {64, 128, 256, 512}) {
-        if (n <= max_len) buckets.push_back(n);
-      }
-      if (buckets.empty()) buckets.push_back(max_len);
+      buckets = default_prefill_buckets(max_len);
       return;
     }
     for (std::size_t i = 0; i < buckets.size(); ++i) {

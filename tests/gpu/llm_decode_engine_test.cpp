@@ -320,6 +320,44 @@ TEST_CASE("LlamaExecutor refuses options that cannot work, naming them") {
   CHECK_THROWS_WITH_AS(LlamaExecutor(model, cache, options(StepMode::eager, 1, true, llm_decode::DecodeKernels::fused)),
                        doctest::Contains("DecodeKernels::fused"), std::invalid_argument);
 }
+
+TEST_CASE("DecodeEngine refuses chunked prefill its executor could not run, before touching a device") {
+  const LlamaModel model = tiny_model(at::Device(at::kCPU));  // max_len 64: the default prefill buckets are {64}
+  auto engine_options = [](std::size_t budget) {
+    return llm_decode::EngineOptions{.batch_buckets = kBatchBuckets,
+                                     .context_buckets = kContextBuckets,
+                                     .mode = StepMode::eager,
+                                     .max_prefill_tokens = budget,
+                                     .kernels = llm_decode::DecodeKernels::fused,
+                                     .decode_prefill = replay::DecodePrefill::with_decode};
+  };
+  llm_decode::EngineOptions empty = engine_options(16);
+  empty.batch_buckets.clear();
+  CHECK_THROWS_WITH_AS(llm_decode::DecodeEngine(model, empty), doctest::Contains("batch_buckets"),
+                       std::invalid_argument);
+  llm_decode::EngineOptions aten = engine_options(16);
+  aten.kernels = llm_decode::DecodeKernels::aten;
+  CHECK_THROWS_WITH_AS(llm_decode::DecodeEngine(model, aten), doctest::Contains("needs kernels = DecodeKernels::fused"),
+                       std::invalid_argument);
+  llm_decode::EngineOptions unpadded = engine_options(16);
+  unpadded.prefill = llm_decode::PrefillMode::unpadded;
+  CHECK_THROWS_WITH_AS(llm_decode::DecodeEngine(model, unpadded), doctest::Contains("PrefillMode::bucketed"),
+                       std::invalid_argument);
+  // 8 decode rows in a 64-token forward leave room for 56 prompt tokens.
+  for (const std::size_t budget : {std::size_t{0}, std::size_t{57}}) {
+    CAPTURE(budget);
+    CHECK_THROWS_WITH_AS(llm_decode::DecodeEngine(model, engine_options(budget)),
+                         doctest::Contains("the budget must be 1..56"), std::invalid_argument);
+  }
+  llm_decode::EngineOptions explicit_buckets = engine_options(57);
+  explicit_buckets.prefill_buckets = {16, 32};
+  CHECK_THROWS_WITH_AS(llm_decode::DecodeEngine(model, explicit_buckets), doctest::Contains("the budget must be 1..24"),
+                       std::invalid_argument);
+  // A budget that fits passes this check; the executor then refuses the
+  // fused kernels on the CPU (they need fp16 on a CUDA device).
+  CHECK_THROWS_WITH_AS(llm_decode::DecodeEngine(model, engine_options(56)), doctest::Contains("fp16 on a CUDA device"),
+                       std::invalid_argument);
+}
 }
 
 TEST_SUITE("gpu" * replay_test::needs_device()) {
