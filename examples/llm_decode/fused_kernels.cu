@@ -317,6 +317,13 @@ __host__ __device__ inline void merge_output(const AttentionBlock& b, const floa
 // largest [group], then the sum [group].
 __host__ __device__ inline int partial_floats(int group, int head_dim) { return group * (head_dim + 2); }
 
+// The (row, key/value head)'s area of the workspace's partials.
+__host__ __device__ inline float* row_partials(const AttentionBlock& b, const AttentionWorkspace& workspace,
+                                               int row_kv, int grid_splits) {
+  return workspace.partials +
+         static_cast<std::int64_t>(row_kv) * grid_splits * partial_floats(b.group, b.head_dim);
+}
+
 __host__ __device__ inline void store_partial(const AttentionBlock& b, const float* merge, float* partials, int split,
                                               int i) {
   const MergedElement m = merge_warps(b, merge, i);
@@ -559,8 +566,7 @@ __device__ void finish_attention(const AttentionBlock& b, const float* merge, co
     for (int i = tid; i < elements; i += threads) merge_output(b, merge, i);
     return;
   }
-  float* partials = workspace.partials +
-                    static_cast<std::int64_t>(row_kv) * grid_splits * partial_floats(b.group, b.head_dim);
+  float* partials = row_partials(b, workspace, row_kv, grid_splits);
   for (int i = tid; i < elements; i += threads) store_partial(b, merge, partials, split, i);
   __threadfence();  // this thread's stores reach the device before the count does
   __syncthreads();
@@ -879,8 +885,7 @@ void host_finish_attention(const AttentionBlock& b, const float* merge, const At
     for (int i = 0; i < elements; ++i) merge_output(b, merge, i);
     return;
   }
-  float* partials = workspace.partials +
-                    static_cast<std::int64_t>(row_kv) * grid_splits * partial_floats(b.group, b.head_dim);
+  float* partials = row_partials(b, workspace, row_kv, grid_splits);
   for (int i = 0; i < elements; ++i) store_partial(b, merge, partials, split, i);
   if (workspace.counters[row_kv]++ != static_cast<unsigned>(b.splits - 1)) return;
   for (int i = 0; i < elements; ++i) merge_partials(b, partials, i);

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -55,6 +56,27 @@ enum class DecodeKernels : std::uint8_t {
   // rounds once where the operators round at each step).
   fused,
 };
+
+// The workspace of the fused attention over `context` positions
+// (fused::AttentionWorkspace) as tensors on `options`' device: float
+// partials and counters at zero, or none when one block per (row,
+// key/value head) attends.
+struct AttentionWorkspaceTensors {
+  at::Tensor partials;
+  at::Tensor counters;
+  fused::AttentionWorkspace view() const {
+    return {.partials = partials.defined() ? partials.data_ptr<float>() : nullptr,
+            .counters = counters.defined() ? reinterpret_cast<unsigned int*>(counters.data_ptr<int>()) : nullptr};
+  }
+};
+
+inline AttentionWorkspaceTensors attention_workspace(const at::TensorOptions& options, int rows, int heads,
+                                                     int kv_heads, int head_dim, int context) {
+  const std::size_t floats = fused::attention_partial_floats(rows, heads, kv_heads, head_dim, context);
+  if (floats == 0) return {};
+  return {at::empty({static_cast<std::int64_t>(floats)}, options.dtype(at::kFloat)),
+          at::zeros({static_cast<std::int64_t>(rows) * kv_heads}, options.dtype(at::kInt))};
+}
 
 // The name of a weight in Hugging Face's LlamaForCausalLM state dict and its shape.
 struct WeightShape {
@@ -698,16 +720,9 @@ class LlamaModel {
     // attention over several blocks: their states and counters, one set for
     // every layer (the counters are left at zero by each call).
     const auto context_positions = static_cast<int>(context);
-    const std::size_t partial_floats =
-        fused::attention_partial_floats(rows, heads, kv_heads, head_dim, context_positions);
-    const at::Tensor partials =
-        partial_floats > 0 ? at::empty({static_cast<std::int64_t>(partial_floats)}, options.dtype(at::kFloat))
-                           : at::Tensor();
-    const at::Tensor counters =
-        partial_floats > 0 ? at::zeros({rows * kv_heads}, options.dtype(at::kInt)) : at::Tensor();
-    const fused::AttentionWorkspace workspace{
-        .partials = partials.defined() ? partials.data_ptr<float>() : nullptr,
-        .counters = counters.defined() ? reinterpret_cast<unsigned int*>(counters.data_ptr<int>()) : nullptr};
+    const AttentionWorkspaceTensors workspace_tensors =
+        attention_workspace(options, rows, heads, kv_heads, head_dim, context_positions);
+    const fused::AttentionWorkspace workspace = workspace_tensors.view();
     const at::Tensor attended = at::empty({rows, heads * head_dim}, options);
     const at::Tensor act = at::empty({rows, intermediate}, options);
     for (std::int64_t i = 0; i < config_.num_layers; ++i) {

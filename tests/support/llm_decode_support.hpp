@@ -227,26 +227,6 @@ inline std::vector<AttentionLayout> attention_layouts() {
   return {{4, 2, 16}, {12, 4, 64}, {2, 2, 48}, {8, 8, 80}, {6, 2, 96}, {16, 2, 128}, {4, 1, 256}};
 }
 
-// The workspace of a fused attention call (fused::AttentionWorkspace), as
-// tensors: what LlamaModel allocates for a step.
-struct AttentionScratch {
-  at::Tensor partials;
-  at::Tensor counters;
-  llm_decode::fused::AttentionWorkspace workspace() const {
-    return {.partials = partials.defined() ? partials.data_ptr<float>() : nullptr,
-            .counters = counters.defined() ? reinterpret_cast<unsigned int*>(counters.data_ptr<int>()) : nullptr};
-  }
-};
-
-inline AttentionScratch attention_scratch(at::Device device, int rows, int heads, int kv_heads, int head_dim,
-                                          int context) {
-  const std::size_t floats = llm_decode::fused::attention_partial_floats(rows, heads, kv_heads, head_dim, context);
-  if (floats == 0) return {};
-  const auto options = at::TensorOptions().device(device);
-  return {at::empty({static_cast<std::int64_t>(floats)}, options.dtype(at::kFloat)),
-          at::zeros({rows * kv_heads}, options.dtype(at::kInt))};
-}
-
 // The fused attention kernels (`kernels`: the CUDA ones or their host
 // versions) against a float64 reference, for one head layout over contexts
 // of up to `max_len` keys (past 256 keys a row is split over blocks).
@@ -301,7 +281,8 @@ inline AttentionErrors fused_attention_errors(const llm_decode::fused::Kernels& 
   const cudaStream_t stream = device.is_cuda() ? c10::cuda::getCurrentCUDAStream(device.index()).stream() : nullptr;
 
   AttentionErrors errors;
-  const AttentionScratch scratch = attention_scratch(device, rows, heads, kv_heads, head_dim, context);
+  const llm_decode::AttentionWorkspaceTensors scratch =
+      llm_decode::attention_workspace(at::TensorOptions().device(device), rows, heads, kv_heads, head_dim, context);
   errors.counters_left_zero = true;
   const auto check_counters = [&] {
     if (scratch.counters.defined()) errors.counters_left_zero &= scratch.counters.eq(0).all().item<bool>();
@@ -309,7 +290,7 @@ inline AttentionErrors fused_attention_errors(const llm_decode::fused::Kernels& 
   const at::Tensor out = at::empty({rows, heads * head_dim}, half);
   kernels.decode_attention(half_ptr(q), half_ptr(cache_k), half_ptr(cache_v), ptr64(slots), ptr64(positions),
                            half_ptr(out), rows, heads, kv_heads, head_dim, max_len, context, scale,
-                           scratch.workspace(), stream);
+                           scratch.view(), stream);
   check_counters();
   errors.same_for_every_context = true;
   for (const int shorter : {256, 512}) {
@@ -322,7 +303,7 @@ inline AttentionErrors fused_attention_errors(const llm_decode::fused::Kernels& 
     const at::Tensor held_rows = int64_tensor(held, device);
     kernels.decode_attention(half_ptr(q), half_ptr(cache_k), half_ptr(cache_v), ptr64(slots), ptr64(positions),
                              half_ptr(short_out), rows, heads, kv_heads, head_dim, max_len, shorter, scale,
-                             scratch.workspace(), stream);
+                             scratch.view(), stream);
     check_counters();
     // Rows past the shorter context read it clamped; only the held ones compare.
     errors.same_for_every_context &= short_out.index_select(0, held_rows).equal(out.index_select(0, held_rows));
@@ -359,14 +340,14 @@ inline AttentionErrors fused_attention_errors(const llm_decode::fused::Kernels& 
                                  kv_heads, head_dim, max_len, stream);
   kernels.decode_attention(half_ptr(rotated), half_ptr(two_k), half_ptr(two_v), ptr64(slots), ptr64(positions),
                            half_ptr(two_out), rows, heads, kv_heads, head_dim, max_len, context, scale,
-                           scratch.workspace(), stream);
+                           scratch.view(), stream);
   check_counters();
   const at::Tensor one_k = cache_k.clone();
   const at::Tensor one_v = cache_v.clone();
   const at::Tensor one_out = at::empty({rows, heads * head_dim}, half);
   kernels.rotary_attention(half_ptr(qkv), qkv.stride(0), half_ptr(cos), half_ptr(sin), ptr64(positions), ptr64(slots),
                            half_ptr(one_k), half_ptr(one_v), half_ptr(one_out), rows, heads, kv_heads, head_dim,
-                           max_len, context, scale, scratch.workspace(), stream);
+                           max_len, context, scale, scratch.view(), stream);
   check_counters();
   errors.rotary = max_error(one_out, two_out);
   errors.rotary_cache = std::max(max_error(one_k, two_k), max_error(one_v, two_v));
