@@ -317,6 +317,13 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
           const std::vector<std::size_t>& multi_steps, int repeats, int capture_threads,
           const std::vector<std::size_t>& beside_prefill) {
   const LlamaModel model = load_model(c);
+  // Refused before any measurement, not after minutes of them.
+  for (const std::size_t tokens : beside_prefill) {
+    if (tokens == 0 || static_cast<std::int64_t>(tokens) > model.config().max_len) {
+      throw std::invalid_argument("--beside-prefill: a prompt of " + std::to_string(tokens) +
+                                  " tokens; it must hold 1.." + std::to_string(model.config().max_len));
+    }
+  }
   std::mt19937_64 rng(c.seed + 7);
   Json out{{"preset", c.preset},        {"prompt", prompt_len},          {"new_tokens", new_tokens},
            {"rows", Json::array()},     {"batch_buckets", c.batch_buckets}, {"context_buckets", c.context_buckets}};
@@ -397,10 +404,6 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
   }
   // Decode steps alone, then with prefill beside them (graphed, one step per launch).
   for (const std::size_t tokens : beside_prefill) {
-    if (tokens == 0 || static_cast<std::int64_t>(tokens) > model.config().max_len) {
-      throw std::invalid_argument("--beside-prefill: a prompt of " + std::to_string(tokens) +
-                                  " tokens; it must hold 1.." + std::to_string(model.config().max_len));
-    }
     llm_decode::KvCache decoder_cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
     llm_decode::KvCache prefiller_cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
     // The decoder's stream at normal priority (as the prefiller's), then at high.
