@@ -21,3 +21,24 @@ file(GLOB_RECURSE _replay_audit_headers RELATIVE ${PROJECT_SOURCE_DIR}/include C
      ${PROJECT_SOURCE_DIR}/include/replay/audit/*.hpp)
 replay_header_check(NAME replay_audit_header_check HEADERS replay/audit.hpp ${_replay_audit_headers}
                     LIBRARIES replay::audit)
+
+# Beside CUPTI: a program that uses CUPTI itself includes <cupti.h>, before
+# or after replay's audit, in one translation unit, under g++ and nvcc.
+set(_replay_audit_beside_cupti)
+foreach(order IN ITEMS cupti_first audit_first)
+  if(order STREQUAL "cupti_first")
+    set(content "#include <cupti.h>\n#include <replay/audit.hpp>\n")
+  else()
+    set(content "#include <replay/audit.hpp>\n#include <cupti.h>\n")
+  endif()
+  string(APPEND content "int replay_audit_beside_${order}() { return CUPTI_API_VERSION > 0 ? 0 : 1; }\n")
+  foreach(ext IN ITEMS cpp cu)
+    set(src ${CMAKE_CURRENT_BINARY_DIR}/audit_beside_cupti/${order}.${ext})
+    file(CONFIGURE OUTPUT ${src} CONTENT "${content}")
+    list(APPEND _replay_audit_beside_cupti ${src})
+  endforeach()
+endforeach()
+add_library(replay_audit_beside_cupti OBJECT ${_replay_audit_beside_cupti})
+target_link_libraries(replay_audit_beside_cupti PRIVATE replay::audit)
+replay_target_warnings(replay_audit_beside_cupti)
+add_dependencies(replay_tests replay_audit_beside_cupti)

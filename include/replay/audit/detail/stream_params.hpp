@@ -1,20 +1,18 @@
 #pragma once
 // The stream argument of a CUDA API call, read from the parameter block
 // CUPTI hands to an API callback: one struct per function, its parameters
-// in order. generated_cuda_runtime_api_meta.h declares the runtime's; the
-// driver's header (generated_cuda_meta.h) needs cuda.h compiled with
-// CUDA's internal macros, so the few driver blocks needed are mirrored
-// below. Only the calls that issue work, synchronize, record or wait on a
-// stream are listed; the others are recorded without a stream.
+// in order. generated_cuda_runtime_api_meta.h (through cupti.h) declares
+// the runtime's; the few driver blocks needed are mirrored below, by where
+// the stream sits. Only the calls that issue work, synchronize, record or
+// wait on a stream are listed; the others are recorded without a stream.
 #include <replay/detail/require_cxx20.hpp>
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
-#include <cupti_callbacks.h>
-#include <cupti_driver_cbid.h>
-#include <cupti_runtime_cbid.h>
-#include <cupti_version.h>
-#include <generated_cuda_runtime_api_meta.h>
+// Through cupti.h, whose include guard covers the parameter headers it
+// includes: they have no guard of their own, so a program that includes
+// cupti.h too, before or after replay, would otherwise define them twice.
+#include <cupti.h>
 
 #include <cstddef>
 #include <cstdint>
