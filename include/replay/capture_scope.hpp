@@ -105,15 +105,17 @@ class CaptureScope {
     const ::cudaError_t status = ::cudaStreamEndCapture(stream_.get(), &captured);
     const detail::CaptureBreak broken = detail::capture_break();
     const int freed = detail::frees_during_capture();
-    const ::std::string verdict =
+    const detail::CaptureVerdict verdict =
         observation_ ? observation_->end(static_cast<int>(status), status == ::cudaSuccess ? captured : nullptr)
-                     : ::std::string();
+                     : detail::CaptureVerdict{};
     close();
     if (status != ::cudaSuccess) {
       discard(captured);
       detail::clear_error_slot(status);  // the failure is reported by the exception below
       throw cuda_error(status, "cudaStreamEndCapture", where,
-                       verdict.empty() ? describe_break(broken) : detail::concat(describe_break(broken), "; ", verdict));
+                       verdict.text.empty() ? describe_break(broken)
+                                            : detail::concat(describe_break(broken), "; ", verdict.text),
+                       verdict.names_cause ? CaptureErrorHint::omitted : CaptureErrorHint::likely_causes);
     }
     if (freed != freed_at_open_) {
       // The graph may read or write memory that is freed now that the

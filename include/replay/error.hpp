@@ -99,13 +99,18 @@ inline ::std::string status_hint(::cudaError_t status) {
 
 }  // namespace detail
 
+// Whether a capture error's message ends with capture_error_hint's list of
+// likely causes: `omitted` when its context already names the cause (the
+// capture audit's verdict), so the message ends at the named cause.
+enum class CaptureErrorHint { likely_causes, omitted };
+
 // A failed CUDA runtime call.
 class cuda_error : public ::std::runtime_error {
  public:
   cuda_error(::cudaError_t status, ::std::string_view api,
              ::std::source_location where = ::std::source_location::current(),
-             ::std::string_view context = {})
-      : ::std::runtime_error(format(status, api, where, context)),
+             ::std::string_view context = {}, CaptureErrorHint hint = CaptureErrorHint::likely_causes)
+      : ::std::runtime_error(format(status, api, where, context, hint)),
         status_(status),
         api_(api),
         where_(where) {}
@@ -119,7 +124,8 @@ class cuda_error : public ::std::runtime_error {
 
  private:
   static ::std::string format(::cudaError_t status, ::std::string_view api,
-                              const ::std::source_location& where, ::std::string_view context) {
+                              const ::std::source_location& where, ::std::string_view context,
+                              CaptureErrorHint capture_hint) {
     ::std::string msg = "replay: ";
     msg += api.empty() ? ::std::string_view("CUDA call") : api;
     msg += " failed: ";
@@ -134,7 +140,7 @@ class cuda_error : public ::std::runtime_error {
       msg += "; ";
       msg += context;
     }
-    if (replay::is_capture_error(status)) {
+    if (replay::is_capture_error(status) && capture_hint == CaptureErrorHint::likely_causes) {
       msg += "; ";
       msg += capture_error_hint;
     }

@@ -56,6 +56,20 @@ TEST_SUITE("host") {
     CHECK_FALSE(replay::is_capture_error(cudaSuccess));
   }
 
+  TEST_CASE("a capture error whose context names the cause ends there, without the list of likely causes") {
+    const replay::cuda_error named(cudaErrorStreamCaptureInvalidated, "cudaStreamEndCapture",
+                                   std::source_location::current(), "capture audit: cudaStreamSynchronize at x.cu:7",
+                                   replay::CaptureErrorHint::omitted);
+    const std::string what = named.what();
+    CHECK(named.is_capture_error());
+    CHECK(what.find("capture audit: cudaStreamSynchronize at x.cu:7") != std::string::npos);
+    CHECK(what.find("likely causes") == std::string::npos);
+    CHECK(what.ends_with("x.cu:7"));
+    const replay::cuda_error generic(cudaErrorStreamCaptureInvalidated, "cudaStreamEndCapture",
+                                     std::source_location::current(), "no cause known");
+    CHECK(std::string(generic.what()).find("likely causes") != std::string::npos);
+  }
+
   TEST_CASE("no driver and no GPU are worded plainly; other statuses get no such hint") {
     const replay::cuda_error no_driver(cudaErrorInsufficientDriver, "cudaGetDeviceCount");
     const std::string driver_what = no_driver.what();

@@ -22,6 +22,14 @@
 
 namespace replay::detail {
 
+// What an observation found when its capture ended: the verdict for an
+// error message ("" when nothing was found), and whether it names the call
+// that broke the capture (then the generic list of likely causes is left out).
+struct CaptureVerdict {
+  ::std::string text;
+  bool names_cause = false;
+};
+
 // One observed capture (implemented by the audit).
 class CaptureObservation {
  public:
@@ -34,9 +42,8 @@ class CaptureObservation {
   // The capture is about to end: stop observing.
   virtual void stop() noexcept = 0;
   // The capture ended: `end_status` is what cudaStreamEndCapture returned
-  // (-1: not known), `graph` what it produced (null if none). Returns the
-  // verdict for an error message ("" when nothing was found).
-  virtual ::std::string end(int end_status, ::cudaGraph_t graph) noexcept = 0;
+  // (-1: not known), `graph` what it produced (null if none).
+  virtual CaptureVerdict end(int end_status, ::cudaGraph_t graph) noexcept = 0;
 };
 
 // Makes an observation for a capture about to begin; `required`: the audit

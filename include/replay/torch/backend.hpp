@@ -196,14 +196,16 @@ class TorchGraphBackend {
       }
       exec.graph->abandon_capture(device, ctx.pool(), uses_before, side.get());
       (void)ctx.take_outputs();
-      ::std::string message = detail::concat("replay: ", detail::describe_capture_failure(), " (capture begun at ",
-                                             replay::to_string(where), ")");
-      if (observation) {
-        // The end status is not known here (capture_end may not have run).
-        if (const ::std::string verdict = observation->end(-1, nullptr); !verdict.empty()) {
-          message += "; ";
-          message += verdict;
-        }
+      // The end status is not known here (capture_end may not have run).
+      const detail::CaptureVerdict verdict = observation ? observation->end(-1, nullptr) : detail::CaptureVerdict{};
+      ::std::string message =
+          detail::concat("replay: ",
+                         detail::describe_capture_failure(verdict.names_cause ? CaptureErrorHint::omitted
+                                                                              : CaptureErrorHint::likely_causes),
+                         " (capture begun at ", replay::to_string(where), ")");
+      if (!verdict.text.empty()) {
+        message += "; ";
+        message += verdict.text;
       }
       if (interrupted) {
         throw capture_interrupted_error(message);

@@ -44,15 +44,16 @@ class HookObservation final : public CaptureObservation {
       session_->stop();
     }
   }
-  ::std::string end(int end_status, ::cudaGraph_t graph) noexcept override {
+  CaptureVerdict end(int end_status, ::cudaGraph_t graph) noexcept override {
     if (!session_) {
       return {};
     }
     try {
       AuditReport report = session_->report(end_status, graph);
-      ::std::string verdict;
+      CaptureVerdict verdict;
       if (end_status != ::cudaSuccess) {  // failed (or -1: failed, status not known)
-        verdict = report.verdict();
+        verdict.text = report.verdict();
+        verdict.names_cause = report.breaking.has_value();
       } else if (!report.clean()) {
         // The capture succeeded but the audit found something (work that
         // escaped the graph): nobody would hear of it otherwise.

@@ -257,8 +257,9 @@ inline ::std::string describe_torch_exception() {
   }
 }
 
-// The message of a failed capture, without c10's backtrace.
-inline ::std::string describe_capture_failure() {
+// The message of a failed capture, without c10's backtrace; the generic list
+// of likely causes is left out when the capture audit named the cause.
+inline ::std::string describe_capture_failure(CaptureErrorHint hint = CaptureErrorHint::likely_causes) {
   const ::std::string reason = describe_torch_exception();
   ::std::string out = detail::concat("capturing the torch callable failed: ", reason);
   if (reason.find("not in capture mode") != ::std::string::npos) {
@@ -268,7 +269,8 @@ inline ::std::string describe_capture_failure() {
            "(or TorchCaptureContext's generators), or set GraphedFlags::capture_default_generator when no other "
            "thread uses the default generator during captures";
   }
-  if (reason.find("captur") != ::std::string::npos && reason.find(capture_error_hint) == ::std::string::npos) {
+  if (hint == CaptureErrorHint::likely_causes && reason.find("captur") != ::std::string::npos &&
+      reason.find(capture_error_hint) == ::std::string::npos) {
     out += "; ";
     out += capture_error_hint;
     out += " (in torch code: .item(), .cpu(), printing a CUDA tensor, nonzero(), data-dependent shapes)";
