@@ -53,16 +53,24 @@ class Server {
   std::vector<float> serve(std::span<const float> rows, int batch, bool graphed) {
     const std::size_t real = static_cast<std::size_t>(batch) * kFeatures;
     std::copy(rows.begin(), rows.end(), staging_in_.span().begin());
-    input_.first(real).copy_from(staging_in_.first(real), stream_);
     if (graphed) {
-      const int padded = router_.padded_shape(batch);
-      const std::size_t padded_elements = static_cast<std::size_t>(padded) * kFeatures;
-      input_.subview(real, padded_elements - real).zero(stream_);  // deterministic padding rows
-      router_.run(batch, stream_);
+      // Copy in, run, copy out as one request: the router's buffers are
+      // shared by all its graphs, so the copies belong inside its lease.
+      router_.run_staged(
+          batch, stream_,
+          [&](const int&, const int& padded, replay::StreamRef s) {
+            input_.first(real).copy_from(staging_in_.first(real), s);
+            const std::size_t padded_elements = static_cast<std::size_t>(padded) * kFeatures;
+            input_.subview(real, padded_elements - real).zero(s);  // deterministic padding rows
+          },
+          [&](const replay::Route<int>&, replay::StreamRef s) {
+            staging_out_.first(real).copy_from(output_.first(real), s);
+          });
     } else {
+      input_.first(real).copy_from(staging_in_.first(real), stream_);
       forward(batch, stream_);
+      staging_out_.first(real).copy_from(output_.first(real), stream_);
     }
-    staging_out_.first(real).copy_from(output_.first(real), stream_);
     stream_.synchronize();
     return {staging_out_.span().begin(), staging_out_.span().begin() + static_cast<std::ptrdiff_t>(real)};
   }

@@ -894,7 +894,25 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     }
   }
 
-  TEST_CASE("one router, two threads on two streams, a lease per request: every answer equals eager") {
+  // Copy in, run, copy out of one request on the router's shared buffers.
+  struct StagedRequest {
+    Model& m;
+    const std::vector<float>& input;
+    std::vector<float>& got;
+    void operator()(const int&, const int& shape, replay::StreamRef s) const {
+      CHECK(input.size() == static_cast<std::size_t>(shape) * kCols);  // padded to the bucket
+      m.x.first(input.size()).copy_from(std::span<const float>(input), s);
+    }
+    void operator()(const replay::Route<int>&, replay::StreamRef s) const {
+      m.y.first(got.size()).copy_to(std::span<float>(got), s);
+    }
+  };
+
+  // Two threads on two streams share one lazily capturing router, each
+  // serving `iterations` random requests through serve(router, request,
+  // batch, stream); every answer is checked against an eager run.
+  template <class Serve>
+  void two_threads_share_a_router(Serve serve) {
     Model m;
     replay::ShapeRouter<int> router(
         [&](int batch, replay::StreamRef s) { model(m.x.data(), m.y.data(), batch, m.depth, s); },
@@ -917,12 +935,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
             const int batch = size(rng);
             const auto input = padded_input(batch, router.padded_shape(batch), rng);
             std::vector<float> got(static_cast<std::size_t>(batch) * kCols);
-            {
-              const auto lease = router.lease(stream);  // copy in, run, copy out: one request
-              m.x.first(input.size()).copy_from(std::span<const float>(input), stream);
-              (void)router.run(batch, stream);
-              m.y.first(got.size()).copy_to(std::span<float>(got), stream);
-            }
+            serve(router, StagedRequest{m, input, got}, batch, stream);
             stream.synchronize();
             wrong[static_cast<std::size_t>(t)] += got == eager_reference(ref, input, batch, m.depth, stream) ? 0 : 1;
           }
@@ -938,9 +951,65 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       CHECK(errors[static_cast<std::size_t>(t)] == "");
       CHECK(wrong[static_cast<std::size_t>(t)] == 0);
     }
+    CHECK(router.stats().runs == static_cast<std::uint64_t>(kThreads * iterations));
     if (!under_sanitizer()) {
       CHECK(router.stats().stream_switches > 0);  // the streams took turns
     }
+  }
+
+  TEST_CASE("one router, two threads on two streams, a lease per request: every answer equals eager") {
+    two_threads_share_a_router(
+        [](replay::ShapeRouter<int>& router, const StagedRequest& request, int batch, replay::StreamRef stream) {
+          const auto lease = router.lease(stream);  // copy in, run, copy out: one request
+          request(batch, router.padded_shape(batch), stream);
+          (void)router.run(batch, stream);
+          request(replay::Route<int>{}, stream);
+        });
+  }
+
+  TEST_CASE("run_staged: two threads on two streams, copies and run in one call, no lease of their own: every answer equals eager") {
+    two_threads_share_a_router(
+        [](replay::ShapeRouter<int>& router, const StagedRequest& request, int batch, replay::StreamRef stream) {
+          (void)router.run_staged(batch, stream, request, request);
+        });
+  }
+
+  TEST_CASE("run_staged refuses before any copy is issued: the shared input buffer is untouched") {
+    Model m;
+    auto options = replay::ShapeRouterOptions<int>::bucketed({8, 16});
+    options.oversize = replay::OversizePolicy::throw_error;
+    replay::ShapeRouter<int> router(
+        [&](int batch, replay::StreamRef s) { model(m.x.data(), m.y.data(), batch, m.depth, s); }, options);
+    replay::Stream a;
+    replay::Stream b;
+    const std::vector<float> marked(m.x.size(), kSentinel);
+    m.x.copy_from(std::span<const float>(marked), a);
+    a.synchronize();
+    const auto input = padded_input(8, 8);
+    std::vector<float> got(8 * kCols);
+    int staged = 0;
+    const StagedRequest request{m, input, got};
+    auto stage_in = [&](const int& key, const int& shape, replay::StreamRef s) {
+      ++staged;
+      request(key, shape, s);
+    };
+    CHECK_THROWS_WITH_AS((void)router.run_staged(17, b, stage_in, request), doctest::Contains("bucket"),
+                         replay::usage_error);  // oversize under throw_error
+    CHECK_THROWS_AS((void)router.run_staged(0, b, stage_in, request), replay::usage_error);
+    {
+      const auto lease = router.lease(a);  // this thread already holds one
+      CHECK_THROWS_WITH_AS((void)router.run_staged(8, b, stage_in, request), doctest::Contains("already holds"),
+                           replay::usage_error);
+    }
+    CHECK(staged == 0);
+    CHECK(read(m.x.first(m.x.size()), b) == marked);  // nothing was copied in
+    CHECK(router.stats().runs == 0);
+    // And a good request goes through on either stream.
+    CHECK(router.run_staged(8, b, stage_in, request).shape == 8);
+    b.synchronize();
+    Model ref;
+    CHECK(got == eager_reference(ref, input, 8, m.depth, b));
+    CHECK(staged == 1);
   }
 
   TEST_CASE("capture_all with one bucket whose work synchronizes its stream: 3 of 4 graphed, reported once first") {

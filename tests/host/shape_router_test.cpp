@@ -1501,6 +1501,52 @@ TEST_SUITE("host") {
     CHECK(router.run(8, &a).kind == replay::RouteKind::replayed);
   }
 
+  TEST_CASE("run_staged: stage in, run, read out in order under one lease; refusals come before stage_in") {
+    auto options = Options::bucketed({1, 2, 4});
+    options.oversize = replay::OversizePolicy::throw_error;
+    Router<int> router(work_ops, options);
+    FakeStream a;
+    FakeStream b;
+    (void)router.run(2, &a);  // binds a: outside leases b would be refused
+    std::vector<std::string> order;
+    const auto stage = [&](const int& key, const int& shape, FakeStream* s) {
+      order.push_back(op("in", key) + op("/", shape));
+      s->issue("copy in");
+    };
+    const auto read = [&](const replay::Route<int>& route, FakeStream* s) {
+      order.push_back(op("out", route.shape));
+      s->issue("copy out");
+    };
+    // On another stream than the router's: the lease inside the call makes it safe, ordered after a.
+    const auto route = router.run_staged(3, &b, stage, read);
+    CHECK(route.shape == 4);
+    CHECK(order == std::vector<std::string>{op("in", 3) + op("/", 4), op("out", 4)});
+    REQUIRE(b.executed.size() >= 3);
+    CHECK(b.executed.front() == "copy in");
+    CHECK(b.executed.back() == "copy out");
+    CHECK(router.backend().orderings == 1);
+    CHECK(router.run(2, &a).kind == replay::RouteKind::replayed);  // the lease ended with the call
+
+    // Refused before anything is staged: an oversize key, a zero key, a lease this thread holds.
+    order.clear();
+    const std::size_t issued = b.executed.size();
+    CHECK_THROWS_AS((void)router.run_staged(5, &b, stage, read), replay::usage_error);
+    CHECK_THROWS_AS((void)router.run_staged(0, &b, stage, read), replay::usage_error);
+    {
+      const auto lease = router.lease(&a);
+      CHECK_THROWS_WITH_AS((void)router.run_staged(2, &b, stage, read), doctest::Contains("already holds"),
+                           replay::usage_error);
+    }
+    CHECK(order.empty());
+    CHECK(b.executed.size() == issued);
+
+    // An exception from stage_in ends the lease: the next request on another stream goes through.
+    CHECK_THROWS_AS((void)router.run_staged(
+                        2, &b, [](const int&, const int&, FakeStream*) { throw std::runtime_error("bad input"); }, read),
+                    std::runtime_error);
+    CHECK(router.run_staged(2, &a, stage, read).kind == replay::RouteKind::replayed);
+  }
+
   TEST_CASE("only run() binds the router to its stream; capture() and runs inside a lease do not") {
     Router<int> router(work_ops, Options::bucketed({1, 2, 4}));
     FakeStream setup;

@@ -62,6 +62,19 @@ consteval void check_router_work() {
   }
 }
 
+// ShapeRouter::run_staged's two callables: stage_in(const Key& key, const
+// Key& shape, Stream) and read_out(const Route& route, Stream).
+template <class StageIn, class ReadOut, class Key, class Route, class Stream>
+consteval void check_router_staging() {
+  static_assert(::std::invocable<StageIn&, const Key&, const Key&, Stream>,
+                "replay: ShapeRouter::run_staged's stage_in must be callable as stage_in(const Key& key, const Key& "
+                "shape, stream_type s): copy the request's inputs for `key` into the router's buffers on s, and "
+                "fill the padding up to `shape` (the padded key)");
+  static_assert(::std::invocable<ReadOut&, const Route&, Stream>,
+                "replay: ShapeRouter::run_staged's read_out must be callable as read_out(const replay::Route<Key>& "
+                "route, stream_type s): issue the reads of the outputs on s");
+}
+
 // StreamPipeline's compute stage: compute(BufferView<In>, BufferView<Out>, StreamRef)
 // returning void or the number of output elements.
 template <class F, class InView, class OutView>

@@ -157,6 +157,17 @@ class ShapeRouter {
   };
   [[nodiscard]] Lease lease(stream_type stream, ::std::source_location where = ::std::source_location::current());
 
+  // One whole request on the router's shared buffers, the lease inside the
+  // call: stage_in(key, shape, stream) copies the inputs in (and fills the
+  // padding up to `shape`), run(), then read_out(route, stream) issues the
+  // reads of the outputs, all under lease(stream). The safe way for several
+  // threads or streams to share a router: a bad key, a lease this thread
+  // already holds, or a call from inside the work is refused (usage_error)
+  // before stage_in runs, so nothing is copied into buffers in use.
+  template <class StageIn, class ReadOut>
+  Route<Key> run_staged(const Key& key, stream_type stream, StageIn&& stage_in, ReadOut&& read_out,
+                        ::std::source_location where = ::std::source_location::current());
+
   // Bucketed: captures a graph for every bucket shape (the cartesian product
   // of the bucket lists), largest first, after the configured warm-ups.
   // Returns how many bucket shapes have a graph afterwards (at most

@@ -87,6 +87,21 @@ inline Route<Key> ShapeRouter<Key, Backend>::run(const Key& key, stream_type str
 }
 
 template <RouterKey Key, GraphBackend Backend>
+template <class StageIn, class ReadOut>
+Route<Key> ShapeRouter<Key, Backend>::run_staged(const Key& key, stream_type stream, StageIn&& stage_in,
+                                                 ReadOut&& read_out, ::std::source_location where) {
+  detail::check_router_staging<StageIn, ReadOut, Key, Route<Key>, stream_type>();
+  // Every refusal comes before stage_in: the key's plan, then the lease
+  // (re-entry from the work, a second lease on this thread).
+  const Key shape = Plan::plan(options_, key, where).shape;
+  const Lease held = lease(stream, where);
+  stage_in(key, shape, stream);
+  const Route<Key> route = run(key, stream, where);
+  read_out(route, stream);
+  return route;
+}
+
+template <RouterKey Key, GraphBackend Backend>
 inline auto ShapeRouter<Key, Backend>::lease(stream_type stream, ::std::source_location where) -> Lease {
   refuse_reentry(where);
   ::std::unique_lock<::std::mutex> lock(mutex_);
