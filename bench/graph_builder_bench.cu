@@ -11,6 +11,11 @@
 //                    replay_ms  the same through replay's typed KernelNode::set_args;
 //                    while_ms   one launch: a WHILE node, the test on the GPU,
 //                               its body one fused kernel (sweep_and_test);
+//                    raw_while_ms
+//                               the same graph built with the raw CUDA API
+//                               (cudaGraphConditionalHandleCreate, a
+//                               conditional node, memset and kernel nodes):
+//                               what GraphBuilder's WHILE is held to;
 //                    while_separate_nodes_ms
 //                               one launch: a WHILE node whose body is
 //                               separate nodes (memset, sweep, test; the
@@ -41,6 +46,98 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
+// jacobi::DeviceLoop's graph through the raw CUDA API: memsets, then a WHILE
+// node whose body is one sweep_and_test kernel node.
+class RawDeviceLoop {
+ public:
+  explicit RawDeviceLoop(jacobi::DeviceSystem& d) : d_(d) {
+    replay::check(cudaGraphCreate(&graph_, 0), "cudaGraphCreate");
+    try {
+      build();
+      replay::check(cudaGraphInstantiate(&exec_, graph_, 0), "cudaGraphInstantiate");
+    } catch (...) {
+      (void)cudaGraphDestroy(graph_);
+      throw;
+    }
+  }
+  RawDeviceLoop(const RawDeviceLoop&) = delete;
+  RawDeviceLoop& operator=(const RawDeviceLoop&) = delete;
+  ~RawDeviceLoop() {
+    (void)cudaGraphExecDestroy(exec_);
+    (void)cudaGraphDestroy(graph_);
+  }
+
+  int solve(replay::StreamRef stream) {
+    replay::check(cudaGraphLaunch(exec_, stream.get()), "cudaGraphLaunch");
+    int iterations = 0;
+    replay::check(cudaMemcpyAsync(&iterations, d_.iterations.data(), sizeof(int), cudaMemcpyDeviceToHost,
+                                  stream.get()),
+                  "cudaMemcpyAsync");
+    stream.synchronize();
+    return iterations;
+  }
+  const double* solution() const { return d_.x.data(); }
+
+ private:
+  cudaGraphNode_t add_clear(void* dst, std::size_t bytes) {
+    cudaMemsetParams params{};
+    params.dst = dst;
+    params.value = 0;
+    params.elementSize = 1;
+    params.width = bytes;
+    params.height = 1;
+    cudaGraphNode_t node = nullptr;
+    replay::check(cudaGraphAddMemsetNode(&node, graph_, nullptr, 0, &params), "cudaGraphAddMemsetNode");
+    return node;
+  }
+
+  void build() {
+    const cudaGraphNode_t cleared[] = {
+        add_clear(d_.x.data(), jacobi::kRows * sizeof(double)), add_clear(d_.x_new.data(), jacobi::kRows * sizeof(double)),
+        add_clear(d_.residual.data(), sizeof(double)), add_clear(d_.iterations.data(), sizeof(int)),
+        add_clear(d_.arrived.data(), sizeof(unsigned))};
+    cudaGraphConditionalHandle handle = 0;
+    replay::check(cudaGraphConditionalHandleCreate(&handle, graph_, 1, cudaGraphCondAssignDefault),
+                  "cudaGraphConditionalHandleCreate");
+    cudaGraphNodeParams loop{};
+    loop.type = cudaGraphNodeTypeConditional;
+    loop.conditional.handle = handle;
+    loop.conditional.type = cudaGraphCondTypeWhile;
+    loop.conditional.size = 1;
+    cudaGraphNode_t loop_node = nullptr;
+#if CUDART_VERSION >= 13000  // edge data joined the signature
+    replay::check(cudaGraphAddNode(&loop_node, graph_, cleared, nullptr, std::size(cleared), &loop), "cudaGraphAddNode");
+#else
+    replay::check(cudaGraphAddNode(&loop_node, graph_, cleared, std::size(cleared), &loop), "cudaGraphAddNode");
+#endif
+    cudaGraph_t body = loop.conditional.phGraph_out[0];
+
+    replay::ConditionalHandle keep_going = replay::ConditionalHandle::from_native_handle(handle);
+    const float* a = d_.a.data();
+    const double* b = d_.b.data();
+    double* x = d_.x.data();
+    double* x_new = d_.x_new.data();
+    double* residual = d_.residual.data();
+    unsigned* arrived = d_.arrived.data();
+    int* iterations = d_.iterations.data();
+    float threshold = jacobi::kThreshold;
+    int max_iterations = jacobi::kMaxIterations;
+    void* args[] = {&keep_going, &a, &b, &x, &x_new, &residual, &arrived, &iterations, &threshold, &max_iterations};
+    cudaKernelNodeParams kernel{};
+    kernel.func = reinterpret_cast<void*>(&jacobi::sweep_and_test);
+    kernel.gridDim = dim3(jacobi::kSweepBlocks);
+    kernel.blockDim = dim3(jacobi::kSweepThreads);
+    kernel.sharedMemBytes = 0;
+    kernel.kernelParams = args;
+    cudaGraphNode_t sweep_node = nullptr;
+    replay::check(cudaGraphAddKernelNode(&sweep_node, body, nullptr, 0, &kernel), "cudaGraphAddKernelNode");
+  }
+
+  jacobi::DeviceSystem& d_;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 double ms_since(clock_type::time_point start) {
   return std::chrono::duration<double, std::milli>(clock_type::now() - start).count();
 }
@@ -56,6 +153,7 @@ void jacobi_solve(benchmark::State& state) {
   jacobi::RawNodeUpdate raw(d, stream);
   jacobi::ReplayNodeUpdate typed(d);
   jacobi::DeviceLoop loop(d);
+  RawDeviceLoop raw_loop(d);
   jacobi::DeviceLoopOfSeparateNodes separate_loop(d);
 
   bool wrong = false;
@@ -70,11 +168,13 @@ void jacobi_solve(benchmark::State& state) {
   (void)timed(raw);  // warm-up
   (void)timed(typed);
   (void)timed(loop);
+  (void)timed(raw_loop);
   (void)timed(separate_loop);
 
   double raw_ms = 0.0;
   double replay_ms = 0.0;
   double while_ms = 0.0;
+  double raw_while_ms = 0.0;
   double while_separate_ms = 0.0;
   std::int64_t n = 0;
   for (auto _ : state) {
@@ -86,7 +186,15 @@ void jacobi_solve(benchmark::State& state) {
       replay_ms += timed(typed);
       raw_ms += timed(raw);
     }
-    const double w = timed(loop);
+    // The two WHILE graphs alternate too.
+    double w = 0.0;
+    if ((n & 1) == 0) {
+      w = timed(loop);
+      raw_while_ms += timed(raw_loop);
+    } else {
+      raw_while_ms += timed(raw_loop);
+      w = timed(loop);
+    }
     while_ms += w;
     while_separate_ms += timed(separate_loop);
     state.SetIterationTime(w / 1e3);
@@ -100,6 +208,7 @@ void jacobi_solve(benchmark::State& state) {
   state.counters["raw_ms"] = raw_ms / per;
   state.counters["replay_ms"] = replay_ms / per;
   state.counters["while_ms"] = while_ms / per;
+  state.counters["raw_while_ms"] = raw_while_ms / per;
   state.counters["while_separate_nodes_ms"] = while_separate_ms / per;
   state.counters["iterations"] = cpu.iterations;
 }

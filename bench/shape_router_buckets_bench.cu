@@ -11,7 +11,9 @@
 //                             pool_reserved (graph pool high watermark), alloc_sum.
 //  dynamic_batch/<mode>:      a stream of requests with random batch sizes 1..64, each a
 //                             chain of 100 small kernels: eager (0), routed with exact
-//                             keys (1), routed with power-of-two buckets (2). Time per
+//                             keys (1), routed with power-of-two buckets (2), or raw CUDA
+//                             graphs of the same buckets picked by hand (3: cudaStreamBeginCapture
+//                             per bucket, then cudaGraphLaunch of the request's bucket). Time per
 //                             burst of 32 requests, enqueued back to back, then synchronized.
 //  startup/<threads>:         capture_all of 32 buckets of a 100-kernel graph with
 //                             capture_threads = 1 or 4 (wall time per capture_all).
@@ -20,6 +22,7 @@
 #include "shape_router_bench.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <span>
@@ -124,6 +127,40 @@ void pool_memory(benchmark::State& state) {
 
 // ---- dynamic_batch: eager vs exact keys vs buckets ------------------------------
 
+// The raw CUDA baseline of the bucketed router: one graph per power-of-two
+// bucket, captured and instantiated by hand, the request's bucket found by
+// bit arithmetic and launched.
+class RawBucketGraphs {
+ public:
+  RawBucketGraphs() = default;
+  RawBucketGraphs(const RawBucketGraphs&) = delete;
+  RawBucketGraphs& operator=(const RawBucketGraphs&) = delete;
+  ~RawBucketGraphs() {
+    for (auto [graph, exec] : graphs_) {
+      (void)cudaGraphExecDestroy(exec);
+      (void)cudaGraphDestroy(graph);
+    }
+  }
+  template <class Work>
+  void add(int bucket, replay::StreamRef stream, Work& work) {
+    cudaGraph_t graph = nullptr;
+    replay::check(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    work(bucket, stream);
+    replay::check(cudaStreamEndCapture(stream.get(), &graph), "cudaStreamEndCapture");
+    cudaGraphExec_t exec = nullptr;
+    replay::check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    graphs_.emplace_back(graph, exec);
+  }
+  void launch(int batch, replay::StreamRef stream) const {
+    const auto bucket = std::bit_ceil(static_cast<unsigned>(batch));
+    replay::check(cudaGraphLaunch(graphs_[static_cast<std::size_t>(std::countr_zero(bucket))].second, stream.get()),
+                  "cudaGraphLaunch");
+  }
+
+ private:
+  std::vector<std::pair<cudaGraph_t, cudaGraphExec_t>> graphs_;  // bucket 1, 2, 4, ...
+};
+
 void dynamic_batch(benchmark::State& state) {
   if (skip_without_device(state)) return;
   const int mode = static_cast<int>(state.range(0));
@@ -153,13 +190,20 @@ void dynamic_batch(benchmark::State& state) {
   } else if (mode == 2) {
     bucketed.capture_all(stream);
   }
+  RawBucketGraphs raw;
+  if (mode == 3) {
+    for (int bucket = 1; bucket <= kMaxBatch; bucket *= 2) {
+      raw.add(bucket, stream, model);
+    }
+  }
   const auto batches = random_batches(4096, kMaxBatch);
   std::size_t next = 0;
   auto serve = [&](int batch) {
     switch (mode) {
       case 0: model(batch, stream); break;
       case 1: (void)exact.run(batch, stream); break;
-      default: (void)bucketed.run(batch, stream); break;
+      case 2: (void)bucketed.run(batch, stream); break;
+      default: raw.launch(batch, stream); break;
     }
   };
   for (int i = 0; i < kBurst; ++i) {
@@ -180,17 +224,17 @@ void dynamic_batch(benchmark::State& state) {
     requests += kBurst;
   }
   const auto& router = mode == 1 ? exact : bucketed;
-  if (mode != 0 && router.stats().misses != 0) {
+  if ((mode == 1 || mode == 2) && router.stats().misses != 0) {
     state.SkipWithError("router missed after capture");
     return;
   }
   state.counters["requests"] = static_cast<double>(requests);
   state.counters["us_per_request"] = total_seconds / static_cast<double>(std::max<std::int64_t>(requests, 1)) * 1e6;
-  if (mode != 0) {
+  if (mode == 1 || mode == 2) {
     state.counters["graphs"] = static_cast<double>(router.graph_count());
     state.counters["padding_waste"] = router.stats().padding_waste();
   }
-  const char* const names[] = {"eager", "router exact keys", "router buckets"};
+  const char* const names[] = {"eager", "router exact keys", "router buckets", "raw bucket graphs"};
   state.SetLabel(names[mode]);
 }
 
@@ -245,7 +289,7 @@ BENCHMARK(pool_memory)
     ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(dynamic_batch)->ArgName("mode")->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(dynamic_batch)->ArgName("mode")->Arg(0)->Arg(1)->Arg(2)->Arg(3)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(startup)->ArgName("threads")->Arg(1)->Arg(4)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
