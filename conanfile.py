@@ -14,8 +14,7 @@ class ReplayConan(ConanFile):
     name = "replay"
     license = "MIT"
     description = "CUDA Graphs and multi-stream pipelines made easy, safe and fast (header-only C++20)"
-    homepage = "https://github.com/replay-cuda/replay"
-    url = "https://github.com/replay-cuda/replay"
+    # No homepage or url: replay has no public repository or release yet.
     topics = ("cuda", "cuda-graphs", "streams", "inference", "header-only")
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"

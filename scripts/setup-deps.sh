@@ -5,9 +5,10 @@
 #     CMake 3.25.1 cannot hand C++20 to nvcc), from PyPI into a virtual
 #     environment of this checkout, build/.venv (python3-venv from apt first,
 #     if the system Python lacks it);
-#   - doctest, Google Benchmark, and cpp-httplib, nlohmann_json and CLI11 (for
+#   - doctest, Google Benchmark, ccache, and cpp-httplib, nlohmann_json and CLI11 (for
 #     examples/inference_server): Debian packages (doctest-dev,
-#     libbenchmark-dev, libcpp-httplib-dev, nlohmann-json3-dev, libcli11-dev);
+#     libbenchmark-dev, ccache, libcpp-httplib-dev, nlohmann-json3-dev,
+#     libcli11-dev);
 #   - with REPLAY_SETUP_PACKAGING=1 (scripts/test.sh --all, CI) also Conan 2
 #     (pinned, into build/.venv, unless a Conan 2 is already on PATH; a Conan 1
 #     stays where it is, unused) and doxygen (apt), for the package and docs tests;
@@ -76,6 +77,7 @@ export CUDACXX="${CUDACXX:-$(command -v nvcc)}"
 need_apt=()
 [ -f /usr/include/doctest/doctest.h ] || need_apt+=(doctest-dev)
 [ -f /usr/include/benchmark/benchmark.h ] || need_apt+=(libbenchmark-dev)
+command -v ccache >/dev/null 2>&1 || need_apt+=(ccache)  # repeated builds (REPLAY_USE_CCACHE)
 [ -f /usr/include/httplib.h ] || need_apt+=(libcpp-httplib-dev)  # examples/inference_server
 [ -f /usr/include/nlohmann/json.hpp ] || need_apt+=(nlohmann-json3-dev)  # its requests
 [ -f /usr/include/CLI/CLI.hpp ] || need_apt+=(libcli11-dev)  # its flags

@@ -1,8 +1,7 @@
 # Overlay port: builds the replay checkout this port lives in
 # (vcpkg install replay --overlay-ports=<checkout>/ports). A port in the vcpkg
-# registry would fetch a release instead:
-#   vcpkg_from_github(OUT_SOURCE_PATH SOURCE_PATH REPO replay-cuda/replay
-#                     REF "v${VERSION}" SHA512 <sha512 of the archive> HEAD_REF main)
+# registry would fetch a release instead, once replay has a public
+# repository and release tags (it has neither yet), with vcpkg_from_github.
 get_filename_component(SOURCE_PATH "${CMAKE_CURRENT_LIST_DIR}/../.." ABSOLUTE)
 
 # header only library
