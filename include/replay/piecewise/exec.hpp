@@ -46,11 +46,17 @@ template <class Work>
 
 // One segment of a path, for inspection.
 struct PiecewiseSegmentInfo {
-  ::std::size_t nodes = 0;                           // graph nodes (0: nothing captured before the break)
-  ::std::map<NodeType, ::std::size_t> node_counts;  // by type
-  ::std::string region;                              // the region after it; empty at the path's end
+  // Graph nodes (0: nothing was captured before the break).
+  ::std::size_t nodes = 0;
+  // Graph nodes by type.
+  ::std::map<NodeType, ::std::size_t> node_counts;
+  // The name of the region after it; empty at the end of the path.
+  ::std::string region;
 };
 
+// An executable of graph segments and eager regions, made by
+// capture_piecewise(): launch() replays them in order, choosing the segments
+// after a region by the value it returned. Move-only.
 class PiecewiseExec {
  public:
   // Holds the executable for one thread: launches from other threads wait
@@ -69,7 +75,9 @@ class PiecewiseExec {
     detail::PiecewiseState* state_;
   };
 
+  // Moves; a moved-from executable throws usage_error on use.
   PiecewiseExec(PiecewiseExec&&) noexcept = default;
+  // Moves; a moved-from executable throws usage_error on use.
   PiecewiseExec& operator=(PiecewiseExec&&) noexcept = default;
   ~PiecewiseExec() = default;
 
@@ -91,18 +99,21 @@ class PiecewiseExec {
     return Lease(&s);
   }
 
+  // What it did and what it keeps.
   PiecewiseStats stats(::std::source_location where = ::std::source_location::current()) const {
     const detail::PiecewiseState& s = state(where);
     const auto lock = s.inspect();
     return s.stats();
   }
+  // The options it was captured with.
   const PiecewiseOptions& options(::std::source_location where = ::std::source_location::current()) const {
     return state(where).options();
   }
-  // Paths (sequences of region values) and segments kept.
+  // Paths (sequences of region values) kept.
   ::std::size_t path_count(::std::source_location where = ::std::source_location::current()) const {
     return stats(where).paths;
   }
+  // Segments kept, over all paths.
   ::std::size_t segment_count(::std::source_location where = ::std::source_location::current()) const {
     return stats(where).segments;
   }
@@ -128,6 +139,7 @@ class PiecewiseExec {
     const auto lock = s.inspect();
     return detail::piecewise_dot(s.tree());
   }
+  // Writes to_dot() to `path`.
   void write_dot(const ::std::filesystem::path& path,
                  ::std::source_location where = ::std::source_location::current()) const {
     const ::std::string dot = to_dot(where);

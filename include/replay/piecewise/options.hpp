@@ -11,6 +11,8 @@
 
 namespace replay {
 
+// How a piecewise capture captures its segments, and the bounds of the tree
+// of segments it keeps (see capture_piecewise()).
 struct PiecewiseOptions {
   // The mode every segment is captured in (each segment is its own stream capture).
   CaptureMode mode = CaptureMode::this_thread;
@@ -26,22 +28,36 @@ struct PiecewiseOptions {
 
 // What a segment costs against the bounds.
 struct SegmentCost {
+  // Graph nodes.
   ::std::size_t nodes = 0;
+  // Bytes its memory-allocation nodes request.
   ::std::size_t alloc_bytes = 0;
 };
 
+// What a PiecewiseExec did and what it keeps (PiecewiseExec::stats()).
 struct PiecewiseStats {
-  ::std::uint64_t launches = 0;          // launch() calls that completed
-  ::std::uint64_t segment_launches = 0;  // executable segments launched (empty segments are not)
-  ::std::uint64_t region_runs = 0;       // regions run, captures included
-  ::std::uint64_t misses = 0;            // launches that met a region value never seen at that point
-  ::std::uint64_t captures = 0;          // paths captured: the first, and one per miss
-  ::std::uint64_t evictions = 0;         // paths evicted to stay within the bounds
-  ::std::uint64_t refusals = 0;          // paths dropped because they alone exceed a bound
-  ::std::size_t paths = 0;               // paths kept now
-  ::std::size_t segments = 0;            // segments kept now
-  ::std::size_t nodes = 0;               // graph nodes kept now
-  ::std::size_t alloc_bytes = 0;         // allocation-node bytes kept now
+  // launch() calls that completed.
+  ::std::uint64_t launches = 0;
+  // Executable segments launched (empty segments are not).
+  ::std::uint64_t segment_launches = 0;
+  // Regions run, captures included.
+  ::std::uint64_t region_runs = 0;
+  // Launches that met a region value never seen at that point.
+  ::std::uint64_t misses = 0;
+  // Paths captured: the first, and one per miss.
+  ::std::uint64_t captures = 0;
+  // Paths evicted to stay within the bounds.
+  ::std::uint64_t evictions = 0;
+  // Paths dropped because they alone exceed a bound.
+  ::std::uint64_t refusals = 0;
+  // Paths kept now.
+  ::std::size_t paths = 0;
+  // Segments kept now.
+  ::std::size_t segments = 0;
+  // Graph nodes kept now.
+  ::std::size_t nodes = 0;
+  // Allocation-node bytes kept now.
+  ::std::size_t alloc_bytes = 0;
 };
 
 }  // namespace replay

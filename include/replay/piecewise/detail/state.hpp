@@ -45,6 +45,20 @@ inline void refuse_piecewise_here(const char* what, const ::std::source_location
 }
 
 class PiecewiseState {
+  // Marks this thread as the one holding the state's mutex while it lives.
+  class Owned {
+   public:
+    explicit Owned(::std::atomic<::std::thread::id>& owner) noexcept : owner_(owner) {
+      owner_.store(::std::this_thread::get_id(), ::std::memory_order_relaxed);
+    }
+    Owned(const Owned&) = delete;
+    Owned& operator=(const Owned&) = delete;
+    ~Owned() { owner_.store(::std::thread::id(), ::std::memory_order_relaxed); }
+
+   private:
+    ::std::atomic<::std::thread::id>& owner_;
+  };
+
  public:
   PiecewiseState(PiecewiseCallable work, const PiecewiseOptions& options, const ::std::source_location& where)
       : work_(::std::move(work)), options_(options), done_(EventFlags::disable_timing, where) {}
@@ -61,7 +75,8 @@ class PiecewiseState {
 
   void launch(StreamRef stream, const ::std::source_location& where) {
     refuse_piecewise_here("PiecewiseExec::launch()", where);
-    if (lease_owner_.load(::std::memory_order_relaxed) == ::std::this_thread::get_id()) {
+    if (owner_.load(::std::memory_order_relaxed) == ::std::this_thread::get_id()) {
+      // Inside this thread's lease (a launch inside its own launch is a region's, refused above).
       if (!(*lease_stream_ == stream)) {
         throw usage_error(concat("PiecewiseExec::launch() on ", describe_piecewise_stream(stream),
                                  " inside this thread's lease on ", describe_piecewise_stream(*lease_stream_),
@@ -72,6 +87,7 @@ class PiecewiseState {
       return;
     }
     const ::std::lock_guard lock(mutex_);
+    const Owned owned(owner_);
     enter(stream, where);
     try {
       launch_locked(stream, where);
@@ -85,7 +101,7 @@ class PiecewiseState {
 
   void begin_lease(StreamRef stream, const ::std::source_location& where) {
     refuse_piecewise_here("PiecewiseExec::lease()", where);
-    if (lease_owner_.load(::std::memory_order_relaxed) == ::std::this_thread::get_id()) {
+    if (owner_.load(::std::memory_order_relaxed) == ::std::this_thread::get_id()) {
       throw usage_error("PiecewiseExec::lease(): this thread already holds a lease of this executable", where);
     }
     mutex_.lock();
@@ -96,18 +112,19 @@ class PiecewiseState {
       throw;
     }
     lease_stream_ = stream;
-    lease_owner_.store(::std::this_thread::get_id(), ::std::memory_order_relaxed);
+    owner_.store(::std::this_thread::get_id(), ::std::memory_order_relaxed);
   }
   void end_lease() noexcept {
     leave(*lease_stream_);
-    lease_owner_.store(::std::thread::id(), ::std::memory_order_relaxed);
+    owner_.store(::std::thread::id(), ::std::memory_order_relaxed);
     lease_stream_.reset();
     mutex_.unlock();
   }
 
-  // For inspection: a lock on the state (not taken inside this thread's lease).
+  // For inspection: a lock on the state (none where this thread holds it
+  // already: inside its lease, or in a region of its launch).
   ::std::unique_lock<::std::mutex> inspect() const {
-    if (lease_owner_.load(::std::memory_order_relaxed) == ::std::this_thread::get_id()) {
+    if (owner_.load(::std::memory_order_relaxed) == ::std::this_thread::get_id()) {
       return {};
     }
     return ::std::unique_lock(mutex_);
@@ -209,7 +226,8 @@ class PiecewiseState {
   PiecewiseTree tree_;
   PiecewiseStats stats_;
   mutable ::std::mutex mutex_;
-  ::std::atomic<::std::thread::id> lease_owner_{};
+  // The thread holding mutex_ for a launch or a lease, and the leased stream (a lease only).
+  ::std::atomic<::std::thread::id> owner_{};
   ::std::optional<StreamRef> lease_stream_;
   Event done_;                               // recorded after the latest launch or lease
   ::std::optional<StreamRef> last_stream_;   // the stream done_ was recorded on
