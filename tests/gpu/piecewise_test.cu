@@ -375,6 +375,13 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
                          replay::usage_error);
     CHECK_THROWS_WITH_AS((void)replay::capture(other, [&](replay::StreamRef s) { exec.launch(s); }),
                          doctest::Contains("inside a stream capture"), replay::usage_error);
+    // ... and a launch on a stream in a capture replay does not know of (raw CUDA, another library).
+    replay::check(cudaStreamBeginCapture(other.get(), cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+    CHECK_THROWS_WITH_AS(exec.launch(other), doctest::Contains("which is capturing"), replay::usage_error);
+    cudaGraph_t raw = nullptr;
+    replay::check(cudaStreamEndCapture(other.get(), &raw), "cudaStreamEndCapture");
+    CHECK(raw != nullptr);
+    replay::check(cudaGraphDestroy(raw), "cudaGraphDestroy");
     expect_stream_usable(stream);
     expect_stream_usable(other);
   }

@@ -81,8 +81,9 @@ using region_value_t = ::std::invoke_result_t<::std::decay_t<Region>&, StreamRef
         where);
   }
   throw usage_error(concat("replay::eager(\"", name,
-                           "\") outside any capture: it marks a break inside replay::capture_piecewise; outside "
-                           "one, call the region's work directly"),
+                           "\") outside any capture on this thread: it marks a break inside "
+                           "replay::capture_piecewise (on the thread that runs the work); outside one, call the "
+                           "region's work directly"),
                     where);
 }
 }  // namespace detail

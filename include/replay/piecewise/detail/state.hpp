@@ -75,6 +75,14 @@ class PiecewiseState {
 
   void launch(StreamRef stream, const ::std::source_location& where) {
     refuse_piecewise_here("PiecewiseExec::launch()", where);
+    if (stream.capture_status(where) != CaptureStatus::none) {
+      // A capture replay does not know of (raw, or another library's): its
+      // regions would run once, now, and the graph would replay without them.
+      throw usage_error(concat("PiecewiseExec::launch() on ", describe_piecewise_stream(stream),
+                               ", which is capturing: its regions run on the host at each launch, which a graph "
+                               "cannot hold; launch it outside the capture"),
+                        where);
+    }
     if (owner_.load(::std::memory_order_relaxed) == ::std::this_thread::get_id()) {
       // Inside this thread's lease (a launch inside its own launch is a region's, refused above).
       if (!(*lease_stream_ == stream)) {
