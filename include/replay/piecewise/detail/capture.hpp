@@ -219,13 +219,15 @@ class PiecewiseCapture final : public PiecewiseBreaks {
   ::std::span<const ::std::string> replayed_;
   ::std::span<PiecewiseNode* const> prefix_;
   PiecewiseStats& stats_;
-  ::std::optional<CaptureScope> scope_;
   int depth_ = 0;             // open_capture_scopes() inside this capture's segment
   ::std::size_t index_ = 0;   // breaks taken so far
   ::std::string key_;         // the value of the last live region: the key of the next node
   ::std::unique_ptr<PiecewiseNode> chain_;
   PiecewiseNode* tail_ = nullptr;
   ::std::string failed_region_;
+  // Last, so that an open segment's capture is ended before the chain's
+  // executable graphs are destroyed.
+  ::std::optional<CaptureScope> scope_;
 };
 
 }  // namespace replay::detail
