@@ -6,7 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
-#include <cstdio>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -139,13 +139,21 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     replay::Stream stream;
     replay::DeviceBuffer<int> x(kN);
     int seen = 0;  // what the region read back
+    const replay::PiecewiseExec* self = nullptr;
+    std::uint64_t launches_seen = 99;  // what the region saw of its own executable's stats
     auto in = random_ints(-1000, 1000);
     x.copy_from(std::span<const int>(in), stream);
     auto exec = replay::capture_piecewise(stream, [&](replay::StreamRef s) {
       add(s, x.data(), 3);
-      replay::eager(s, "read back", [&](replay::StreamRef r) { seen = read_one(x.data(), r); });
+      replay::eager(s, "read back", [&](replay::StreamRef r) {
+        seen = read_one(x.data(), r);
+        if (self != nullptr) {
+          launches_seen = self->stats().launches;  // inspection from inside a launch: no deadlock
+        }
+      });
       mul(s, x.data(), 2);
     });
+    self = &exec;
     // Unlike replay::capture, the capture ran the work, and the region saw the real data.
     CHECK(seen == in[0] + 3);
     auto out = read(x, stream);
@@ -167,6 +175,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       exec.launch(stream);
       out = read(x, stream);
       CHECK(seen == in[0] + 3);
+      CHECK(launches_seen == static_cast<std::uint64_t>(rep));  // counted when the launch completes
       for (std::size_t i = 0; i < in.size(); ++i) {
         REQUIRE(out[i] == (in[i] + 3) * 2);
       }
