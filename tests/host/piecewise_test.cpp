@@ -195,6 +195,35 @@ TEST_SUITE("host") {
     CHECK(*live == 0);
   }
 
+  TEST_CASE("DOT: segments as boxes with their node counts, regions as hexagons, edges labelled with the values") {
+    using replay::detail::PiecewiseSegment;
+    using replay::detail::PiecewiseTree;
+    PiecewiseSegment root;
+    root.node_counts = {{replay::NodeType::kernel, 2}};
+    root.segment_cost.nodes = 2;
+    root.has_region = true;
+    root.region_name = "read \"flag\"";
+    PiecewiseSegment taken;
+    taken.node_counts = {{replay::NodeType::kernel, 1}, {replay::NodeType::memcpy, 1}};
+    taken.segment_cost.nodes = 2;
+    auto chain = PiecewiseTree::make_node(std::move(root));
+    PiecewiseTree::append(*chain, key_of(true), PiecewiseTree::make_node(std::move(taken)));
+    PiecewiseTree tree;
+    tree.attach(nullptr, {}, std::move(chain));
+    tree.attach(tree.root(), key_of(false), PiecewiseTree::make_node(PiecewiseSegment{}));  // an empty segment
+    const std::string dot = replay::detail::piecewise_dot(tree);
+    CHECK(dot.rfind("digraph piecewise {", 0) == 0);
+    CHECK(dot.find("s0 [shape=box, label=\"segment 0\\n2 nodes: 2 kernel\"];") != std::string::npos);
+    CHECK(dot.find("r0 [shape=hexagon") != std::string::npos);
+    CHECK(dot.find("label=\"region read \\\"flag\\\"\\n(eager, host)\"") != std::string::npos);
+    // Children in key order: false (0) first, then true (1).
+    CHECK(dot.find("s1 [shape=box, label=\"segment 1\\n0 nodes\"];") != std::string::npos);
+    CHECK(dot.find("s2 [shape=box, label=\"segment 2\\n2 nodes: 1 kernel, 1 memcpy\"];") != std::string::npos);
+    CHECK(dot.find("r0 -> s1 [label=\"0\"];") != std::string::npos);
+    CHECK(dot.find("r0 -> s2 [label=\"1\"];") != std::string::npos);
+    CHECK(dot.find("r1") == std::string::npos);  // no region after a path's last segment
+  }
+
   TEST_CASE("region values: a region's return value travels as its bytes; void as none") {
     std::string value = "stale";
     auto void_region = replay::detail::PiecewiseCallable::make([](replay::StreamRef) {});

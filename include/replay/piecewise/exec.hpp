@@ -62,7 +62,8 @@ class PiecewiseExec {
   // Holds the executable for one thread: launches from other threads wait
   // until it ends. Take it around staging inputs, launch() and reading
   // outputs when several threads share the executable (its segments share
-  // their buffers). Ending it orders the next user's stream after it.
+  // their buffers). Ending it orders the next user's stream after it. It
+  // must end on the thread that took it, before the executable is destroyed.
   class Lease {
    public:
     Lease(const Lease&) = delete;
