@@ -128,11 +128,11 @@ detail::region_value_t<Region> eager(StreamRef stream, Region&& region,
 
 // A region whose output moves: region(stream) returns where its output is
 // this time (device memory, as a std::span<const T>, e.g. a buffer's span()),
-// and replay copies it into `into`, a buffer at a
-// fixed address that the segments after the break read, in stream order
-// right after the region. The returned memory must hold the output for work
-// issued on the stream right after the region returns (memory freed in stream
-// order on that stream later is fine). Sizes must match.
+// and replay copies it into `into`, a buffer at a fixed address that the
+// segments after the break read, in stream order right after the region. The
+// returned memory must hold the output for work issued on the stream right
+// after the region returns (memory freed in stream order on that stream later
+// is fine). Sizes must match.
 template <class T, MemorySpace Space, class Region>
 void eager_into(StreamRef stream, ::std::string_view name, BufferView<T, Space> into, Region&& region,
                 ::std::source_location where = ::std::source_location::current()) {
