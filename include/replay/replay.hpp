@@ -16,6 +16,7 @@
 #include "replay/capture_scope.hpp"
 #include "replay/graph_exec.hpp"
 #include "replay/graph_builder.hpp"
+#include "replay/piecewise.hpp"
 #include "replay/shape_router.hpp"
 #include "replay/stream_pipeline.hpp"
 #include "replay/batcher.hpp"
