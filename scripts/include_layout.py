@@ -12,11 +12,14 @@ The rules (docs/DEVELOPING.md, "Layout"):
      no component's header: nothing from replay/<component>/ or
      replay/<component>.hpp. Core headers (replay/*.hpp that are no umbrella)
      are allowed: they are the floor the components stand on.
-  2. No component's detail/ includes another component's detail/.
+  2. No header of a component (public, umbrella or detail/) includes another
+     component's detail/: what one component needs of another is that
+     component's public API.
   3. No core header includes a component's header (the core stands alone);
      replay/replay.hpp, the umbrella, is the one exception.
   4. Every header in a component's detail/ is included by that component (a
      header left behind after its users moved is dead).
+  5. No header is over 450 physical lines (split it along concept lines).
 A component is a folder of include/replay/ other than detail/ (graph,
 shape_router, stream_pipeline, batcher, torch, nccl, ...), together with its
 umbrella header: the one of the same name, or graph_builder.hpp for graph/.
@@ -26,6 +29,7 @@ import pathlib
 import re
 import sys
 
+MAX_LINES = 450
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](replay/[^>"]+)[>"]', re.M)
 # A component's umbrella where its name is not the folder's (replay/graph.hpp
 # is the core's Graph; the builder's umbrella is replay/graph_builder.hpp).
@@ -56,13 +60,16 @@ def load(root):
     headers = sorted(p for p in (base / "replay").rglob("*.hpp"))
     components = sorted(p.name for p in (base / "replay").iterdir() if p.is_dir() and p.name != "detail")
     graph = {}
+    lines = {}
     for path in headers:
         name = path.relative_to(base).as_posix()
-        graph[name] = INCLUDE.findall(path.read_text())
-    return graph, components
+        text = path.read_text()
+        graph[name] = INCLUDE.findall(text)
+        lines[name] = len(text.splitlines())
+    return graph, components, lines
 
 
-def breaches(graph, components):
+def breaches(graph, components, lines=None):
     found = []
     for header, includes in graph.items():
         where = component_of(header, components)
@@ -73,8 +80,7 @@ def breaches(graph, components):
             to = component_of(target, components)
             if where == "detail" and to not in ("core", "detail"):
                 found.append(f"{header}: a shared internal includes the component header {target} (rule 1)")
-            if (is_component_internal(header, components) and is_component_internal(target, components)
-                    and to != where):
+            if where not in ("core", "detail") and is_component_internal(target, components) and to != where:
                 found.append(f"{header}: includes another component's internal {target} (rule 2)")
             if where == "core" and header != "replay/replay.hpp" and to not in ("core", "detail"):
                 found.append(f"{header}: a core header includes the component header {target} (rule 3)")
@@ -85,6 +91,9 @@ def breaches(graph, components):
         if not any(header in includes and component_of(user, components) == owner
                    for user, includes in graph.items() if user != header):
             found.append(f"{header}: no header of {owner} includes it (rule 4)")
+    for header, count in sorted((lines or {}).items()):
+        if count > MAX_LINES:
+            found.append(f"{header}: {count} lines, over the limit of {MAX_LINES} (rule 5)")
     return found
 
 
@@ -110,11 +119,11 @@ def main():
     parser.add_argument("--root", default=str(pathlib.Path(__file__).resolve().parent.parent / "include"))
     parser.add_argument("--dot", action="store_true", help="print the include graph in DOT instead of checking")
     args = parser.parse_args()
-    graph, components = load(args.root)
+    graph, components, lines = load(args.root)
     if args.dot:
         print(dot(graph, components))
         return 0
-    found = breaches(graph, components)
+    found = breaches(graph, components, lines)
     for line in found:
         print(line)
     print(f"include layout: {len(graph)} headers, components {', '.join(components)}: "
