@@ -20,9 +20,10 @@ The rules (docs/DEVELOPING.md, "Layout"):
   4. Every header in a component's detail/ is included by that component (a
      header left behind after its users moved is dead).
   5. No header is over 450 physical lines (split it along concept lines).
-A component is a folder of include/replay/ other than detail/ (graph,
+A component is a folder of include/replay/ other than detail/ (graph_builder,
 shape_router, stream_pipeline, batcher, torch, nccl, ...), together with its
-umbrella header: the one of the same name, or graph_builder.hpp for graph/.
+umbrella header, the one of the same name (replay/graph.hpp, the core's Graph,
+is no component's).
 """
 import argparse
 import pathlib
@@ -31,9 +32,6 @@ import sys
 
 MAX_LINES = 450
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](replay/[^>"]+)[>"]', re.M)
-# A component's umbrella where its name is not the folder's (replay/graph.hpp
-# is the core's Graph; the builder's umbrella is replay/graph_builder.hpp).
-UMBRELLA_OF = {"graph_builder": "graph"}
 
 
 def component_of(header, components):
@@ -44,9 +42,8 @@ def component_of(header, components):
     if len(parts) >= 3 and parts[1] == "detail":
         return "detail"
     stem = parts[-1][: -len(".hpp")] if parts[-1].endswith(".hpp") else parts[-1]
-    folder = UMBRELLA_OF.get(stem, stem)
-    if len(parts) == 2 and folder in components and (stem in UMBRELLA_OF or stem not in UMBRELLA_OF.values()):
-        return folder  # the component's umbrella
+    if len(parts) == 2 and stem in components:
+        return stem  # the component's umbrella
     return "core"
 
 

@@ -65,12 +65,12 @@ expect("rule 2, from a component's umbrella", {**GOOD, "replay/router.hpp": [
 expect("rule 3", {**GOOD, "replay/error.hpp": ["replay/router.hpp"]}, "(rule 3)")
 expect("rule 4", {**GOOD, "replay/router/detail/dead.hpp": []}, "(rule 4)")
 expect("a missing header", {**GOOD, "replay/error.hpp": ["replay/nowhere.hpp"]}, "does not exist")
-expect("graph.hpp is core", {**GOOD, "replay/graph.hpp": [], "replay/graph/builder.hpp": [],
-                             "replay/graph_builder.hpp": ["replay/graph/builder.hpp"],
+expect("graph.hpp is core", {**GOOD, "replay/graph.hpp": [], "replay/graph_builder/builder.hpp": [],
+                             "replay/graph_builder.hpp": ["replay/graph_builder/builder.hpp"],
                              "replay/capture.hpp": ["replay/graph.hpp"]}, None)
-expect("graph_builder.hpp is the graph component", {**GOOD, "replay/graph/builder.hpp": [],
-                                                    "replay/graph_builder.hpp": ["replay/graph/builder.hpp"],
-                                                    "replay/capture.hpp": ["replay/graph_builder.hpp"]}, "(rule 3)")
+expect("graph_builder.hpp is the builder's umbrella", {**GOOD, "replay/graph_builder/builder.hpp": [],
+                                                       "replay/graph_builder.hpp": ["replay/graph_builder/builder.hpp"],
+                                                       "replay/capture.hpp": ["replay/graph_builder.hpp"]}, "(rule 3)")
 expect("rule 5", GOOD, "(rule 5)", lines={"replay/router/table.hpp": 451})
 expect("rule 5 counts every line, includes too", GOOD, "(rule 5)", lines={"replay/detail/message.hpp": 451})
 expect("450 lines are within rule 5", GOOD, None, lines={"replay/router/table.hpp": 450})

@@ -13,14 +13,14 @@
 #include <type_traits>
 #include <utility>
 
-#include "replay/graph/detail/nodes.hpp"
+#include "replay/graph_builder/detail/nodes.hpp"
 #include "replay/error.hpp"
 #include "replay/graph.hpp"
-#include "replay/graph/builder.hpp"
-#include "replay/graph/child_graph_node.hpp"
-#include "replay/graph/host_node.hpp"
-#include "replay/graph/memory_nodes.hpp"
-#include "replay/graph/node.hpp"
+#include "replay/graph_builder/builder.hpp"
+#include "replay/graph_builder/child_graph_node.hpp"
+#include "replay/graph_builder/host_node.hpp"
+#include "replay/graph_builder/memory_nodes.hpp"
+#include "replay/graph_builder/node.hpp"
 
 namespace replay {
 

@@ -34,20 +34,20 @@
 
 #include "replay/capture_scope.hpp"
 #include "replay/detail/capture_state.hpp"
-#include "replay/graph/detail/nodes.hpp"
+#include "replay/graph_builder/detail/nodes.hpp"
 #include "replay/detail/signature_checks.hpp"
 #include "replay/error.hpp"
 #include "replay/event.hpp"
 #include "replay/graph.hpp"
-#include "replay/graph/child_graph_node.hpp"
-#include "replay/graph/conditional.hpp"
-#include "replay/graph/event_nodes.hpp"
-#include "replay/graph/host_node.hpp"
-#include "replay/graph/kernel_node.hpp"
-#include "replay/graph/memcpy_node.hpp"
-#include "replay/graph/memory_nodes.hpp"
-#include "replay/graph/memset_node.hpp"
-#include "replay/graph/node.hpp"
+#include "replay/graph_builder/child_graph_node.hpp"
+#include "replay/graph_builder/conditional.hpp"
+#include "replay/graph_builder/event_nodes.hpp"
+#include "replay/graph_builder/host_node.hpp"
+#include "replay/graph_builder/kernel_node.hpp"
+#include "replay/graph_builder/memcpy_node.hpp"
+#include "replay/graph_builder/memory_nodes.hpp"
+#include "replay/graph_builder/memset_node.hpp"
+#include "replay/graph_builder/node.hpp"
 #include "replay/stream_ref.hpp"
 
 namespace replay {
@@ -348,6 +348,6 @@ class GraphBuilder {
 
 // The out-of-line parts: the nodes that take more than one CUDA call, capture
 // into the graph, conditional nodes.
-#include "replay/graph/detail/builder_nodes.hpp"
-#include "replay/graph/detail/capture.hpp"
-#include "replay/graph/conditional_node.hpp"
+#include "replay/graph_builder/detail/builder_nodes.hpp"
+#include "replay/graph_builder/detail/capture.hpp"
+#include "replay/graph_builder/conditional_node.hpp"

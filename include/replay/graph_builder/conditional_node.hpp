@@ -8,9 +8,9 @@
 #include <string>
 
 #include "replay/error.hpp"
-#include "replay/graph/builder.hpp"
-#include "replay/graph/conditional.hpp"
-#include "replay/graph/node.hpp"
+#include "replay/graph_builder/builder.hpp"
+#include "replay/graph_builder/conditional.hpp"
+#include "replay/graph_builder/node.hpp"
 
 namespace replay {
 

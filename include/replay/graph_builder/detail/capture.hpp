@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "replay/capture_scope.hpp"
-#include "replay/graph/detail/borrowed_capture.hpp"
+#include "replay/graph_builder/detail/borrowed_capture.hpp"
 #include "replay/detail/capture_state.hpp"
-#include "replay/graph/detail/nodes.hpp"
+#include "replay/graph_builder/detail/nodes.hpp"
 #include "replay/error.hpp"
 #include "replay/detail/signature_checks.hpp"
-#include "replay/graph/builder.hpp"
-#include "replay/graph/node.hpp"
+#include "replay/graph_builder/builder.hpp"
+#include "replay/graph_builder/node.hpp"
 #include "replay/stream_ref.hpp"
 
 namespace replay {
