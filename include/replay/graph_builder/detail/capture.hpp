@@ -1,7 +1,7 @@
 #pragma once
 #include <replay/detail/require_cxx20.hpp>
 // GraphBuilder::capture: capturing a stream's work straight into a graph or a
-// conditional body; included by graph/builder.hpp.
+// conditional body; included by graph_builder/builder.hpp.
 #include <cuda_runtime_api.h>
 
 #include <concepts>
@@ -27,7 +27,7 @@ template <class Work>
                                           ::std::source_location where) {
   detail::check_capture_work<Work>();
   deps.validate("capture", where);
-  const auto before = detail::graph_nodes(handle(where), where);
+  const auto before = GraphRef(handle(where)).nodes(where);
   {
     detail::BorrowedCapture scope(stream.get(), graph_, deps, mode, where);
     try {
