@@ -20,6 +20,10 @@ The rules (docs/DEVELOPING.md, "Layout"):
   4. Every header in a component's detail/ is included by that component (a
      header left behind after its users moved is dead).
   5. No header is over 450 physical lines (split it along concept lines).
+  6. No header outside an optional component (decode, torch, nccl, audit: own
+     CMake targets, never in replay/replay.hpp) includes one of its headers;
+     replay/replay.hpp is no exception. An optional component may build on
+     the core and on the other components.
 A component is a folder of include/replay/ other than detail/ (graph_builder,
 shape_router, stream_pipeline, batcher, torch, nccl, ...), together with its
 umbrella header, the one of the same name (replay/graph.hpp, the core's Graph,
@@ -31,6 +35,9 @@ import re
 import sys
 
 MAX_LINES = 450
+# The components with CMake targets of their own (replay::decode, ...), which
+# only their users include.
+OPTIONAL = ("audit", "decode", "nccl", "torch")
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](replay/[^>"]+)[>"]', re.M)
 
 
@@ -81,6 +88,8 @@ def breaches(graph, components, lines=None):
                 found.append(f"{header}: includes another component's internal {target} (rule 2)")
             if where == "core" and header != "replay/replay.hpp" and to not in ("core", "detail"):
                 found.append(f"{header}: a core header includes the component header {target} (rule 3)")
+            if to in OPTIONAL and to != where:
+                found.append(f"{header}: includes {target} of the optional component {to} (rule 6)")
     for header in graph:
         if not is_component_internal(header, components):
             continue

@@ -74,6 +74,13 @@ expect("graph_builder.hpp is the builder's umbrella", {**GOOD, "replay/graph_bui
 expect("rule 5", GOOD, "(rule 5)", lines={"replay/router/table.hpp": 451})
 expect("rule 5 counts every line, includes too", GOOD, "(rule 5)", lines={"replay/detail/message.hpp": 451})
 expect("450 lines are within rule 5", GOOD, None, lines={"replay/router/table.hpp": 450})
+OPTIONAL = {"replay/decode.hpp": ["replay/decode/scheduler.hpp"],
+            "replay/decode/scheduler.hpp": ["replay/router/table.hpp", "replay/error.hpp"]}
+expect("an optional component builds on the others", {**GOOD, **OPTIONAL}, None)
+expect("rule 6, replay.hpp", {**GOOD, **OPTIONAL, "replay/replay.hpp": ["replay/router.hpp", "replay/decode.hpp"]},
+       "(rule 6)")
+expect("rule 6, another component", {**GOOD, **OPTIONAL, "replay/pipeline/pipeline.hpp": [
+    "replay/pipeline/detail/state.hpp", "replay/decode/scheduler.hpp"]}, "(rule 6)")
 for failure in failures:
     print("FAILED:", failure)
 print(f"include layout test: {checks - len(failures)} passed, {len(failures)} failed")
