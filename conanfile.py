@@ -81,7 +81,7 @@ class ReplayConan(ConanFile):
                                    "SameMinorVersion" if major == 0 else "SameMajorVersion")
         # CUDA comes from the system, not from Conan: the build module finds the
         # CUDA toolkit, links the one CUDA runtime the consuming target asks for
-        # (CUDA_RUNTIME_LIBRARY), asks for C++20 for .cu files and, when
-        # COMPONENTS torch is requested, defines replay::torch.
+        # (CUDA_RUNTIME_LIBRARY), asks for C++20 for .cu files and defines
+        # replay::decode for COMPONENTS decode, replay::torch for COMPONENTS torch.
         self.cpp_info.set_property("cmake_build_modules",
                                    [os.path.join(self._build_module_dir, "replay-conan-targets.cmake")])

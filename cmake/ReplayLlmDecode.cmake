@@ -1,5 +1,6 @@
 # The decoder model of examples/llm_decode (its headers, namespace llm_decode):
 # INTERFACE target llm_decode_model = those headers + replay::torch +
+# replay::decode (the DecodeScheduler it serves with) +
 # nlohmann_json (config.json), linked by the example and by its test
 # (tests/llm_decode.cmake, configured before examples/). Defined by the first
 # call of replay_llm_decode_model() where Torch and nlohmann_json were found;
@@ -24,7 +25,7 @@ function(replay_llm_decode_model)
   endif()
   add_library(llm_decode_model INTERFACE)
   target_include_directories(llm_decode_model INTERFACE ${PROJECT_SOURCE_DIR}/examples/llm_decode)
-  target_link_libraries(llm_decode_model INTERFACE replay::torch nlohmann_json::nlohmann_json)
+  target_link_libraries(llm_decode_model INTERFACE replay::torch replay::decode nlohmann_json::nlohmann_json)
   # The device code, compiled by nvcc: the kernel that sets the WHILE node
   # around the captured step (several steps per launch, loop_control.cu) and
   # the fused decode kernels (fused_kernels.cu); the rest is host code.

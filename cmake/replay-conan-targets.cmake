@@ -2,7 +2,8 @@
 # Conan's CMakeDeps writes (conanfile.py names it in cmake_build_modules).
 # It gives the Conan-made replay::replay what cmake/replayConfig.cmake.in
 # gives the installed one: the system CUDA toolkit (CUDA::cudart), C++20 for
-# .cu files, and replay::torch when COMPONENTS torch is requested.
+# .cu files, replay::decode when COMPONENTS decode is requested, and
+# replay::torch when COMPONENTS torch is.
 # conanfile.py's package() fills in the minimum CUDA version from CMakeLists.txt.
 set(_replay_cuda_min "@REPLAY_CUDATOOLKIT_MIN_VERSION@")
 
@@ -33,6 +34,23 @@ if(NOT _replay_links)
   endif()
 endif()
 unset(_replay_links)
+
+# COMPONENTS decode: replay::decode, the DecodeScheduler (its headers are in
+# the package), links the threads library for its worker thread.
+if("decode" IN_LIST replay_FIND_COMPONENTS AND NOT TARGET replay::decode)
+  set(replay_decode_FOUND FALSE)
+  find_package(Threads QUIET)
+  if(Threads_FOUND)
+    add_library(replay::decode INTERFACE IMPORTED)
+    set_property(TARGET replay::decode PROPERTY INTERFACE_LINK_LIBRARIES replay::replay Threads::Threads)
+    set(replay_decode_FOUND TRUE)
+  elseif(replay_FIND_REQUIRED_decode)
+    set(replay_FOUND FALSE)
+    set(replay_NOT_FOUND_MESSAGE "replay: the decode component needs the threads library, and find_package(Threads) found none")
+  elseif(NOT replay_FIND_QUIETLY)
+    message(STATUS "replay: optional component decode not available: find_package(Threads) found no threads library")
+  endif()
+endif()
 
 # COMPONENTS torch: replay::torch links Torch (libtorch) found on the system.
 if("torch" IN_LIST replay_FIND_COMPONENTS AND NOT TARGET replay::torch)

@@ -12,24 +12,33 @@ The rules (docs/DEVELOPING.md, "Layout"):
      no component's header: nothing from replay/<component>/ or
      replay/<component>.hpp. Core headers (replay/*.hpp that are no umbrella)
      are allowed: they are the floor the components stand on.
-  2. No component's detail/ includes another component's detail/.
+  2. No header of a component (public, umbrella or detail/) includes another
+     component's detail/: what one component needs of another is that
+     component's public API.
   3. No core header includes a component's header (the core stands alone);
      replay/replay.hpp, the umbrella, is the one exception.
   4. Every header in a component's detail/ is included by that component (a
      header left behind after its users moved is dead).
-A component is a folder of include/replay/ other than detail/ (graph,
+  5. No header is over 450 physical lines (split it along concept lines).
+  6. No header outside an optional component (decode, torch, nccl, audit: own
+     CMake targets, never in replay/replay.hpp) includes one of its headers;
+     replay/replay.hpp is no exception. An optional component may build on
+     the core and on the other components.
+A component is a folder of include/replay/ other than detail/ (graph_builder,
 shape_router, stream_pipeline, batcher, torch, nccl, ...), together with its
-umbrella header: the one of the same name, or graph_builder.hpp for graph/.
+umbrella header, the one of the same name (replay/graph.hpp, the core's Graph,
+is no component's).
 """
 import argparse
 import pathlib
 import re
 import sys
 
+MAX_LINES = 450
+# The components with CMake targets of their own (replay::decode, ...), which
+# only their users include.
+OPTIONAL = ("audit", "decode", "nccl", "torch")
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](replay/[^>"]+)[>"]', re.M)
-# A component's umbrella where its name is not the folder's (replay/graph.hpp
-# is the core's Graph; the builder's umbrella is replay/graph_builder.hpp).
-UMBRELLA_OF = {"graph_builder": "graph"}
 
 
 def component_of(header, components):
@@ -40,9 +49,8 @@ def component_of(header, components):
     if len(parts) >= 3 and parts[1] == "detail":
         return "detail"
     stem = parts[-1][: -len(".hpp")] if parts[-1].endswith(".hpp") else parts[-1]
-    folder = UMBRELLA_OF.get(stem, stem)
-    if len(parts) == 2 and folder in components and (stem in UMBRELLA_OF or stem not in UMBRELLA_OF.values()):
-        return folder  # the component's umbrella
+    if len(parts) == 2 and stem in components:
+        return stem  # the component's umbrella
     return "core"
 
 
@@ -56,13 +64,16 @@ def load(root):
     headers = sorted(p for p in (base / "replay").rglob("*.hpp"))
     components = sorted(p.name for p in (base / "replay").iterdir() if p.is_dir() and p.name != "detail")
     graph = {}
+    lines = {}
     for path in headers:
         name = path.relative_to(base).as_posix()
-        graph[name] = INCLUDE.findall(path.read_text())
-    return graph, components
+        text = path.read_text()
+        graph[name] = INCLUDE.findall(text)
+        lines[name] = len(text.splitlines())
+    return graph, components, lines
 
 
-def breaches(graph, components):
+def breaches(graph, components, lines=None):
     found = []
     for header, includes in graph.items():
         where = component_of(header, components)
@@ -73,11 +84,12 @@ def breaches(graph, components):
             to = component_of(target, components)
             if where == "detail" and to not in ("core", "detail"):
                 found.append(f"{header}: a shared internal includes the component header {target} (rule 1)")
-            if (is_component_internal(header, components) and is_component_internal(target, components)
-                    and to != where):
+            if where not in ("core", "detail") and is_component_internal(target, components) and to != where:
                 found.append(f"{header}: includes another component's internal {target} (rule 2)")
             if where == "core" and header != "replay/replay.hpp" and to not in ("core", "detail"):
                 found.append(f"{header}: a core header includes the component header {target} (rule 3)")
+            if to in OPTIONAL and to != where:
+                found.append(f"{header}: includes {target} of the optional component {to} (rule 6)")
     for header in graph:
         if not is_component_internal(header, components):
             continue
@@ -85,6 +97,9 @@ def breaches(graph, components):
         if not any(header in includes and component_of(user, components) == owner
                    for user, includes in graph.items() if user != header):
             found.append(f"{header}: no header of {owner} includes it (rule 4)")
+    for header, count in sorted((lines or {}).items()):
+        if count > MAX_LINES:
+            found.append(f"{header}: {count} lines, over the limit of {MAX_LINES} (rule 5)")
     return found
 
 
@@ -110,11 +125,11 @@ def main():
     parser.add_argument("--root", default=str(pathlib.Path(__file__).resolve().parent.parent / "include"))
     parser.add_argument("--dot", action="store_true", help="print the include graph in DOT instead of checking")
     args = parser.parse_args()
-    graph, components = load(args.root)
+    graph, components, lines = load(args.root)
     if args.dot:
         print(dot(graph, components))
         return 0
-    found = breaches(graph, components)
+    found = breaches(graph, components, lines)
     for line in found:
         print(line)
     print(f"include layout: {len(graph)} headers, components {', '.join(components)}: "

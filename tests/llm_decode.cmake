@@ -1,7 +1,8 @@
 # The decoder model of examples/llm_decode (cmake/ReplayLlmDecode.cmake): only
 # where Torch and nlohmann_json were found. Host cases run the model on the
 # CPU in float32 (the "tiny" config); gpu cases in float16 on CUDA, and its
-# decode step captured in a CUDA graph. Compiled by the host C++ compiler, as
+# decode step captured in a CUDA graph (llm_decode_model links replay::torch
+# and replay::decode). Compiled by the host C++ compiler, as
 # the libtorch adapter's tests are (tests/torch.cmake). The engine cases
 # (gpu/llm_decode_engine_test.cpp) check the graphed executor against eager.
 include(${PROJECT_SOURCE_DIR}/cmake/ReplayLlmDecode.cmake)

@@ -142,6 +142,14 @@ else()
                       ARGS "${_pkg_common}|-DCMAKE_PREFIX_PATH=${_pkg_prefix}|-DREPLAY_CASE=optional_torch")
 endif()
 
+if(TARGET replay_decode)
+  # The decode scheduler (always defined, cmake/ReplayDecode.cmake): the decode
+  # component must load, link the threads library and run a DecodeScheduler
+  # over a stand-in executor (no device needed), from a C++-only project.
+  replay_package_test(NAME decode_component SOURCE ${_pkg_src}/decode NEEDS_INSTALL RUN decode_consumer
+                      ARGS "${_pkg_common}|-DCMAKE_PREFIX_PATH=${_pkg_prefix}")
+endif()
+
 if(TARGET replay_audit)
   # The capture audit was built (the toolkit has CUPTI): it must load, link
   # CUPTI and, with a GPU, audit a clean capture.

@@ -127,6 +127,15 @@ inline ::std::string describe_node(::cudaGraphNode_t node) noexcept {
   }
 }
 
+namespace detail {
+// A node's type; the one query behind GraphRef's and GraphBuilder's inspection.
+inline NodeType node_type(::cudaGraphNode_t node, const ::std::source_location& where) {
+  ::cudaGraphNodeType type{};
+  check(::cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType", where);
+  return static_cast<NodeType>(type);
+}
+}  // namespace detail
+
 class Graph;
 
 // A non-owning view of a cudaGraph_t (one a Graph owns, or one that torch or
@@ -169,7 +178,7 @@ class GraphRef {
       ::std::source_location where = ::std::source_location::current()) const {
     ::std::map<NodeType, ::std::size_t> counts;
     for (::cudaGraphNode_t node : nodes(where)) {
-      ++counts[type_of(node, where)];
+      ++counts[detail::node_type(node, where)];
     }
     return counts;
   }
@@ -183,7 +192,7 @@ class GraphRef {
   ::std::vector<::std::string> kernel_names(::std::source_location where = ::std::source_location::current()) const {
     ::std::vector<::std::string> names;
     for (::cudaGraphNode_t node : nodes(where)) {
-      if (type_of(node, where) == NodeType::kernel) {
+      if (detail::node_type(node, where) == NodeType::kernel) {
         names.push_back(kernel_node_name(node, where));
       }
     }
@@ -217,12 +226,6 @@ class GraphRef {
                       "Graph::create() or replay::capture()",
                       where);
   }
-  static NodeType type_of(::cudaGraphNode_t node, const ::std::source_location& where) {
-    ::cudaGraphNodeType type{};
-    check(::cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType", where);
-    return static_cast<NodeType>(type);
-  }
-
   ::cudaGraph_t graph_;
 };
 

@@ -1,6 +1,9 @@
 #pragma once
 // replay: CUDA Graphs and multi-stream pipelines made easy, safe and fast.
-// The umbrella header; each header below also stands alone.
+// The umbrella header; each header below also stands alone. The optional
+// components are not included here: replay/decode.hpp (replay::decode),
+// replay/torch.hpp (replay::torch), replay/nccl.hpp (replay::nccl) and
+// replay/audit.hpp (replay::audit).
 #include <replay/detail/require_cxx20.hpp>
 
 #include "replay/version.hpp"
@@ -20,4 +23,3 @@
 #include "replay/shape_router.hpp"
 #include "replay/stream_pipeline.hpp"
 #include "replay/batcher.hpp"
-#include "replay/decode.hpp"

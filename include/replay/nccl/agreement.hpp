@@ -37,7 +37,7 @@
 #include <thread>
 #include <vector>
 
-#include "replay/shape_router/detail/keys.hpp"
+#include "replay/shape_router/keys.hpp"
 #include "replay/error.hpp"
 #include "replay/event.hpp"
 #include "replay/nccl/collectives.hpp"
@@ -118,7 +118,7 @@ Key agree_on_shape(const Router& router, const Key& key, Agreement& agreement, S
     const int failed = static_cast<int>(values[rank] - 1);
     throw agreement_error(failed, detail::concat("rank ", failed, " could not take part in this step (a key it cannot "
                                                  "route, or a stuck replay), so no rank runs it; rank ",
-                                                 agreement.rank(), " had key ", detail::describe_key(key)),
+                                                 agreement.rank(), " had key ", describe_key(key)),
                           where);
   }
   Key agreed = key;

@@ -27,7 +27,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "replay/shape_router/detail/keys.hpp"
+#include "replay/shape_router/keys.hpp"
 #include "replay/error.hpp"
 #include "replay/nccl/agreement.hpp"
 #include "replay/nccl/stream_device.hpp"
@@ -129,7 +129,7 @@ class MultiRankRouter {
 
   static ::std::string describe(const Route<Key>& route) {
     return detail::concat(route.graph() ? "replay of bucket " : "eager run of shape ",
-                          detail::describe_key(route.shape), " (", to_string(route.kind), ")");
+                          describe_key(route.shape), " (", to_string(route.kind), ")");
   }
 
   Router* router_;

@@ -1,7 +1,8 @@
 #pragma once
 // ShapeRouter's keys: the shape_traits customization point (what a key's
 // dimensions are; specialize it for your own shape type), the ShapeKey,
-// HashableKey and RouterKey concepts, and key_hash.
+// HashableKey and RouterKey concepts, key_hash, and describe_key (a key as
+// messages print it).
 #include <replay/detail/require_cxx20.hpp>
 
 #include <array>
@@ -10,6 +11,9 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <ostream>
+#include <sstream>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -172,5 +176,39 @@ concept HashableKey = detail::std_hashable<Key> || ShapeKey<Key>;
 template <class Key>
 concept RouterKey =
     ::std::copyable<Key> && ::std::equality_comparable<Key> && (HashableKey<Key> || ::std::totally_ordered<Key>);
+
+namespace detail {
+
+template <class T>
+concept ostreamable = requires(::std::ostream& os, const T& value) { os << value; };
+
+}  // namespace detail
+
+// A key as messages print it: "8", "(8, 128)" for a shape key, else what
+// operator<< prints, else "<key>".
+template <class Key>
+::std::string describe_key(const Key& key) {
+  if constexpr (ShapeKey<Key>) {
+    if constexpr (shape_traits<Key>::rank == 1) {
+      return ::std::to_string(shape_traits<Key>::extent(key, 0));
+    } else {
+      ::std::string out = "(";
+      for (::std::size_t d = 0; d < shape_traits<Key>::rank; ++d) {
+        if (d != 0) {
+          out += ", ";
+        }
+        out += ::std::to_string(shape_traits<Key>::extent(key, d));
+      }
+      out += ')';
+      return out;
+    }
+  } else if constexpr (detail::ostreamable<Key>) {
+    ::std::ostringstream os;
+    os << key;
+    return os.str();
+  } else {
+    return "<key>";
+  }
+}
 
 }  // namespace replay

@@ -25,6 +25,7 @@
 #include "replay/decode/executor.hpp"
 #include "replay/decode/handle.hpp"
 #include "replay/decode/options.hpp"
+#include "replay/decode/policy.hpp"
 #include "replay/decode/request.hpp"
 #include "replay/decode/stats.hpp"
 #include "replay/decode/status.hpp"
@@ -209,13 +210,25 @@ class DecodeCore {
   void end_cancelled_running();
   void end_waiting(::std::vector<DecodeSequence>& ended, DecodeStatus status, ::std::string_view message) noexcept;
   void end_running(DecodeStatus status, ::std::string_view message) noexcept;
+  void settle(::std::size_t slot, bool hit_eos);
+  void end_slot(::std::size_t slot, DecodeStatus status, ::std::string_view message) noexcept;
+  void abandon(::std::string_view message) noexcept;
+
+  // The executor calls (launches.hpp).
+  struct DecodeCall {  // what call_decode_rows() did
+    DecodeLaunchShape shape;
+    bool failed = false;
+    ::std::string error;
+    ::std::size_t produced = 0;  // tokens taken into the sequences
+    ::std::size_t steps = 0;     // the most tokens a row reported
+  };
   void prefill();
   void launch();
   void mixed_launch();
   void stage_decode_rows(::std::size_t max_steps);
-  void settle(::std::size_t slot, bool hit_eos);
-  void end_slot(::std::size_t slot, DecodeStatus status, ::std::string_view message) noexcept;
-  void abandon(::std::string_view message) noexcept;
+  template <class Call>
+  DecodeCall call_decode_rows(bool mixed, Call&& call);
+  void settle_decode_rows();
 
   Executor executor_;
   const DecodeOptions options_;
@@ -248,5 +261,6 @@ class DecodeCore {
 
 }  // namespace replay::detail
 
-// The worker half: gather, admit, prefill, launch, retire.
+// The worker half: gather, admit, retire; and its executor calls: prefill, launch.
 #include "replay/decode/detail/worker.hpp"
+#include "replay/decode/detail/launches.hpp"

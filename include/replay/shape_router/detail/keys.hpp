@@ -1,13 +1,12 @@
 #pragma once
 // ShapeRouter internals over its keys: the map type per key, extent limits,
-// element counts, and key and stream formatting for messages.
+// element counts, and stream formatting for messages.
 #include <replay/detail/require_cxx20.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <map>
-#include <ostream>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -56,34 +55,9 @@ template <class Key>
     return 1;
   }
 }
-template <class T>
-concept ostreamable = requires(::std::ostream& os, const T& value) { os << value; };
-
-// "8", "(8, 128)", or what operator<< prints; "<key>" for anything else.
-template <class Key>
-::std::string describe_key(const Key& key) {
-  if constexpr (ShapeKey<Key>) {
-    if constexpr (shape_traits<Key>::rank == 1) {
-      return ::std::to_string(shape_traits<Key>::extent(key, 0));
-    } else {
-      ::std::string out = "(";
-      for (::std::size_t d = 0; d < shape_traits<Key>::rank; ++d) {
-        if (d != 0) {
-          out += ", ";
-        }
-        out += ::std::to_string(shape_traits<Key>::extent(key, d));
-      }
-      out += ')';
-      return out;
-    }
-  } else if constexpr (ostreamable<Key>) {
-    ::std::ostringstream os;
-    os << key;
-    return os.str();
-  } else {
-    return "<key>";
-  }
-}
+// The key text is public (replay::describe_key, shape_router/keys.hpp); the
+// router's messages name it as detail::describe_key.
+using ::replay::describe_key;
 
 // "stream 0x7f3a5c001230" for a stream handle (a pointer, or a type whose
 // get() returns one, as StreamRef's does), or what operator<< prints.

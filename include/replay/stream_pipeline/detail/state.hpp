@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "replay/detail/message.hpp"
+#include "replay/stream_pipeline/detail/item_check.hpp"
 #include "replay/stream_pipeline/detail/slot_refill.hpp"
 #include "replay/stream_pipeline/detail/slot_ring.hpp"
 #include "replay/stream_pipeline/detail/ticket_state.hpp"
@@ -319,37 +320,10 @@ struct PipelineState {
     }
   }
 
+  // What a slot can take (stream_pipeline/detail/item_check.hpp).
   void check_item(::std::size_t n, const ::std::optional<::std::size_t>& destination_size,
                   const ::std::source_location& where) const {
-    const ::std::size_t capacity = runner.input_capacity();
-    if (n > capacity) {
-      throw usage_error(detail::concat("StreamPipeline: the item holds ", detail::elements(n),
-                                       " but a slot holds at most ", detail::elements(capacity),
-                                       " (PipelineOptions::input_capacity); split the item or raise the capacity"),
-                        where);
-    }
-    if (const auto required = runner.required_input_count(); required && n != *required) {
-      throw usage_error(detail::concat("StreamPipeline: the item holds ", detail::elements(n),
-                                       " but the slot graphs were captured for exactly ", detail::elements(*required),
-                                       " (PipelineFlags::graph_compute / graph_slot); pad the item to that size or "
-                                       "use the default (eager) mode for variable sizes"),
-                        where);
-    }
-    if (const auto planned = runner.planned_output_count(n)) {
-      if (*planned > runner.output_capacity()) {
-        throw usage_error(
-            detail::concat("StreamPipeline: an item of ", detail::elements(n), " produces ", detail::elements(*planned),
-                           " but a slot's output holds at most ", detail::elements(runner.output_capacity()),
-                           " (PipelineOptions::output_capacity / output_count)"),
-            where);
-      }
-      if (destination_size && *destination_size < *planned) {
-        throw usage_error(
-            detail::concat("StreamPipeline: the destination holds ", detail::elements(*destination_size),
-                           " but the item produces ", detail::elements(*planned)),
-            where);
-      }
-    }
+    check_pipeline_item(runner, n, destination_size, where);
   }
 
   // The completion thread (in stream_pipeline/detail/delivery.hpp): delivers the

@@ -10,7 +10,7 @@
 #include "replay/detail/capture_state.hpp"
 #include "replay/detail/deferred_free.hpp"
 #include "replay/error.hpp"
-#include "replay/graph/node.hpp"
+#include "replay/graph_builder/node.hpp"
 #include "replay/stream_ref.hpp"
 
 namespace replay::detail {

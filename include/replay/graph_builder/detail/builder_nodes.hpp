@@ -3,7 +3,7 @@
 // GraphBuilder's node-adding members that take more than one CUDA call:
 // add_host (the graph owns the callable through a user object), add_child
 // (refuses node types a child graph cannot hold) and add_mem_alloc (the
-// allocation's pool on the current device); included by graph/builder.hpp.
+// allocation's pool on the current device); included by graph_builder/builder.hpp.
 #include <cuda_runtime_api.h>
 
 #include <concepts>
@@ -13,14 +13,14 @@
 #include <type_traits>
 #include <utility>
 
-#include "replay/graph/detail/nodes.hpp"
+#include "replay/graph_builder/detail/nodes.hpp"
 #include "replay/error.hpp"
 #include "replay/graph.hpp"
-#include "replay/graph/builder.hpp"
-#include "replay/graph/child_graph_node.hpp"
-#include "replay/graph/host_node.hpp"
-#include "replay/graph/memory_nodes.hpp"
-#include "replay/graph/node.hpp"
+#include "replay/graph_builder/builder.hpp"
+#include "replay/graph_builder/child_graph_node.hpp"
+#include "replay/graph_builder/host_node.hpp"
+#include "replay/graph_builder/memory_nodes.hpp"
+#include "replay/graph_builder/node.hpp"
 
 namespace replay {
 
@@ -51,7 +51,7 @@ HostNode GraphBuilder::add_host(F&& fn, const Deps& deps, ::std::source_location
 
 inline ChildGraphNode GraphBuilder::add_child(GraphRef child, const Deps& deps, ::std::source_location where) {
   prepare(NodeType::child_graph, deps, "add_child", where);
-  const auto nodes = detail::graph_nodes(child.handle(where), where);
+  const auto nodes = child.nodes(where);
   if (::cudaGraphNode_t bad = detail::find_node(
           nodes,
           [](NodeType t) {

@@ -21,7 +21,7 @@
 #include <utility>
 
 #include "replay/error.hpp"
-#include "replay/graph/node.hpp"
+#include "replay/graph_builder/node.hpp"
 
 namespace replay {
 

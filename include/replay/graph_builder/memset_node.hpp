@@ -14,7 +14,7 @@
 #include <type_traits>
 
 #include "replay/error.hpp"
-#include "replay/graph/node.hpp"
+#include "replay/graph_builder/node.hpp"
 #include "replay/graph_exec.hpp"
 
 namespace replay {

@@ -1,16 +1,16 @@
 #pragma once
 #include <replay/detail/require_cxx20.hpp>
 // ConditionalNode (a conditional node and its bodies) and GraphBuilder's
-// add_if, add_while, add_if_else, add_switch; included by graph/builder.hpp.
+// add_if, add_while, add_if_else, add_switch; included by graph_builder/builder.hpp.
 #include <cuda_runtime_api.h>
 
 #include <source_location>
 #include <string>
 
 #include "replay/error.hpp"
-#include "replay/graph/builder.hpp"
-#include "replay/graph/conditional.hpp"
-#include "replay/graph/node.hpp"
+#include "replay/graph_builder/builder.hpp"
+#include "replay/graph_builder/conditional.hpp"
+#include "replay/graph_builder/node.hpp"
 
 namespace replay {
 

@@ -6,9 +6,9 @@
 // instantiation for updates on the executable graph. Capture mixes in two
 // ways: a captured Graph as a child node (add_child), or capture straight
 // into this graph or body (capture(), cudaStreamBeginCaptureToGraph; in
-// graph/detail/capture.hpp). add_host, add_child and add_mem_alloc are defined
-// in graph/detail/builder_nodes.hpp; ConditionalNode is in
-// graph/conditional_node.hpp.
+// graph_builder/detail/capture.hpp). add_host, add_child and add_mem_alloc are defined
+// in graph_builder/detail/builder_nodes.hpp; ConditionalNode is in
+// graph_builder/conditional_node.hpp.
 //
 //   replay::Graph graph = replay::make_graph();
 //   replay::GraphBuilder b(graph);
@@ -34,20 +34,20 @@
 
 #include "replay/capture_scope.hpp"
 #include "replay/detail/capture_state.hpp"
-#include "replay/graph/detail/nodes.hpp"
+#include "replay/graph_builder/detail/nodes.hpp"
 #include "replay/detail/signature_checks.hpp"
 #include "replay/error.hpp"
 #include "replay/event.hpp"
 #include "replay/graph.hpp"
-#include "replay/graph/child_graph_node.hpp"
-#include "replay/graph/conditional.hpp"
-#include "replay/graph/event_nodes.hpp"
-#include "replay/graph/host_node.hpp"
-#include "replay/graph/kernel_node.hpp"
-#include "replay/graph/memcpy_node.hpp"
-#include "replay/graph/memory_nodes.hpp"
-#include "replay/graph/memset_node.hpp"
-#include "replay/graph/node.hpp"
+#include "replay/graph_builder/child_graph_node.hpp"
+#include "replay/graph_builder/conditional.hpp"
+#include "replay/graph_builder/event_nodes.hpp"
+#include "replay/graph_builder/host_node.hpp"
+#include "replay/graph_builder/kernel_node.hpp"
+#include "replay/graph_builder/memcpy_node.hpp"
+#include "replay/graph_builder/memory_nodes.hpp"
+#include "replay/graph_builder/memset_node.hpp"
+#include "replay/graph_builder/node.hpp"
 #include "replay/stream_ref.hpp"
 
 namespace replay {
@@ -76,27 +76,20 @@ class GraphBuilder {
   // kernel, empty, memcpy, memset, child graph and conditional nodes.
   bool is_conditional_body() const noexcept { return body_; }
 
-  // ---- inspection (what Graph offers, for bodies too) ----
+  // ---- inspection (GraphRef's, for bodies too) ----
   ::std::size_t node_count(::std::source_location where = ::std::source_location::current()) const {
-    return detail::graph_nodes(handle(where), where).size();
+    return view(where).node_count(where);
   }
   ::std::map<NodeType, ::std::size_t> node_counts(
       ::std::source_location where = ::std::source_location::current()) const {
-    ::std::map<NodeType, ::std::size_t> counts;
-    for (::cudaGraphNode_t node : detail::graph_nodes(handle(where), where)) {
-      ++counts[detail::node_type(node, where)];
-    }
-    return counts;
+    return view(where).node_counts(where);
   }
   ::std::size_t count(NodeType type, ::std::source_location where = ::std::source_location::current()) const {
-    const auto counts = node_counts(where);
-    const auto it = counts.find(type);
-    return it == counts.end() ? 0 : it->second;
+    return view(where).count(type, where);
   }
   void write_dot(const ::std::filesystem::path& path, DotFlags flags = DotFlags::verbose,
                  ::std::source_location where = ::std::source_location::current()) const {
-    check(::cudaGraphDebugDotPrint(handle(where), path.string().c_str(), to_underlying(flags)),
-          "cudaGraphDebugDotPrint", where);
+    view(where).write_dot(path, flags, where);
   }
 
   // ---- nodes ----
@@ -297,6 +290,8 @@ class GraphBuilder {
     }
     return graph_;
   }
+  // The graph as a GraphRef, whose inspection this builder's is.
+  GraphRef view(const ::std::source_location& where) const { return GraphRef(handle(where)); }
 
   void prepare(NodeType type, const Deps& deps, const char* adding, const ::std::source_location& where) const {
     (void)handle(where);
@@ -319,7 +314,7 @@ class GraphBuilder {
 
   ::std::vector<::cudaGraphNode_t> new_nodes(const ::std::vector<::cudaGraphNode_t>& before,
                                              const ::std::source_location& where) const {
-    auto after = detail::graph_nodes(graph_, where);
+    auto after = GraphRef(graph_).nodes(where);
     auto old = before;
     ::std::sort(old.begin(), old.end());
     ::std::erase_if(after, [&](::cudaGraphNode_t n) { return ::std::binary_search(old.begin(), old.end(), n); });
@@ -348,6 +343,6 @@ class GraphBuilder {
 
 // The out-of-line parts: the nodes that take more than one CUDA call, capture
 // into the graph, conditional nodes.
-#include "replay/graph/detail/builder_nodes.hpp"
-#include "replay/graph/detail/capture.hpp"
-#include "replay/graph/conditional_node.hpp"
+#include "replay/graph_builder/detail/builder_nodes.hpp"
+#include "replay/graph_builder/detail/capture.hpp"
+#include "replay/graph_builder/conditional_node.hpp"

@@ -10,7 +10,7 @@
 
 #include "replay/error.hpp"
 #include "replay/graph.hpp"
-#include "replay/graph/node.hpp"
+#include "replay/graph_builder/node.hpp"
 #include "replay/graph_exec.hpp"
 
 namespace replay {

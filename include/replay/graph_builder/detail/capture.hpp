@@ -1,7 +1,7 @@
 #pragma once
 #include <replay/detail/require_cxx20.hpp>
 // GraphBuilder::capture: capturing a stream's work straight into a graph or a
-// conditional body; included by graph/builder.hpp.
+// conditional body; included by graph_builder/builder.hpp.
 #include <cuda_runtime_api.h>
 
 #include <concepts>
@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "replay/capture_scope.hpp"
-#include "replay/graph/detail/borrowed_capture.hpp"
+#include "replay/graph_builder/detail/borrowed_capture.hpp"
 #include "replay/detail/capture_state.hpp"
-#include "replay/graph/detail/nodes.hpp"
+#include "replay/graph_builder/detail/nodes.hpp"
 #include "replay/error.hpp"
 #include "replay/detail/signature_checks.hpp"
-#include "replay/graph/builder.hpp"
-#include "replay/graph/node.hpp"
+#include "replay/graph_builder/builder.hpp"
+#include "replay/graph_builder/node.hpp"
 #include "replay/stream_ref.hpp"
 
 namespace replay {
@@ -27,7 +27,7 @@ template <class Work>
                                           ::std::source_location where) {
   detail::check_capture_work<Work>();
   deps.validate("capture", where);
-  const auto before = detail::graph_nodes(handle(where), where);
+  const auto before = GraphRef(handle(where)).nodes(where);
   {
     detail::BorrowedCapture scope(stream.get(), graph_, deps, mode, where);
     try {

@@ -11,7 +11,7 @@
 
 #include <cstddef>
 
-#include "replay/graph/node.hpp"
+#include "replay/graph_builder/node.hpp"
 
 namespace replay {
 
