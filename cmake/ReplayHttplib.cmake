@@ -84,8 +84,12 @@ function(replay_find_httplib_current)
     return()
   endif()
   set_property(GLOBAL PROPERTY REPLAY_HTTPLIB_CURRENT_CHECKED TRUE)
-  set(REPLAY_HTTPLIB_CURRENT_INCLUDE_DIR "$ENV{REPLAY_HTTPLIB_CURRENT_INCLUDE_DIR}" CACHE PATH
+  set(REPLAY_HTTPLIB_CURRENT_INCLUDE_DIR "" CACHE PATH
       "Directory holding a current release's header-only httplib.h: the server is built against it too")
+  if(NOT REPLAY_HTTPLIB_CURRENT_INCLUDE_DIR AND DEFINED ENV{REPLAY_HTTPLIB_CURRENT_INCLUDE_DIR})
+    # (scripts/setup-deps.sh exports it once it has fetched the header, maybe after a first configure)
+    set_property(CACHE REPLAY_HTTPLIB_CURRENT_INCLUDE_DIR PROPERTY VALUE "$ENV{REPLAY_HTTPLIB_CURRENT_INCLUDE_DIR}")
+  endif()
   set(dir ${REPLAY_HTTPLIB_CURRENT_INCLUDE_DIR})
   if(NOT dir)
     message(STATUS "replay: no second cpp-httplib given: inference_server_httplib_current is skipped "
