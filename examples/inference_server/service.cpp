@@ -558,7 +558,7 @@ std::string InferenceService::prometheus() const {
   m += "# HELP replay_batch_failures_in_a_row Batches that failed since the last one that succeeded.\n"
        "# TYPE replay_batch_failures_in_a_row gauge\nreplay_batch_failures_in_a_row " +
        std::to_string(health_.failures_in_a_row()) + "\n";
-  m += "# HELP replay_request_latency_seconds Time to answer /v1/infer, in the server, from its first byte.\n"
+  m += "# HELP replay_request_latency_seconds Time to answer /v1/infer, in the server, from the arrival of its head.\n"
        "# TYPE replay_request_latency_seconds histogram\n";
   std::uint64_t cumulative = 0;
   for (std::size_t b = 0; b < Metrics::bounds_us.size(); ++b) {
