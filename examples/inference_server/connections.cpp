@@ -116,7 +116,7 @@ bool ConnectionServer::serve() {
     // Once stopped, httplib writes no content provider's body (closing
     // answers use one): stop between requests.
     lock.lock();
-    stopper_wake_.wait(lock, [this] { return serve_returned_ || requests_in_progress_ == 0; });
+    stopper_wake_.wait(lock, [this] { return serve_returned_ || requests_in_progress_.load() == 0; });
     lock.unlock();
     stop_listening();
   });
@@ -149,9 +149,9 @@ bool ConnectionServer::wait_until_served() {
     if (serve_returned_) {
       return true;
     }
-    if (stop_called_ && pending_.empty() && requests_in_progress_ == 0) {
+    if (stop_called_ && pending_.empty() && requests_in_progress_.load() == 0) {
       if (!stopper_wake_.wait_for(lock, idle_close_grace,
-                                  [this] { return serve_returned_ || requests_in_progress_ != 0; })) {
+                                  [this] { return serve_returned_ || requests_in_progress_.load() != 0; })) {
         return false;  // only connections without a request remain, which this httplib does not close
       }
       continue;
@@ -290,8 +290,7 @@ void ConnectionServer::front_desk() {
 void ConnectionServer::begin_exchange() {
   if (!this_thread.in_request) {
     this_thread.in_request = true;
-    std::lock_guard lock(mutex_);
-    ++requests_in_progress_;
+    requests_in_progress_.fetch_add(1, std::memory_order_relaxed);
   }
   Exchange& e = this_thread.exchange;
   e.received = Clock::now();
@@ -308,11 +307,10 @@ void ConnectionServer::end_request() {
     return;  // (httplib's own answer to a head it could not read, before any hook)
   }
   this_thread.in_request = false;
-  {
-    std::lock_guard lock(mutex_);
-    --requests_in_progress_;
+  if (requests_in_progress_.fetch_sub(1, std::memory_order_acq_rel) == 1 && draining()) {
+    { std::lock_guard lock(mutex_); }  // (the drain's waits check under mutex_: none misses this)
+    stopper_wake_.notify_all();
   }
-  stopper_wake_.notify_all();
 }
 
 bool ConnectionServer::is_health(const httplib::Request& req) const {

@@ -164,7 +164,7 @@ class ConnectionServer {
 
   std::atomic<Clock::rep> drain_began_ns_{0};  // Clock's time since its epoch
   std::atomic<bool> draining_{false};
-  std::size_t requests_in_progress_ = 0;  // heads read, answers not yet written
+  std::atomic<std::size_t> requests_in_progress_{0};  // heads read, answers not yet written
   bool serve_returned_ = false;  // (under mutex_)
   std::atomic<bool> stopped_{false};     // httplib's stop() was called
   bool stop_called_ = false;     // (under mutex_)
