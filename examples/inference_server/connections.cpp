@@ -12,10 +12,11 @@
 namespace inference_server {
 namespace {
 
-// Front-desk threads at most (started as needed), and connections waiting
-// for them; beyond, a connection is refused.
+// Threads beyond --threads and --max-pending-connections, for health checks
+// and refusals while every slot is held (see connections.hpp); and accepted
+// connections waiting for a thread, beyond which a connection is refused.
 constexpr std::size_t front_desk_threads = 16;
-constexpr std::size_t front_desk_capacity = 4096;
+constexpr std::size_t queue_capacity = 4096;
 // Once no admitted connection waits for a worker any more, how long the
 // drain still leaves the acceptor open: the connections just handed to a
 // worker reach httplib's loop first (before 0.18.1 a connection whose loop
@@ -33,9 +34,10 @@ constexpr bool queue_may_refuse = std::is_same_v<EnqueueResult, bool>;
 static_assert(queue_may_refuse || std::is_void_v<EnqueueResult>, "httplib::TaskQueue::enqueue returns void or bool");
 
 struct ThreadState {
-  bool front_desk = false;  // this thread is a front-desk thread
   bool in_connection = false;
-  bool in_request = false;  // from the request's head until its answer is written
+  bool accepted_draining = false;  // this connection was accepted during the drain
+  bool holds_slot = false;         // this connection holds one of the --threads slots
+  bool in_request = false;         // from the request's head until its answer is written
   Exchange exchange;
 };
 thread_local ThreadState this_thread;
@@ -65,15 +67,8 @@ class ConnectionServer::AdmissionQueue final : public httplib::TaskQueue {
   ConnectionServer& server_;
 };
 
-ConnectionServer::ConnectionServer(ConnectionLimits limits) : limits_(limits) {
-  http_.new_task_queue = [this] {
-    std::lock_guard lock(mutex_);
-    idle_workers_ = limits_.threads;  // idle from the start, though not yet waiting
-    for (std::size_t i = 0; i < limits_.threads; ++i) {
-      workers_.emplace_back([this] { work(); });
-    }
-    return new AdmissionQueue(*this);
-  };
+ConnectionServer::ConnectionServer(ConnectionLimits limits) : limits_(limits), slots_free_(limits.threads) {
+  http_.new_task_queue = [this] { return new AdmissionQueue(*this); };
   http_.set_tcp_nodelay(true);  // small answers: no Nagle delay (40 ms with delayed ACKs)
   const auto [read_s, read_us] = seconds_and_microseconds(limits_.read_timeout);
   http_.set_read_timeout(read_s, read_us);
@@ -107,7 +102,7 @@ bool ConnectionServer::serve() {
   // more, the acceptor stops.
   std::thread stopper([this] {
     std::unique_lock lock(mutex_);
-    stopper_wake_.wait(lock, [this] { return serve_returned_ || (draining() && pending_.empty()); });
+    stopper_wake_.wait(lock, [this] { return serve_returned_ || (draining() && queued_.empty()); });
     if (serve_returned_) {
       return;
     }
@@ -149,7 +144,7 @@ bool ConnectionServer::wait_until_served() {
     if (serve_returned_) {
       return true;
     }
-    if (stop_called_ && pending_.empty() && requests_in_progress_.load() == 0) {
+    if (stop_called_ && queued_.empty() && requests_in_progress_.load() == 0) {
       if (!stopper_wake_.wait_for(lock, idle_close_grace,
                                   [this] { return serve_returned_ || requests_in_progress_.load() != 0; })) {
         return false;  // only connections without a request remain, which this httplib does not close
@@ -183,14 +178,9 @@ void ConnectionServer::finish() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
-    threads.swap(workers_);
-    for (std::thread& t : front_desk_threads_) {
-      threads.push_back(std::move(t));
-    }
-    front_desk_threads_.clear();
+    threads.swap(threads_);
   }
-  work_ready_.notify_all();
-  front_desk_ready_.notify_all();
+  task_ready_.notify_all();
   for (std::thread& t : threads) {
     t.join();  // each serves what is waiting for it before it stops
   }
@@ -202,21 +192,16 @@ bool ConnectionServer::admit(Task& task) {
   counters_.accepted.fetch_add(1, std::memory_order_relaxed);
   try {
     std::unique_lock lock(mutex_);
-    if (!draining() && (idle_workers_ > pending_.size() || pending_.size() < limits_.max_pending)) {
-      pending_.push_back(std::move(task));
-      line_waiting_.store(pending_.size() > idle_workers_, std::memory_order_relaxed);
-      lock.unlock();
-      work_ready_.notify_one();
-      return true;
-    }
-    // Beyond capacity, or draining: the front desk (health checks, else 503).
-    if (front_desk_in_.size() < front_desk_capacity || !queue_may_refuse) {
-      front_desk_in_.push_back(std::move(task));
-      if (idle_front_desk_ < front_desk_in_.size() && front_desk_threads_.size() < front_desk_threads) {
-        front_desk_threads_.emplace_back([this] { front_desk(); });
+    if (queued_.size() < queue_capacity || !queue_may_refuse) {
+      queued_.push_back([task = std::move(task), during_drain = draining()] {
+        this_thread.accepted_draining = during_drain;
+        task();  // httplib serves the connection, its keep-alive requests included, and closes it
+      });
+      if (idle_threads_ < queued_.size() && threads_.size() < limits_.threads + limits_.max_pending + front_desk_threads) {
+        threads_.emplace_back([this] { run(); });
       }
       lock.unlock();
-      front_desk_ready_.notify_one();
+      task_ready_.notify_one();
       return true;
     }
   } catch (...) {
@@ -234,68 +219,75 @@ std::string ConnectionServer::refusal_message() const {
          std::to_string(limits_.max_pending) + " waiting; --threads, --max-pending-connections); retry later";
 }
 
-void ConnectionServer::work() {
+void ConnectionServer::run() {
   for (;;) {
     Task task;
     {
       std::unique_lock lock(mutex_);
-      work_ready_.wait(lock, [this] { return !pending_.empty() || stopping_; });
-      if (pending_.empty()) {
+      ++idle_threads_;
+      task_ready_.wait(lock, [this] { return !queued_.empty() || stopping_; });
+      --idle_threads_;
+      if (queued_.empty()) {
         return;  // stopping, and nothing is left to serve
       }
-      task = std::move(pending_.front());
-      pending_.pop_front();
-      --idle_workers_;
-      line_waiting_.store(pending_.size() > idle_workers_, std::memory_order_relaxed);
+      task = std::move(queued_.front());
+      queued_.pop_front();
     }
-    stopper_wake_.notify_all();  // (the drain waits for pending_ to empty)
-    this_thread.in_connection = true;
-    task();  // httplib serves the connection, its keep-alive requests included, and closes it
-    this_thread.in_connection = false;
-    end_request();  // (one whose answer was never written)
-    std::lock_guard lock(mutex_);
-    ++idle_workers_;
-    line_waiting_.store(pending_.size() > idle_workers_, std::memory_order_relaxed);
-  }
-}
-
-void ConnectionServer::front_desk() {
-  this_thread.front_desk = true;
-  for (;;) {
-    Task task;
-    {
-      std::unique_lock lock(mutex_);
-      ++idle_front_desk_;
-      front_desk_ready_.wait(lock, [this] { return !front_desk_in_.empty() || stopping_; });
-      --idle_front_desk_;
-      if (front_desk_in_.empty()) {
-        return;
-      }
-      task = std::move(front_desk_in_.front());
-      front_desk_in_.pop_front();
-    }
+    stopper_wake_.notify_all();  // (the drain waits for queued_ to empty)
     this_thread.in_connection = true;
     task();
     this_thread.in_connection = false;
-    end_request();
+    end_request();  // (one whose answer was never written)
+    if (this_thread.holds_slot) {
+      this_thread.holds_slot = false;
+      {
+        std::lock_guard lock(mutex_);
+        ++slots_free_;
+      }
+      slot_freed_.notify_one();
+    }
   }
+}
+
+// A slot for this thread's connection, if one is free; with `wait`, else a
+// place among those waiting for one, if there is room (then it waits).
+// False: at capacity.
+bool ConnectionServer::take_slot(bool wait) {
+  std::unique_lock lock(mutex_);
+  if (slots_free_ == 0) {
+    if (!wait || waiting_ >= limits_.max_pending) {
+      return false;
+    }
+    ++waiting_;
+    line_waiting_.store(true, std::memory_order_relaxed);
+    slot_freed_.wait(lock, [this] { return slots_free_ > 0; });
+    --waiting_;
+    line_waiting_.store(waiting_ > 0, std::memory_order_relaxed);
+  }
+  --slots_free_;
+  this_thread.holds_slot = true;
+  return true;
 }
 
 // ---- httplib's hooks -----------------------------------------------------------
 
-// A request's head is there: its body must follow within the read timeout;
-// during the drain, also within the read timeout of the drain's start, so
-// that connections served late (they waited for a worker) do not make the
-// drain last longer.
+// A request's head is there.
 void ConnectionServer::begin_exchange() {
   if (!this_thread.in_request) {
     this_thread.in_request = true;
     requests_in_progress_.fetch_add(1, std::memory_order_relaxed);
   }
+  this_thread.exchange.received = Clock::now();
+  start_body_clock();
+}
+
+// Its body must follow within the read timeout, from now (its head's
+// arrival, or when it got a slot); during the drain, also within the read
+// timeout of the drain's start, so that connections served late (they
+// waited for a slot) do not make the drain last longer.
+void ConnectionServer::start_body_clock() {
   Exchange& e = this_thread.exchange;
-  e.received = Clock::now();
-  e.beyond_capacity = this_thread.front_desk;
-  e.deadline = e.received + limits_.read_timeout;
+  e.deadline = Clock::now() + limits_.read_timeout;
   if (draining()) {
     const Clock::time_point began{Clock::duration(drain_began_ns_.load(std::memory_order_relaxed))};
     e.deadline = std::min(e.deadline, began + limits_.read_timeout);
@@ -320,27 +312,33 @@ bool ConnectionServer::is_health(const httplib::Request& req) const {
 
 ConnectionServer::HandlerResponse ConnectionServer::pre_route(const httplib::Request& req, httplib::Response& res) {
   begin_exchange();
-  if (this_thread.front_desk) {
-    if (is_health(req)) {
-      counters_.health_at_capacity.fetch_add(1, std::memory_order_relaxed);
-      return HandlerResponse::Unhandled;
+  if (!this_thread.holds_slot) {
+    const bool health = is_health(req);
+    // A health check takes a free slot, else is answered without one; any
+    // other request waits for one if there is room, else is refused.
+    if (this_thread.accepted_draining || !take_slot(!health)) {
+      if (health) {
+        counters_.health_at_capacity.fetch_add(1, std::memory_order_relaxed);
+        return HandlerResponse::Unhandled;
+      }
+      counters_.refused.fetch_add(1, std::memory_order_relaxed);
+      res.status = 503;
+      res.set_header("Retry-After", "1");
+      res.set_header("Connection", "close");
+      res.set_content(json_error("unavailable", refusal_message()), "application/json");
+      return HandlerResponse::Handled;
     }
-    counters_.refused.fetch_add(1, std::memory_order_relaxed);
-    res.status = 503;
-    res.set_header("Retry-After", "1");
-    res.set_header("Connection", "close");
-    res.set_content(json_error("unavailable", refusal_message()), "application/json");
-    return HandlerResponse::Handled;
+    start_body_clock();  // (it may have waited for the slot)
   }
   return gate_ != nullptr ? gate_(req, res) : HandlerResponse::Unhandled;
 }
 
-// Every answer, just before it is written: during the drain, at the front
-// desk, and while connections wait for a worker, it ends its connection (so
-// that busy kept-alive clients take their turn rather than hold the
-// workers), and says so; and the observer counts it.
+// Every answer, just before it is written: during the drain, without a
+// slot, and while connections wait for one, it ends its connection (so that
+// busy kept-alive clients take their turn rather than hold the slots), and
+// says so; and the observer counts it.
 void ConnectionServer::post_route(const httplib::Request& req, httplib::Response& res) {
-  const bool close = draining() || this_thread.front_desk || line_waiting_.load(std::memory_order_relaxed) ||
+  const bool close = draining() || !this_thread.holds_slot || line_waiting_.load(std::memory_order_relaxed) ||
                      res.get_header_value("Connection") == "close";
   if (close) {
     res.headers.erase("Connection");

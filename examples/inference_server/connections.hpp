@@ -6,31 +6,36 @@
 // release from Debian 12's 0.11 to the current one.
 //
 // Admission. httplib's acceptor hands each accepted connection to our task
-// queue, which never blocks it: the connection goes to an idle worker
-// (--threads of them), else it waits for one among at most
-// --max-pending-connections, and beyond that it goes to a front desk, a few
-// threads that read its request head and answer GET /healthz and /readyz
-// (so they answer while every worker is held, e.g. by slow clients) and
-// anything else 503 at once (with Retry-After and Connection: close). No
-// queue grows without bound: beyond the front desk's own bound a connection
-// is closed unanswered (httplib >= 0.15 lets a task queue refuse; before,
-// it waits for the front desk).
+// queue, which never blocks it: a pool of threads serves the connections
+// (up to --threads + --max-pending-connections + 16 of them). A connection
+// is served once its request's head is read and it holds one of --threads
+// slots, for as long as it stays open; a request that finds no free slot
+// waits for one among at most --max-pending-connections, and beyond that is
+// answered 503 at once (with Retry-After and Connection: close). GET
+// /healthz and /readyz take a free slot, else are answered without one, so
+// they answer while every slot is held (e.g. by slow clients). While
+// requests wait for a slot, every answer ends its connection, so the
+// waiting are served in turn. No queue grows without bound: beyond 4096
+// connections waiting for a thread, one is closed unanswered (httplib >=
+// 0.15 lets a task queue refuse; before, it waits).
 //
 // Deadlines. httplib bounds each wait for bytes (the read timeout) and each
 // wait to send (the write timeout). On top of that, a request's body must
-// arrive within the read timeout of its head (the body reader checks it;
-// else 408). A head sent a byte at a time is bounded only per byte:
-// httplib's public API gives no deadline for the whole head.
+// arrive within the read timeout of its head, or of the moment it got its
+// slot (the body reader checks it; else 408). A head sent a byte at a time
+// is bounded only per byte: httplib's public API gives no deadline for the
+// whole head (it holds a thread, not a slot).
 //
-// Drain (drain(): SIGTERM). New connections go to the front desk (503, with
-// Connection: close; health checks answered). Every answer says
-// Connection: close. Connections already admitted are served, those waiting
-// for a worker included; once none waits and no request is in progress,
-// httplib's stop() is called once: the listening socket closes, and idle
-// kept-alive connections close at once (before 0.18.1 httplib does not close
-// them: it waits for their keep-alive timeout, so wait_until_served() says
-// when only they remain, and the process ends with them). A body still on its way must
-// arrive within the read timeout of the drain's start.
+// Drain (drain(): SIGTERM). Connections accepted from then on are answered
+// 503 (health checks answered); every answer says Connection: close.
+// Connections accepted before are served, requests waiting for a slot
+// included; once no connection waits for a thread and no request is in
+// progress, httplib's stop() is called once: the listening socket closes,
+// and idle kept-alive connections close at once (before 0.18.1 httplib
+// does not close them: it waits for their keep-alive timeout, so
+// wait_until_served() says when only they remain, and the process ends
+// with them). A body still on its way must arrive within the read timeout
+// of the drain's start.
 #include <httplib.h>
 
 #include <atomic>
@@ -48,8 +53,8 @@
 namespace inference_server {
 
 struct ConnectionLimits {
-  std::size_t threads = 160;      // workers: connections served at once
-  std::size_t max_pending = 160;  // accepted connections waiting for a worker
+  std::size_t threads = 160;      // slots: connections served at once
+  std::size_t max_pending = 160;  // requests waiting for a slot
   std::chrono::milliseconds read_timeout{10'000};   // each wait for bytes; a whole body after its head
   std::chrono::milliseconds write_timeout{10'000};  // each wait to send
   std::chrono::milliseconds keep_alive_timeout{2'000};
@@ -59,7 +64,7 @@ struct ConnectionLimits {
 struct ConnectionCounters {
   std::atomic<std::uint64_t> accepted{0};
   std::atomic<std::uint64_t> refused{0};             // beyond capacity or draining: 503 (or closed unanswered)
-  std::atomic<std::uint64_t> health_at_capacity{0};  // health checks answered by the front desk
+  std::atomic<std::uint64_t> health_at_capacity{0};  // health checks answered without a slot
   std::atomic<std::uint64_t> read_timeouts{0};       // bodies not received within the read timeout (408)
   std::atomic<std::uint64_t> too_large{0};           // bodies that passed the limit while read (413)
 };
@@ -68,7 +73,6 @@ struct ConnectionCounters {
 struct Exchange {
   std::chrono::steady_clock::time_point received;  // when its head was there
   std::chrono::steady_clock::time_point deadline;  // its body must be there by then
-  bool beyond_capacity = false;                    // served by the front desk (health checks only)
 };
 
 // The exchange this thread serves (in a handler), else nullptr.
@@ -128,11 +132,12 @@ class ConnectionServer {
   using Task = std::function<void()>;  // httplib's: serves one connection, then closes it
 
   bool admit(Task& task);  // on the acceptor; false: refused (closed unanswered)
-  void work();
-  void front_desk();
+  void run();              // a pool thread: serves connections one after the other
+  bool take_slot(bool wait);
   void stop_listening();
   void finish();  // httplib's acceptor stopped: serve what was admitted, then stop the threads
   void begin_exchange();
+  void start_body_clock();
   void end_request();
   void end_connection_after(httplib::Response& res) const;
   HandlerResponse pre_route(const httplib::Request& req, httplib::Response& res);
@@ -150,18 +155,16 @@ class ConnectionServer {
   std::vector<std::string> health_paths_;
 
   std::mutex mutex_;
-  std::condition_variable work_ready_;
-  std::condition_variable front_desk_ready_;
+  std::condition_variable task_ready_;
+  std::condition_variable slot_freed_;
   std::condition_variable stopper_wake_;
-  std::deque<Task> pending_;     // waiting for a worker
-  std::deque<Task> front_desk_in_;  // waiting for the front desk
-  std::size_t idle_workers_ = 0;
-  std::size_t idle_front_desk_ = 0;
-  std::atomic<bool> line_waiting_{false};  // pending_.size() > idle_workers_
+  std::deque<Task> queued_;                // accepted, waiting for a thread
+  std::vector<std::thread> threads_;       // the pool, started as needed
+  std::size_t idle_threads_ = 0;
+  std::size_t slots_free_;                 // of --threads
+  std::size_t waiting_ = 0;                // requests waiting for a slot
+  std::atomic<bool> line_waiting_{false};  // waiting_ > 0
   bool stopping_ = false;                  // httplib's acceptor stopped: the threads end once idle
-  std::vector<std::thread> workers_;
-  std::vector<std::thread> front_desk_threads_;
-
   std::atomic<Clock::rep> drain_began_ns_{0};  // Clock's time since its epoch
   std::atomic<bool> draining_{false};
   std::atomic<std::size_t> requests_in_progress_{0};  // heads read, answers not yet written

@@ -22,7 +22,8 @@ registers one entry per group):
              timeout, SIGTERM still drains within its bound; a busy
              kept-alive client yields the only worker to a waiting connection
              (a head sent a byte at a time is not bounded as a whole: httplib's
-             public API has no deadline for it)
+             public API has no deadline for it; it holds its worker, but
+             neither /healthz nor the drain)
   shutdown   SIGTERM with more connections than threads: every request sent
              is answered, with Connection: close; idle kept-alive connections
              close at once (with httplib before 0.18.1 the process ends with them); a drain past --drain-timeout-ms exits 1; a second
@@ -660,6 +661,8 @@ def group_slow(binary):
         stop_dripping.set()
         for t in drips:
             t.join()
+        print("the slow clients' answers:", sorted(r[0] if isinstance(r, tuple) else repr(r) for r in answers.values()),
+              flush=True)
         timed_out = sum(1 for r in answers.values() if isinstance(r, tuple) and r[0] == 408)
         refused = sum(1 for r in answers.values() if isinstance(r, tuple) and r[0] == 503)
         check(timed_out >= 2 and timed_out + refused == 6,
@@ -668,6 +671,41 @@ def group_slow(binary):
         stop_dripping.set()
         server.kill()
 
+
+    # A head dripped a byte at a time holds its worker (no deadline for a whole head through httplib's
+    # public API), but neither health checks nor the drain: SIGTERM exits 0 at once, as no request of it
+    # has arrived.
+    server = Server(binary, "--threads", "1", "--max-pending-connections", "1")
+    port = server.port
+    stop_dripping = threading.Event()
+    try:
+        def drip_head():
+            try:
+                with connect(port, 30) as s:
+                    for byte in post_head(WIDTH * 4):
+                        if stop_dripping.wait(0.1) or answered(s):
+                            break
+                        s.sendall(bytes([byte]))
+            except OSError:
+                pass
+
+        dripper = threading.Thread(target=drip_head)
+        dripper.start()
+        time.sleep(0.5)
+        start = time.monotonic()
+        status, _, _ = request(port, "GET", "/healthz", timeout=5)
+        check(status == 200 and time.monotonic() - start < 1.0,
+              f"/healthz while a dripped head holds the only worker answers within a second ({status})")
+        start = time.monotonic()
+        server.signal()
+        code = server.wait(10)
+        took = time.monotonic() - start
+        check(code == 0 and took < 2.0, f"SIGTERM while a head drips: exit 0 at once ({code}, {took:.2f} s)")
+        stop_dripping.set()
+        dripper.join()
+    finally:
+        stop_dripping.set()
+        server.kill()
 
     # A busy kept-alive client does not keep the only worker from a connection waiting for it.
     server = Server(binary, "--threads", "1", "--max-pending-connections", "4", "--keep-alive-timeout-ms", "20000")
