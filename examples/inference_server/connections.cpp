@@ -17,9 +17,9 @@ namespace {
 // connections waiting for a thread, beyond which a connection is refused.
 constexpr std::size_t front_desk_threads = 16;
 constexpr std::size_t queue_capacity = 4096;
-// Once no admitted connection waits for a worker any more, how long the
+// Once no accepted connection waits for a thread any more, how long the
 // drain still leaves the acceptor open: the connections just handed to a
-// worker reach httplib's loop first (before 0.18.1 a connection whose loop
+// thread reach httplib's loop first (before 0.18.1 a connection whose loop
 // starts after stop() is closed unserved).
 constexpr auto stop_grace = std::chrono::milliseconds(50);
 // Once stopped, with every admitted connection served and no request in
@@ -98,7 +98,7 @@ int ConnectionServer::bind(const std::string& host, int port) {
 
 bool ConnectionServer::serve() {
   // The drain's last step, stop(), waits in a thread of its own (drain()
-  // returns at once): once no admitted connection waits for a worker any
+  // returns at once): once no accepted connection waits for a thread any
   // more, the acceptor stops.
   std::thread stopper([this] {
     std::unique_lock lock(mutex_);

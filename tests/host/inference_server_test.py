@@ -20,9 +20,9 @@ registers one entry per group):
              threads: /healthz answers within a second, a request beyond
              capacity gets 503 at once, the slow bodies get 408 at the read
              timeout, SIGTERM still drains within its bound; a busy
-             kept-alive client yields the only worker to a waiting connection
+             kept-alive client yields the only slot to a waiting connection
              (a head sent a byte at a time is not bounded as a whole: httplib's
-             public API has no deadline for it; it holds its worker, but
+             public API has no deadline for it; it holds a thread, but
              neither /healthz nor the drain)
   shutdown   SIGTERM with more connections than threads: every request sent
              is answered, with Connection: close; idle kept-alive connections
@@ -610,9 +610,9 @@ def group_slow(binary):
     stop_dripping = threading.Event()
 
     # Each sends its head whole and its body a byte every 100 ms: never a whole request within the read
-    # timeout. (A head sent a byte at a time is not checked: httplib's public API bounds each wait for
-    # bytes, not a whole head, so such a head holds its worker as long as it keeps coming; see
-    # docs/batching.md.)
+    # timeout. (Not a head sent a byte at a time: httplib's public API bounds each wait for bytes, not a
+    # whole head, so such a head holds a thread as long as it keeps coming; checked below for what it
+    # does not hold; see docs/batching.md.)
     def drip(i):
         try:
             with connect(port, 30) as s:
@@ -627,7 +627,7 @@ def group_slow(binary):
 
     try:
         started = time.monotonic()
-        for i in range(6):  # 2 held by the workers, 2 waiting for them, 2 beyond capacity
+        for i in range(6):  # 2 holding the slots, 2 waiting for them, 2 beyond capacity
             t = threading.Thread(target=drip, args=(i,))
             t.start()
             drips.append(t)
@@ -641,7 +641,7 @@ def group_slow(binary):
                 status, body = None, repr(e).encode()
             took = time.monotonic() - start
             check(status == 200 and took < 1.0,
-                  f"/healthz with every worker held by slow clients answers within a second ({status}, {took:.3f} s)")
+                  f"/healthz with every slot held by slow clients answers within a second ({status}, {took:.3f} s)")
         start = time.monotonic()
         status, _, body = request(port, "GET", "/readyz", timeout=5)
         check(status == 200 and time.monotonic() - start < 1.0, f"/readyz answers too ({status})")
@@ -672,9 +672,9 @@ def group_slow(binary):
         server.kill()
 
 
-    # A head dripped a byte at a time holds its worker (no deadline for a whole head through httplib's
-    # public API), but neither health checks nor the drain: SIGTERM exits 0 at once, as no request of it
-    # has arrived.
+    # A head dripped a byte at a time holds a thread (no deadline for a whole head through httplib's
+    # public API), but no slot, and holds up neither health checks nor the drain: SIGTERM exits 0 at
+    # once, as no request of it has arrived.
     server = Server(binary, "--threads", "1", "--max-pending-connections", "1")
     port = server.port
     stop_dripping = threading.Event()
@@ -695,7 +695,7 @@ def group_slow(binary):
         start = time.monotonic()
         status, _, _ = request(port, "GET", "/healthz", timeout=5)
         check(status == 200 and time.monotonic() - start < 1.0,
-              f"/healthz while a dripped head holds the only worker answers within a second ({status})")
+              f"/healthz while a head drips at --threads 1 answers within a second ({status})")
         start = time.monotonic()
         server.signal()
         code = server.wait(10)
@@ -707,7 +707,7 @@ def group_slow(binary):
         stop_dripping.set()
         server.kill()
 
-    # A busy kept-alive client does not keep the only worker from a connection waiting for it.
+    # A busy kept-alive client does not keep the only slot from a connection waiting for it.
     server = Server(binary, "--threads", "1", "--max-pending-connections", "4", "--keep-alive-timeout-ms", "20000")
     port = server.port
     try:
@@ -734,10 +734,10 @@ def group_slow(binary):
         took = time.monotonic() - start
         busy_thread.join()
         check(busy["closed"] and busy["answers"] > 1,
-              f"while a connection waits for the only worker, the busy one's answer says Connection: close ({busy})")
+              f"while a connection waits for the only slot, the busy one's answer says Connection: close ({busy})")
         check(status == 200 and took < 2.0, f"...and the waiting connection is served ({status}, {took:.2f} s)")
     finally:
-        server.stop("one worker, a busy client")
+        server.stop("one slot, a busy client")
         server.kill()
 
 
