@@ -15,7 +15,7 @@ namespace {
 // Threads beyond --threads and --max-pending-connections, for health checks
 // and refusals while every slot is held (see connections.hpp); and accepted
 // connections waiting for a thread, beyond which a connection is refused.
-constexpr std::size_t front_desk_threads = 16;
+constexpr std::size_t spare_threads = 16;
 constexpr std::size_t queue_capacity = 4096;
 // Once no accepted connection waits for a thread any more, how long the
 // drain still leaves the acceptor open: the connections just handed to a
@@ -197,7 +197,7 @@ bool ConnectionServer::admit(Task& task) {
         this_thread.accepted_draining = during_drain;
         task();  // httplib serves the connection, its keep-alive requests included, and closes it
       });
-      if (idle_threads_ < queued_.size() && threads_.size() < limits_.threads + limits_.max_pending + front_desk_threads) {
+      if (idle_threads_ < queued_.size() && threads_.size() < limits_.threads + limits_.max_pending + spare_threads) {
         threads_.emplace_back([this] { run(); });
       }
       lock.unlock();

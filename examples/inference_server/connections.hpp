@@ -103,7 +103,7 @@ class ConnectionServer {
   void set_error_body(ErrorFill fill) { error_body_ = std::move(fill); }
   // Called once for every answer, just before it is written, with the time since its head arrived.
   void set_answer_observer(AnswerObserver observer) { observer_ = std::move(observer); }
-  // GET (and HEAD) paths the front desk answers beyond capacity.
+  // GET (and HEAD) paths answered without a slot while every slot is held.
   void set_health_paths(std::vector<std::string> paths) { health_paths_ = std::move(paths); }
 
   // Binds (port 0: any free port); returns the port, or -1.
