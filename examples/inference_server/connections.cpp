@@ -1,5 +1,7 @@
 #include "connections.hpp"
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cassert>
 #include <limits>
@@ -70,6 +72,14 @@ class ConnectionServer::AdmissionQueue final : public httplib::TaskQueue {
 ConnectionServer::ConnectionServer(ConnectionLimits limits) : limits_(limits), slots_free_(limits.threads) {
   http_.new_task_queue = [this] { return new AdmissionQueue(*this); };
   http_.set_tcp_nodelay(true);  // small answers: no Nagle delay (40 ms with delayed ACKs)
+  // httplib listens with a backlog of 5 (128 from 0.52 on): connections that
+  // arrive in a burst beyond it wait for a retried SYN, or are reset. Its
+  // socket-options hook sees the listening socket; bind() listens on it
+  // again with the system's maximum.
+  http_.set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listening_socket_ = sock;
+  });
   const auto [read_s, read_us] = seconds_and_microseconds(limits_.read_timeout);
   http_.set_read_timeout(read_s, read_us);
   const auto [write_s, write_us] = seconds_and_microseconds(limits_.write_timeout);
@@ -93,7 +103,11 @@ ConnectionServer::ConnectionServer(ConnectionLimits limits) : limits_(limits), s
 ConnectionServer::~ConnectionServer() { finish(); }
 
 int ConnectionServer::bind(const std::string& host, int port) {
-  return port == 0 ? http_.bind_to_any_port(host) : (http_.bind_to_port(host, port) ? port : -1);
+  const int bound = port == 0 ? http_.bind_to_any_port(host) : (http_.bind_to_port(host, port) ? port : -1);
+  if (bound >= 0 && listening_socket_ != INVALID_SOCKET) {
+    (void)::listen(listening_socket_, SOMAXCONN);
+  }
+  return bound;
 }
 
 bool ConnectionServer::serve() {
@@ -278,6 +292,7 @@ void ConnectionServer::begin_exchange() {
     requests_in_progress_.fetch_add(1, std::memory_order_relaxed);
   }
   this_thread.exchange.received = Clock::now();
+  this_thread.exchange.refusal.clear();
   start_body_clock();
 }
 
@@ -321,11 +336,22 @@ ConnectionServer::HandlerResponse ConnectionServer::pre_route(const httplib::Req
         counters_.health_at_capacity.fetch_add(1, std::memory_order_relaxed);
         return HandlerResponse::Unhandled;
       }
+      // A body on its way is read and dropped before the 503 (by the body's
+      // reader, which finds the refusal in the exchange), so that closing
+      // does not reset the connection before the client reads the answer;
+      // unless the gate refuses the body itself.
+      const bool has_body = req.has_header("Transfer-Encoding") ||
+                            (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+      if (has_body && gate_ != nullptr) {
+        if (gate_(req, res) == HandlerResponse::Handled) {
+          return HandlerResponse::Handled;
+        }
+        counters_.refused.fetch_add(1, std::memory_order_relaxed);
+        this_thread.exchange.refusal = refusal_message();
+        return HandlerResponse::Unhandled;
+      }
       counters_.refused.fetch_add(1, std::memory_order_relaxed);
-      res.status = 503;
-      res.set_header("Retry-After", "1");
-      res.set_header("Connection", "close");
-      res.set_content(json_error("unavailable", refusal_message()), "application/json");
+      refuse(res, refusal_message());
       return HandlerResponse::Handled;
     }
     start_body_clock();  // (it may have waited for the slot)
@@ -333,11 +359,22 @@ ConnectionServer::HandlerResponse ConnectionServer::pre_route(const httplib::Req
   return gate_ != nullptr ? gate_(req, res) : HandlerResponse::Unhandled;
 }
 
+void ConnectionServer::refuse(httplib::Response& res, const std::string& message) {
+  res.status = 503;
+  res.headers.clear();
+  res.set_header("Retry-After", "1");
+  res.set_header("Connection", "close");
+  res.set_content(json_error("unavailable", message), "application/json");
+}
+
 // Every answer, just before it is written: during the drain, without a
 // slot, and while connections wait for one, it ends its connection (so that
 // busy kept-alive clients take their turn rather than hold the slots), and
 // says so; and the observer counts it.
 void ConnectionServer::post_route(const httplib::Request& req, httplib::Response& res) {
+  if (!this_thread.exchange.refusal.empty() && res.status != 503) {
+    refuse(res, this_thread.exchange.refusal);  // (a handler that did not look at the refusal)
+  }
   const bool close = draining() || !this_thread.holds_slot || line_waiting_.load(std::memory_order_relaxed) ||
                      res.get_header_value("Connection") == "close";
   if (close) {

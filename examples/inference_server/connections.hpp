@@ -73,6 +73,9 @@ struct ConnectionCounters {
 struct Exchange {
   std::chrono::steady_clock::time_point received;  // when its head was there
   std::chrono::steady_clock::time_point deadline;  // its body must be there by then
+  // Not empty: refused at capacity (or draining) with this message; its
+  // body's reader drops the body, then answers 503 (Retry-After, Connection: close).
+  std::string refusal;
 };
 
 // The exchange this thread serves (in a handler), else nullptr.
@@ -144,9 +147,11 @@ class ConnectionServer {
   void post_route(const httplib::Request& req, httplib::Response& res);
   HandlerResponse on_error(const httplib::Request& req, httplib::Response& res);
   bool is_health(const httplib::Request& req) const;
+  static void refuse(httplib::Response& res, const std::string& message);
   std::string refusal_message() const;
 
   httplib::Server http_;
+  socket_t listening_socket_ = INVALID_SOCKET;  // (seen by httplib's socket-options hook)
   ConnectionLimits limits_;
   ConnectionCounters counters_;
   Gate gate_;

@@ -241,6 +241,17 @@ void InferenceService::infer(const httplib::Request& req, httplib::Response& res
   const Clock::time_point received = exchange != nullptr ? exchange->received : Clock::now();
   const Clock::time_point deadline =
       exchange != nullptr ? exchange->deadline : received + http_.limits().read_timeout;
+  if (exchange != nullptr && !exchange->refusal.empty()) {
+    // Refused at capacity: the body is dropped first (within the limits), so the 503 is read, not reset.
+    std::size_t dropped = 0;
+    read([&](const char*, std::size_t n) {
+      dropped += n;
+      return dropped <= body_limit_ && Clock::now() <= deadline;
+    });
+    res.set_header("Retry-After", "1");
+    refuse_unread(res, 503, "unavailable", exchange->refusal);
+    return;
+  }
   std::string body;
   if (std::uint64_t length = 0; req.has_header("Content-Length") &&
                                  parse_header_integer("Content-Length", req.get_header_value("Content-Length"), 0,

@@ -19,8 +19,9 @@ registers one entry per group):
   slow       clients that send their body a byte at a time, more of them than
              threads: /healthz answers within a second, a request beyond
              capacity gets 503 at once, the slow bodies get 408 at the read
-             timeout, SIGTERM still drains within its bound; a busy
-             kept-alive client yields the only slot to a waiting connection
+             timeout, SIGTERM still drains within its bound; a burst far
+             beyond capacity gets 200 or 503, none reset; a busy kept-alive
+             client yields the only slot to a waiting connection
              (a head sent a byte at a time is not bounded as a whole: httplib's
              public API has no deadline for it; it holds a thread, but
              neither /healthz nor the drain)
@@ -705,6 +706,36 @@ def group_slow(binary):
         dripper.join()
     finally:
         stop_dripping.set()
+        server.kill()
+
+    # A burst of one-request connections far beyond capacity: each gets 200 or 503 (its body read and
+    # dropped first), none is reset.
+    server = Server(binary, "--threads", "4", "--max-pending-connections", "4", "--cpu-delay-us", "2000")
+    port = server.port
+    try:
+        outcomes = []
+        lock = threading.Lock()
+
+        def one_request():
+            for _ in range(10):
+                try:
+                    status = infer_raw(port, row_for(1), timeout=10)[0]
+                except OSError as e:
+                    status = repr(e)
+                with lock:
+                    outcomes.append(status)
+
+        burst = [threading.Thread(target=one_request) for _ in range(64)]
+        for t in burst:
+            t.start()
+        for t in burst:
+            t.join()
+        counts = {str(k): outcomes.count(k) for k in set(outcomes)}
+        print("the burst's answers:", counts, flush=True)
+        check(len(outcomes) == 640 and set(outcomes) <= {200, 503} and 200 in outcomes and 503 in outcomes,
+              f"a burst of 640 requests on 64 connections at a time, 4 slots and 4 waiting: 200 or 503 each, none reset ({counts})")
+    finally:
+        server.stop("a burst beyond capacity")
         server.kill()
 
     # A busy kept-alive client does not keep the only slot from a connection waiting for it.
