@@ -165,7 +165,7 @@ void InferenceService::set_model(std::unique_ptr<Model> model) {
   const std::size_t max_rows = model_->batch_sizes().back();
   body_limit_ = options_.max_body_bytes > 0 ? static_cast<std::size_t>(options_.max_body_bytes)
                                             : max_rows * row_ * json_bytes_per_number + body_limit_slack;
-    model_ready_.store(true, std::memory_order_release);
+  model_ready_.store(true, std::memory_order_release);
 }
 
 void InferenceService::shutdown() {
