@@ -5,7 +5,9 @@
 # extracted package works when its usr/ is in CMAKE_PREFIX_PATH.
 # replay_find_inference_server_deps() defines the target
 # replay_inference_server_deps when all three are found; otherwise nothing,
-# and a message says which are missing.
+# and a message says which are missing. With them and a second, current
+# httplib (replay_find_httplib_current()), also
+# replay_inference_server_deps_current: the same over that httplib.
 include(${CMAKE_CURRENT_LIST_DIR}/ReplayHttplib.cmake)
 
 # replay_find_nlohmann_json(): the target nlohmann_json::nlohmann_json, found
@@ -46,6 +48,12 @@ function(replay_find_inference_server_deps)
   endif()
   add_library(replay_inference_server_deps INTERFACE)
   target_link_libraries(replay_inference_server_deps INTERFACE replay_httplib nlohmann_json::nlohmann_json CLI11::CLI11)
+  replay_find_httplib_current()
+  if(TARGET replay_httplib_current)
+    add_library(replay_inference_server_deps_current INTERFACE)
+    target_link_libraries(replay_inference_server_deps_current
+                          INTERFACE replay_httplib_current nlohmann_json::nlohmann_json CLI11::CLI11)
+  endif()
   message(STATUS "replay: inference_server: nlohmann_json ${nlohmann_json_VERSION} (${nlohmann_json_DIR}), "
                  "CLI11 ${CLI11_VERSION} (${CLI11_DIR})")
 endfunction()

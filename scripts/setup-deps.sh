@@ -11,7 +11,9 @@
 #     libcli11-dev);
 #   - with REPLAY_SETUP_PACKAGING=1 (scripts/test.sh --all, CI) also Conan 2
 #     (pinned, into build/.venv, unless a Conan 2 is already on PATH; a Conan 1
-#     stays where it is, unused) and doxygen (apt), for the package and docs tests;
+#     stays where it is, unused) and doxygen (apt), for the package and docs tests,
+#     and a current cpp-httplib's header (pinned; Debian's source package) into
+#     build/httplib-current, for a second build of examples/inference_server;
 #   - checks for nvcc.
 # build/.venv/bin goes first on PATH for the calling script only.
 # Safe to run again; does nothing when all is present.
@@ -97,6 +99,54 @@ if ! $cmake_ok || ! command -v ninja >/dev/null 2>&1; then
   replay_pip "cmake>=3.28,<5" "ninja>=1.11"
   have=$(cmake --version | head -n1 | awk '{print $3}')
   version_ge "$have" 3.25.2 || { replay_log "cmake $have is still older than 3.25.2"; exit 1; }
+fi
+
+# A current cpp-httplib for a second build of examples/inference_server
+# (cmake/ReplayHttplib.cmake): upstream's header-only httplib.h, pinned by
+# version and checksum, from Debian's source package (its .orig tarball is
+# upstream's release) in sid or testing, fetched with apt-get source into a
+# private apt state under build/. Fetched under REPLAY_SETUP_PACKAGING=1 (CI
+# then builds and tests the server against both httplibs); used whenever it
+# is there.
+REPLAY_HTTPLIB_CURRENT_VERSION=0.41.0
+REPLAY_HTTPLIB_CURRENT_SHA256=e9112546cbae828180f72c2ae6da4bfd8d15ae38138bd99b898e5e30128acc28  # httplib.h
+replay_httplib_current_dir=$replay_root/build/httplib-current
+replay_httplib_current_ok() {
+  [ -f "$replay_httplib_current_dir/include/httplib.h" ] &&
+    [ "$(sha256sum "$replay_httplib_current_dir/include/httplib.h" | cut -d' ' -f1)" = "$REPLAY_HTTPLIB_CURRENT_SHA256" ]
+}
+replay_fetch_httplib_current() {
+  local work="$replay_httplib_current_dir/apt" version
+  local apt=(-qq -oDir::Etc::SourceList="$work/sources.list" -oDir::Etc::SourceParts=/dev/null
+             -oDir::State::Lists="$work/lists" -oDir::Cache="$work/cache" -oDebug::NoLocking=1
+             -oAPT::Sandbox::User="$(id -un)")
+  rm -rf "$work" && mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
+  printf 'deb-src [trusted=yes] http://deb.debian.org/debian %s main\n' sid testing >"$work/sources.list"
+  replay_log "fetching cpp-httplib $REPLAY_HTTPLIB_CURRENT_VERSION (Debian's source package) into $replay_httplib_current_dir"
+  apt-get "${apt[@]}" update >/dev/null || { replay_log "apt-get update (Debian sid, testing sources) failed"; return 1; }
+  version=$(apt-cache "${apt[@]}" showsrc cpp-httplib 2>/dev/null | awk '/^Version:/ {print $2}' |
+            grep -F "$REPLAY_HTTPLIB_CURRENT_VERSION+ds-" | sort -V | tail -n1 || true)
+  if [ -z "$version" ]; then
+    replay_log "Debian's sid and testing no longer have cpp-httplib $REPLAY_HTTPLIB_CURRENT_VERSION" \
+               "(they have: $(apt-cache "${apt[@]}" showsrc cpp-httplib 2>/dev/null | awk '/^Version:/ {print $2}' | xargs));" \
+               "raise REPLAY_HTTPLIB_CURRENT_VERSION and REPLAY_HTTPLIB_CURRENT_SHA256 in scripts/setup-deps.sh"
+    return 1
+  fi
+  (cd "$work" && apt-get "${apt[@]}" source --download-only "cpp-httplib=$version" >/dev/null 2>&1) ||
+    { replay_log "apt-get source cpp-httplib=$version failed"; return 1; }
+  mkdir -p "$replay_httplib_current_dir/include"
+  tar -xJf "$work/cpp-httplib_$REPLAY_HTTPLIB_CURRENT_VERSION+ds.orig.tar.xz" -O \
+    "cpp-httplib-$REPLAY_HTTPLIB_CURRENT_VERSION+ds/httplib.h" >"$replay_httplib_current_dir/include/httplib.h" ||
+    { replay_log "no httplib.h in cpp-httplib_$REPLAY_HTTPLIB_CURRENT_VERSION+ds.orig.tar.xz"; return 1; }
+  rm -rf "$work"
+  replay_httplib_current_ok ||
+    { replay_log "httplib.h of cpp-httplib $version does not have the pinned checksum"; return 1; }
+}
+if [ "${REPLAY_SETUP_PACKAGING:-0}" = 1 ] && ! replay_httplib_current_ok; then
+  replay_fetch_httplib_current || { replay_log "cannot fetch the current cpp-httplib for the server's second build"; exit 1; }
+fi
+if replay_httplib_current_ok; then
+  export REPLAY_HTTPLIB_CURRENT_INCLUDE_DIR="$replay_httplib_current_dir/include"
 fi
 
 # Conan 2 for the package.conan_create test (it runs `conan profile detect`

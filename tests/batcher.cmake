@@ -6,22 +6,31 @@ replay_add_test(NAME batcher SOURCES host/batcher_test.cpp gpu/batcher_test.cu S
 # The inference server built with the CPU stand-in model, driven over real
 # sockets on loopback by tests/host/inference_server_test.py: one ctest entry
 # per group of checks (answers, input, limits, slow, shutdown; debug runs a
-# debug build of the server). Needs the server's dependencies (the example is
-# skipped without them) and python3.
+# debug build of the server), against each httplib the server was built
+# with. Needs the server's dependencies (the example is skipped without
+# them) and python3.
 include(${PROJECT_SOURCE_DIR}/cmake/ReplayInferenceServerDeps.cmake)
 replay_find_inference_server_deps()
 if(REPLAY_BUILD_EXAMPLES AND TARGET replay_inference_server_deps)
   find_package(Python3 COMPONENTS Interpreter)
   if(Python3_Interpreter_FOUND)
-    foreach(group IN ITEMS answers input limits slow shutdown debug)
-      add_test(NAME "inference_server.host: ${group}"
-               COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/host/inference_server_test.py
-                       $<TARGET_FILE:inference_server> --debug-server $<TARGET_FILE:inference_server_debug>
-                       --group ${group})
-      set_tests_properties("inference_server.host: ${group}" PROPERTIES LABELS host TIMEOUT 120)
+    # Against each httplib the server was built with: the system's, and a
+    # current release's where one was given (inference_server_httplib_current,
+    # entries "inference_server_httplib_current.host: <group>").
+    set(servers inference_server)
+    if(TARGET replay_inference_server_deps_current)
+      list(APPEND servers inference_server_httplib_current)
+    endif()
+    foreach(server IN LISTS servers)
+      foreach(group IN ITEMS answers input limits slow shutdown debug)
+        add_test(NAME "${server}.host: ${group}"
+                 COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/host/inference_server_test.py
+                         $<TARGET_FILE:${server}> --debug-server $<TARGET_FILE:${server}_debug> --group ${group})
+        set_tests_properties("${server}.host: ${group}" PROPERTIES LABELS host TIMEOUT 120)
+      endforeach()
+      # The edit loop (target replay_tests) builds what these host tests run.
+      add_dependencies(replay_tests ${server} ${server}_debug)
     endforeach()
-    # The edit loop (target replay_tests) builds what these host tests run.
-    add_dependencies(replay_tests inference_server inference_server_debug)
   else()
     message(STATUS "replay: no python3: the inference_server test is skipped")
   endif()

@@ -1,546 +1,431 @@
 #include "connections.hpp"
 
-#include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cassert>
-#include <cerrno>
-#include <exception>
-#include <stdexcept>
-#include <string_view>
-#include <thread>
+#include <limits>
+#include <memory>
+#include <type_traits>
+#include <utility>
 
 #include "request.hpp"
 
 namespace inference_server {
 namespace {
 
-// How long the front desk waits for a request line that may be a health check.
-constexpr auto front_desk_peek_wait = std::chrono::milliseconds(250);
-// How long a health check served beyond capacity may take to arrive.
-constexpr auto front_desk_read_timeout = std::chrono::milliseconds(500);
-// Connections waiting for the front desk; beyond them, 503 from the acceptor.
-constexpr std::size_t front_desk_capacity = 4096;
-// Bytes of head (request line and headers) a request may hold besides its body.
-constexpr std::size_t head_allowance = 64 * 1024;
-// How long an idle kept-alive connection that is to close (the drain, or
-// others waiting for its worker) still waits for a request on its way.
-constexpr auto closing_grace = std::chrono::milliseconds(50);
-// How long a closing connection may still send before it is closed.
-constexpr auto linger_time = std::chrono::milliseconds(2'000);
+// Threads beyond --threads and --max-pending-connections, for health checks
+// and refusals while every slot is held (see connections.hpp); and accepted
+// connections waiting for a thread, beyond which a connection is refused.
+constexpr std::size_t spare_threads = 16;
+constexpr std::size_t queue_capacity = 4096;
+// Once no accepted connection waits for a thread any more, how long the
+// drain still leaves the acceptor open: the connections just handed to a
+// thread reach httplib's loop first (before 0.18.1 a connection whose loop
+// starts after stop() is closed unserved).
+constexpr auto stop_grace = std::chrono::milliseconds(50);
+// Once stopped, with every admitted connection served and no request in
+// progress, how long wait_until_served() lets the rest close before it says
+// that only idle connections httplib does not close remain.
+constexpr auto idle_close_grace = std::chrono::milliseconds(200);
 
-thread_local Exchange* this_exchange = nullptr;
+// What httplib::TaskQueue::enqueue returns: void before 0.15, bool (false:
+// refused, httplib closes the connection) from 0.15 on.
+using EnqueueResult = decltype(std::declval<httplib::TaskQueue&>().enqueue(std::declval<std::function<void()>>()));
+constexpr bool queue_may_refuse = std::is_same_v<EnqueueResult, bool>;
+static_assert(queue_may_refuse || std::is_void_v<EnqueueResult>, "httplib::TaskQueue::enqueue returns void or bool");
 
-void signal_event(int fd) {
-  const std::uint64_t one = 1;
-  (void)!::write(fd, &one, sizeof one);
-}
+struct ThreadState {
+  bool in_connection = false;
+  bool accepted_draining = false;  // this connection was accepted during the drain
+  bool holds_slot = false;         // this connection holds one of the --threads slots
+  bool in_request = false;         // from the request's head until its answer is written
+  Exchange exchange;
+};
+thread_local ThreadState this_thread;
 
-bool readable_now(socket_t sock) {
-  pollfd p{sock, POLLIN, 0};
-  return ::poll(&p, 1, 0) > 0;
-}
-
-int milliseconds_until(std::chrono::steady_clock::time_point t) {
-  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(t - std::chrono::steady_clock::now()).count();
-  return static_cast<int>(std::clamp<long long>(ms, 0, 1'000'000));
+std::pair<time_t, time_t> seconds_and_microseconds(std::chrono::milliseconds ms) {
+  return {static_cast<time_t>(ms.count() / 1000), static_cast<time_t>((ms.count() % 1000) * 1000)};
 }
 
 }  // namespace
 
-const Exchange* current_exchange() { return this_exchange; }
+const Exchange* current_exchange() { return this_thread.in_connection ? &this_thread.exchange : nullptr; }
 
-// httplib's acceptor hands each accepted socket to a task queue. This one
-// runs the hand-over at once on the acceptor (process_and_close_socket,
-// which admits without waiting), and its shutdown(), which httplib calls
-// once the acceptor stopped, is the drain.
-class ConnectionServer::AcceptorQueue final : public httplib::TaskQueue {
+// httplib's acceptor hands each accepted connection to a task queue (its
+// public virtual interface): this one admits at once, never blocking the
+// acceptor, and its shutdown(), which httplib calls once the acceptor
+// stopped, finishes the drain.
+class ConnectionServer::AdmissionQueue final : public httplib::TaskQueue {
  public:
-  explicit AcceptorQueue(ConnectionServer& server) : server_(server) {}
-  void enqueue(std::function<void()> fn) override { fn(); }
-  void shutdown() override { server_.finish_drain(); }
+  explicit AdmissionQueue(ConnectionServer& server) : server_(server) {}
+  EnqueueResult enqueue(std::function<void()> fn) override {
+    // (Before 0.15 nothing can be refused: admit() takes every task there, unless out of memory.)
+    return static_cast<EnqueueResult>(server_.admit(fn));
+  }
+  void shutdown() override { server_.finish(); }
 
  private:
   ConnectionServer& server_;
 };
 
-ConnectionServer::ConnectionServer(ConnectionLimits limits)
-    : limits_(limits),
-      drain_event_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
-      front_desk_event_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
-      closer_(std::chrono::duration_cast<std::chrono::milliseconds>(linger_time)) {
-  if (drain_event_ < 0 || front_desk_event_ < 0) {
-    throw std::runtime_error("inference_server: eventfd failed");
-  }
-  new_task_queue = [this] {
-    start_threads();
-    return new AcceptorQueue(*this);
-  };
-  set_tcp_nodelay(true);  // small answers: no Nagle delay (40 ms with delayed ACKs)
-  // Only for the Keep-Alive header httplib writes: the connections' own loop applies the limits.
-  set_keep_alive_timeout(std::max<time_t>(1, static_cast<time_t>((limits_.keep_alive_timeout.count() + 999) / 1000)));
-  set_keep_alive_max_count(limits_.keep_alive_max);
-  set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) { return pre_route(req, res); });
-  set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
+ConnectionServer::ConnectionServer(ConnectionLimits limits) : limits_(limits), slots_free_(limits.threads) {
+  http_.new_task_queue = [this] { return new AdmissionQueue(*this); };
+  http_.set_tcp_nodelay(true);  // small answers: no Nagle delay (40 ms with delayed ACKs)
+  // httplib listens with a backlog of 5 (128 from 0.52 on): connections that
+  // arrive in a burst beyond it wait for a retried SYN, or are reset. Its
+  // socket-options hook sees the listening socket; bind() listens on it
+  // again with the system's maximum.
+  http_.set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listening_socket_ = sock;
+  });
+  const auto [read_s, read_us] = seconds_and_microseconds(limits_.read_timeout);
+  http_.set_read_timeout(read_s, read_us);
+  const auto [write_s, write_us] = seconds_and_microseconds(limits_.write_timeout);
+  http_.set_write_timeout(write_s, write_us);
+  // httplib counts the keep-alive timeout in whole seconds.
+  http_.set_keep_alive_timeout(std::max<time_t>(1, static_cast<time_t>((limits_.keep_alive_timeout.count() + 999) / 1000)));
+  http_.set_keep_alive_max_count(limits_.keep_alive_max);
+  // Bodies are bounded by their readers (the gate and the body limit), not by httplib's default.
+  http_.set_payload_max_length(std::numeric_limits<std::size_t>::max());
+  http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) { return pre_route(req, res); });
+  http_.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
     return pre_route(req, res) == HandlerResponse::Handled ? res.status : 100;
   });
-  set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) { post_route(req, res); });
-  set_error_handler(HandlerWithResponse(
+  http_.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) { post_route(req, res); });
+  // (Called once an answer is written.)
+  http_.set_logger([this](const httplib::Request&, const httplib::Response&) { end_request(); });
+  http_.set_error_handler(httplib::Server::HandlerWithResponse(
       [this](const httplib::Request& req, httplib::Response& res) { return on_error(req, res); }));
 }
 
-ConnectionServer::~ConnectionServer() {
-  closer_.finish();
-  ::close(drain_event_);
-  ::close(front_desk_event_);
-}
+ConnectionServer::~ConnectionServer() { finish(); }
 
 int ConnectionServer::bind(const std::string& host, int port) {
-  const int bound = port == 0 ? bind_to_any_port(host) : (bind_to_port(host, port) ? port : -1);
-  if (bound >= 0) {
-    // httplib listens with a backlog of 5; connections that arrive in a
-    // burst wait there until accepted, so give them the system's maximum.
-    (void)::listen(svr_sock_, SOMAXCONN);
+  const int bound = port == 0 ? http_.bind_to_any_port(host) : (http_.bind_to_port(host, port) ? port : -1);
+  if (bound >= 0 && listening_socket_ != INVALID_SOCKET) {
+    (void)::listen(listening_socket_, SOMAXCONN);
   }
   return bound;
 }
 
 bool ConnectionServer::serve() {
-  const bool ok = listen_after_bind();
-  serve_returned_.store(true, std::memory_order_release);
+  // The drain's last step, stop(), waits in a thread of its own (drain()
+  // returns at once): once no accepted connection waits for a thread any
+  // more, the acceptor stops.
+  std::thread stopper([this] {
+    std::unique_lock lock(mutex_);
+    stopper_wake_.wait(lock, [this] { return serve_returned_ || (draining() && queued_.empty()); });
+    if (serve_returned_) {
+      return;
+    }
+    lock.unlock();
+    std::this_thread::sleep_for(stop_grace);
+    // Once stopped, httplib writes no content provider's body (closing
+    // answers use one): stop between requests.
+    lock.lock();
+    stopper_wake_.wait(lock, [this] { return serve_returned_ || requests_in_progress_.load() == 0; });
+    lock.unlock();
+    stop_listening();
+  });
+  const bool ok = http_.listen_after_bind();
+  {
+    std::lock_guard lock(mutex_);
+    serve_returned_ = true;
+  }
+  stopper_wake_.notify_all();
+  stopper.join();
+  finish();  // (httplib calls it too, once its acceptor stopped)
   return ok;
 }
 
 void ConnectionServer::drain() {
-  if (drain_called_.exchange(true)) {
-    return;
+  {
+    std::lock_guard lock(mutex_);
+    if (draining()) {
+      return;
+    }
+    drain_began_ns_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    draining_.store(true, std::memory_order_release);
   }
-  mark_draining();
-  // Connections that finished their handshake but are not accepted yet
-  // wait in the listen backlog; accept them (the acceptor is still running)
-  // before the listening socket closes, rather than reset them.
-  const Clock::time_point give_up = Clock::now() + std::chrono::milliseconds(200);
-  while (svr_sock_ != INVALID_SOCKET && readable_now(svr_sock_) && Clock::now() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  // stop() acts only while listen_after_bind() runs, and asserts (in debug
-  // builds) when called twice while it does: call it once, once it runs.
-  while (!is_running() && !serve_returned_.load(std::memory_order_acquire)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  if (!serve_returned_.load(std::memory_order_acquire)) {
-    stop_listening();
+  stopper_wake_.notify_all();
+}
+
+bool ConnectionServer::wait_until_served() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    if (serve_returned_) {
+      return true;
+    }
+    if (stop_called_ && queued_.empty() && requests_in_progress_.load() == 0) {
+      if (!stopper_wake_.wait_for(lock, idle_close_grace,
+                                  [this] { return serve_returned_ || requests_in_progress_.load() != 0; })) {
+        return false;  // only connections without a request remain, which this httplib does not close
+      }
+      continue;
+    }
+    stopper_wake_.wait(lock);
   }
 }
 
 void ConnectionServer::stop_listening() {
-  [[maybe_unused]] const bool again = stop_called_.exchange(true);
-  assert(!again && "httplib::Server::stop() is called once");
-  httplib::Server::stop();
-}
-
-void ConnectionServer::start_threads() {
-  std::lock_guard lock(mutex_);
-  idle_workers_ = limits_.threads;  // idle from the start, though not yet waiting
-  for (std::size_t i = 0; i < limits_.threads; ++i) {
-    workers_.emplace_back([this] { work(); });
+  // stop() acts only while listen_after_bind() runs, and asserts (in debug
+  // builds) when called twice while it does: call it once, once it runs.
+  std::unique_lock lock(mutex_);
+  while (!http_.is_running() && !serve_returned_) {
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    lock.lock();
   }
-  front_desk_thread_ = std::thread([this] { front_desk(); });
+  if (!serve_returned_ && !stop_called_) {
+    stop_called_ = true;
+    stopped_.store(true, std::memory_order_release);
+    lock.unlock();
+    http_.stop();
+    stopper_wake_.notify_all();
+  }
 }
 
-void ConnectionServer::mark_draining() {
-  Clock::rep unset = 0;
-  drain_began_ns_.compare_exchange_strong(unset, Clock::now().time_since_epoch().count());
-  draining_.store(true, std::memory_order_release);
-  signal_event(drain_event_);
-}
-
-void ConnectionServer::finish_drain() {
-  mark_draining();  // (already, unless the acceptor stopped on an error)
+void ConnectionServer::finish() {
+  std::vector<std::thread> threads;
   {
     std::lock_guard lock(mutex_);
-    front_desk_stop_ = true;
+    stopping_ = true;
+    threads.swap(threads_);
   }
-  signal_event(front_desk_event_);
-  if (front_desk_thread_.joinable()) {
-    front_desk_thread_.join();  // it hands its last connections to the workers first
+  task_ready_.notify_all();
+  for (std::thread& t : threads) {
+    t.join();  // each serves what is waiting for it before it stops
   }
-  {
-    std::lock_guard lock(mutex_);
-    workers_stop_ = true;
-  }
-  work_ready_.notify_all();
-  for (std::thread& worker : workers_) {
-    worker.join();  // each serves what is pending before it stops
-  }
-  workers_.clear();
-  closer_.finish();
 }
 
 // ---- admission ----------------------------------------------------------------
 
-bool ConnectionServer::process_and_close_socket(socket_t sock) {
+bool ConnectionServer::admit(Task& task) {
   counters_.accepted.fetch_add(1, std::memory_order_relaxed);
   try {
     std::unique_lock lock(mutex_);
-    if (idle_workers_ > pending_.size()) {
-      pending_.push_back(sock);
-      note_line();
+    if (queued_.size() < queue_capacity || !queue_may_refuse) {
+      queued_.push_back([task = std::move(task), during_drain = draining()] {
+        this_thread.accepted_draining = during_drain;
+        task();  // httplib serves the connection, its keep-alive requests included, and closes it
+      });
+      if (idle_threads_ < queued_.size() && threads_.size() < limits_.threads + limits_.max_pending + spare_threads) {
+        threads_.emplace_back([this] { run(); });
+      }
       lock.unlock();
-      work_ready_.notify_one();
-      return true;
-    }
-    if (front_desk_in_.size() < front_desk_capacity && !front_desk_stop_) {
-      front_desk_in_.push_back(sock);
-      lock.unlock();
-      signal_event(front_desk_event_);
+      task_ready_.notify_one();
       return true;
     }
   } catch (...) {
-    // no memory for the queue: refused below
+    // no memory for the queue, or no thread: refused below
   }
   counters_.refused.fetch_add(1, std::memory_order_relaxed);
-  answer_directly(sock, 503, "Service Unavailable", refusal_message(), Clock::now());
   return false;
 }
 
-// A worker if one is idle or a place among the pending is free; else 503 now.
-void ConnectionServer::admit_or_refuse(socket_t sock) {
-  {
-    std::unique_lock lock(mutex_);
-    if (idle_workers_ > pending_.size() || pending_.size() < limits_.max_pending) {
-      pending_.push_back(sock);
-      note_line();
-      lock.unlock();
-      work_ready_.notify_one();
-      return;
-    }
-  }
-  counters_.refused.fetch_add(1, std::memory_order_relaxed);
-  answer_directly(sock, 503, "Service Unavailable", refusal_message(), Clock::now());
-}
-
 std::string ConnectionServer::refusal_message() const {
+  if (draining()) {
+    return "the server is shutting down; retry on another instance";
+  }
   return "the server is at capacity (" + std::to_string(limits_.threads) + " connections served and " +
-         std::to_string(limits_.max_pending) +
-         " waiting; --threads, --max-pending-connections); retry later";
+         std::to_string(limits_.max_pending) + " waiting; --threads, --max-pending-connections); retry later";
 }
 
-// (Under mutex_.) Are connections waiting with no idle worker for them?
-void ConnectionServer::note_line() {
-  line_waiting_.store(pending_.size() > idle_workers_, std::memory_order_relaxed);
-}
-
-void ConnectionServer::work() {
+void ConnectionServer::run() {
   for (;;) {
-    socket_t sock = INVALID_SOCKET;
+    Task task;
     {
       std::unique_lock lock(mutex_);
-      work_ready_.wait(lock, [this] { return !pending_.empty() || workers_stop_; });
-      if (pending_.empty()) {
+      ++idle_threads_;
+      task_ready_.wait(lock, [this] { return !queued_.empty() || stopping_; });
+      --idle_threads_;
+      if (queued_.empty()) {
         return;  // stopping, and nothing is left to serve
       }
-      sock = pending_.front();
-      pending_.pop_front();
-      --idle_workers_;
-      note_line();
+      task = std::move(queued_.front());
+      queued_.pop_front();
     }
-    serve_connection(sock, Mode::worker);
-    std::lock_guard lock(mutex_);
-    ++idle_workers_;
-    note_line();
+    stopper_wake_.notify_all();  // (the drain waits for queued_ to empty)
+    this_thread.in_connection = true;
+    task();
+    this_thread.in_connection = false;
+    end_request();  // (one whose answer was never written)
+    if (this_thread.holds_slot) {
+      this_thread.holds_slot = false;
+      {
+        std::lock_guard lock(mutex_);
+        ++slots_free_;
+      }
+      slot_freed_.notify_one();
+    }
   }
 }
 
-// Is what the client sent so far the start of a health check, something
-// else, or not yet telling? Peeks (leaves the bytes for whoever serves it).
-ConnectionServer::Kind ConnectionServer::peek_kind(socket_t sock) const {
-  std::array<char, 64> bytes{};
-  const ssize_t n = ::recv(sock, bytes.data(), bytes.size(), MSG_PEEK | MSG_DONTWAIT);
-  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-    return Kind::gone;
-  }
-  if (n < 0) {
-    return Kind::undecided;
-  }
-  const std::string_view seen(bytes.data(), static_cast<std::size_t>(n));
-  bool may_be_health = false;
-  for (const std::string& path : health_paths_) {
-    for (const std::string_view method : {std::string_view("GET "), std::string_view("HEAD ")}) {
-      const std::string line = std::string(method) + path;
-      if (seen.size() > line.size() && seen.starts_with(line) && (seen[line.size()] == ' ' || seen[line.size()] == '?')) {
-        return Kind::health;
-      }
-      may_be_health = may_be_health || (seen.size() <= line.size() && std::string_view(line).starts_with(seen));
-    }
-  }
-  return may_be_health ? Kind::undecided : Kind::other;
-}
-
-// The connections that found no idle worker, all watched at once: a health
-// check is answered here; anything else waits for a worker if there is
-// room, else is answered 503. A line that may still become a health check
-// is peeked at again every few milliseconds until the peek wait passes.
-void ConnectionServer::front_desk() {
-  struct Waiting {
-    socket_t sock;
-    Clock::time_point deadline;
-    bool partial;  // bytes arrived but say nothing yet: peek again soon, not on readiness
-  };
-  std::vector<Waiting> waiting;
-  std::vector<pollfd> fds;
-  std::vector<std::size_t> watched;  // fds[i + 1] watches waiting[watched[i]]
-  for (;;) {
-    {
-      std::lock_guard lock(mutex_);
-      for (const socket_t sock : front_desk_in_) {
-        waiting.push_back({sock, Clock::now() + front_desk_peek_wait, false});
-      }
-      front_desk_in_.clear();
-      if (front_desk_stop_ && waiting.empty()) {
-        return;
-      }
-    }
-    fds.assign(1, pollfd{front_desk_event_, POLLIN, 0});
-    watched.clear();
-    Clock::time_point next = Clock::now() + std::chrono::seconds(1);
-    for (std::size_t i = 0; i < waiting.size(); ++i) {
-      next = std::min(next, waiting[i].partial ? Clock::now() + std::chrono::milliseconds(5) : waiting[i].deadline);
-      if (!waiting[i].partial) {
-        fds.push_back(pollfd{waiting[i].sock, POLLIN, 0});
-        watched.push_back(i);
-      }
-    }
-    (void)::poll(fds.data(), fds.size(), milliseconds_until(next));
-    std::uint64_t events = 0;
-    (void)!::read(front_desk_event_, &events, sizeof events);
-    std::vector<bool> ready(waiting.size(), false);
-    for (std::size_t i = 0; i < watched.size(); ++i) {
-      ready[watched[i]] = fds[i + 1].revents != 0;
-    }
-    const Clock::time_point now = Clock::now();
-    std::size_t kept = 0;
-    for (std::size_t i = 0; i < waiting.size(); ++i) {
-      Waiting w = waiting[i];
-      const bool late = now >= w.deadline;
-      Kind kind = w.partial || ready[i] || late ? peek_kind(w.sock) : Kind::undecided;
-      if (kind == Kind::undecided && late) {
-        kind = Kind::other;
-      }
-      switch (kind) {
-        case Kind::undecided:
-          w.partial = w.partial || ready[i];
-          waiting[kept++] = w;
-          break;
-        case Kind::gone: closer_.close(w.sock); break;
-        case Kind::health:
-          counters_.health_at_capacity.fetch_add(1, std::memory_order_relaxed);
-          serve_connection(w.sock, Mode::front_desk);
-          break;
-        case Kind::other: admit_or_refuse(w.sock); break;
-      }
-    }
-    waiting.resize(kept);
-  }
-}
-
-// ---- one connection -----------------------------------------------------------
-
-// Waits for the connection's next request: true when its bytes are there.
-// Idle kept-alive connections close at the keep-alive timeout, and soon
-// (closing_grace) when the drain begins or while other connections wait for
-// a worker (the worker goes to them); so during the drain a connection is
-// served only for a request it has already sent (or, if it has sent none
-// yet, its first).
-bool ConnectionServer::wait_for_request(socket_t sock, const RequestStream& stream, std::size_t served) const {
-  if (stream.has_buffered_input()) {
-    return true;
-  }
-  const Clock::time_point idle_until = Clock::now() + limits_.keep_alive_timeout;
-  for (;;) {
-    const bool drain = draining();
-    if (served > 0 && (drain || line_waiting_.load(std::memory_order_relaxed))) {
-      // A request already on its way is still served (its answer closes).
-      pollfd p{sock, POLLIN, 0};
-      return ::poll(&p, 1, std::min(milliseconds_until(idle_until), static_cast<int>(closing_grace.count()))) > 0;
-    }
-    // (Looks at the line again every 100 ms while idle.)
-    const Clock::time_point until =
-        served > 0 ? std::min(idle_until, Clock::now() + std::chrono::milliseconds(100)) : idle_until;
-    std::array<pollfd, 2> fds{pollfd{sock, POLLIN, 0}, pollfd{drain_event_, POLLIN, 0}};
-    const int ready = ::poll(fds.data(), drain ? 1 : 2, milliseconds_until(until));
-    if (ready < 0 && errno == EINTR) {
-      continue;
-    }
-    if (ready < 0 || (ready == 0 && Clock::now() >= idle_until)) {
+// A slot for this thread's connection, if one is free; with `wait`, else a
+// place among those waiting for one, if there is room (then it waits).
+// False: at capacity.
+bool ConnectionServer::take_slot(bool wait) {
+  std::unique_lock lock(mutex_);
+  if (slots_free_ == 0) {
+    if (!wait || waiting_ >= limits_.max_pending) {
       return false;
     }
-    if (fds[0].revents != 0) {
-      return true;
-    }
-    // the drain began: look again as a draining connection
+    ++waiting_;
+    line_waiting_.store(true, std::memory_order_relaxed);
+    slot_freed_.wait(lock, [this] { return slots_free_ > 0; });
+    --waiting_;
+    line_waiting_.store(waiting_ > 0, std::memory_order_relaxed);
   }
-}
-
-void ConnectionServer::serve_connection(socket_t sock, Mode mode) {
-  RequestStream stream(sock, limits_.write_timeout);
-  const bool front = mode == Mode::front_desk;
-  std::size_t served = 0;
-  for (bool keep = true; keep;) {
-    if (!wait_for_request(sock, stream, served)) {
-      break;
-    }
-    Exchange exchange;
-    exchange.received = Clock::now();
-    exchange.beyond_capacity = front;
-    exchange.last = front || draining() || served + 1 >= limits_.keep_alive_max;
-    exchange.stream = &stream;
-    this_exchange = &exchange;
-    stream.begin_request(read_deadline(exchange.received, front),
-                         byte_cap_.load(std::memory_order_relaxed) + head_allowance);
-    bool closed_by_client = false;
-    bool written = false;
-    try {
-      written = process_request(stream, exchange.last, closed_by_client, nullptr);
-    } catch (...) {
-      // the exception handler failed too (out of memory): close, answering 500 if nothing was sent
-      if (!stream.answer_started()) {
-        answer_directly(sock, 500, "Internal Server Error", "the server failed while answering", exchange.received);
-        sock = INVALID_SOCKET;
-      }
-    }
-    this_exchange = nullptr;
-    ++served;
-    if (sock != INVALID_SOCKET && !stream.answer_started() && stream.bytes_read() > 0 &&
-        (stream.timed_out() || stream.over_cap())) {
-      // httplib gives up on an unfinished request line without answering; answer it
-      const bool late = stream.timed_out();
-      (late ? counters_.read_timeouts : counters_.too_large).fetch_add(1, std::memory_order_relaxed);
-      answer_directly(sock, late ? 408 : 413, late ? "Request Timeout" : "Payload Too Large",
-                      late ? "the request was not received within the read timeout"
-                           : "the request line is longer than the request may be",
-                      exchange.received);
-      sock = INVALID_SOCKET;
-    }
-    keep = sock != INVALID_SOCKET && written && !closed_by_client && !exchange.last;
-  }
-  if (sock != INVALID_SOCKET) {
-    closer_.close(sock);
-  }
-}
-
-// A request must arrive within the read timeout; during the drain, also
-// within the read timeout of the drain's start, so that connections served
-// late (they waited for a worker) do not make the drain last longer: what
-// they have already sent is still read, as a read waits only for bytes that
-// are not there yet.
-ConnectionServer::Clock::time_point ConnectionServer::read_deadline(Clock::time_point received, bool front) const {
-  const Clock::duration timeout = front ? Clock::duration(front_desk_read_timeout) : Clock::duration(limits_.read_timeout);
-  Clock::time_point deadline = received + timeout;
-  if (draining()) {
-    const Clock::time_point began{Clock::duration(drain_began_ns_.load(std::memory_order_relaxed))};
-    deadline = std::min(deadline, began + timeout);
-  }
-  return deadline;
-}
-
-// Writes a whole answer (503 at capacity, 408, ...) without httplib, records
-// it, and closes the connection.
-void ConnectionServer::answer_directly(socket_t sock, int status, const std::string& reason, const std::string& message,
-                                       Clock::time_point received) {
-  std::string body;
-  try {
-    body = json_error(status == 503 ? "unavailable" : status == 408 ? "request_timeout" : "error", message);
-  } catch (...) {
-  }
-  const std::string answer = "HTTP/1.1 " + std::to_string(status) + " " + reason +
-                             "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-                             (status == 503 ? "\r\nRetry-After: 1" : "") + "\r\nConnection: close\r\n\r\n" + body;
-  if (observer_ != nullptr) {
-    httplib::Request req;
-    httplib::Response res;
-    res.status = status;
-    observer_(req, res, Clock::now() - received);
-  }
-  (void)::send(sock, answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);  // small: fits the send buffer
-  closer_.close(sock);
+  --slots_free_;
+  this_thread.holds_slot = true;
+  return true;
 }
 
 // ---- httplib's hooks -----------------------------------------------------------
+
+// A request's head is there.
+void ConnectionServer::begin_exchange() {
+  if (!this_thread.in_request) {
+    this_thread.in_request = true;
+    requests_in_progress_.fetch_add(1, std::memory_order_relaxed);
+  }
+  this_thread.exchange.received = Clock::now();
+  this_thread.exchange.refusal.clear();
+  start_body_clock();
+}
+
+// Its body must follow within the read timeout, from now (its head's
+// arrival, or when it got a slot); during the drain, also within the read
+// timeout of the drain's start, so that connections served late (they
+// waited for a slot) do not make the drain last longer.
+void ConnectionServer::start_body_clock() {
+  Exchange& e = this_thread.exchange;
+  e.deadline = Clock::now() + limits_.read_timeout;
+  if (draining()) {
+    const Clock::time_point began{Clock::duration(drain_began_ns_.load(std::memory_order_relaxed))};
+    e.deadline = std::min(e.deadline, began + limits_.read_timeout);
+  }
+}
+
+void ConnectionServer::end_request() {
+  if (!this_thread.in_request) {
+    return;  // (httplib's own answer to a head it could not read, before any hook)
+  }
+  this_thread.in_request = false;
+  if (requests_in_progress_.fetch_sub(1, std::memory_order_acq_rel) == 1 && draining()) {
+    { std::lock_guard lock(mutex_); }  // (the drain's waits check under mutex_: none misses this)
+    stopper_wake_.notify_all();
+  }
+}
 
 bool ConnectionServer::is_health(const httplib::Request& req) const {
   return (req.method == "GET" || req.method == "HEAD") &&
          std::find(health_paths_.begin(), health_paths_.end(), req.path) != health_paths_.end();
 }
 
-httplib::Server::HandlerResponse ConnectionServer::pre_route(const httplib::Request& req, httplib::Response& res) {
-  if (this_exchange != nullptr && this_exchange->beyond_capacity && !is_health(req)) {
-    res.status = 503;
-    res.set_header("Retry-After", "1");
-    res.set_content(json_error("unavailable", refusal_message()), "application/json");
-    return HandlerResponse::Handled;
+ConnectionServer::HandlerResponse ConnectionServer::pre_route(const httplib::Request& req, httplib::Response& res) {
+  begin_exchange();
+  if (!this_thread.holds_slot) {
+    const bool health = is_health(req);
+    // A health check takes a free slot, else is answered without one; any
+    // other request waits for one if there is room, else is refused.
+    if (this_thread.accepted_draining || !take_slot(!health)) {
+      if (health) {
+        counters_.health_at_capacity.fetch_add(1, std::memory_order_relaxed);
+        return HandlerResponse::Unhandled;
+      }
+      // A body on its way is read and dropped before the 503 (by the body's
+      // reader, which finds the refusal in the exchange), so that closing
+      // does not reset the connection before the client reads the answer;
+      // unless the gate refuses the body itself.
+      const bool has_body = req.has_header("Transfer-Encoding") ||
+                            (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+      if (has_body && gate_ != nullptr) {
+        if (gate_(req, res) == HandlerResponse::Handled) {
+          return HandlerResponse::Handled;
+        }
+        counters_.refused.fetch_add(1, std::memory_order_relaxed);
+        this_thread.exchange.refusal = refusal_message();
+        return HandlerResponse::Unhandled;
+      }
+      counters_.refused.fetch_add(1, std::memory_order_relaxed);
+      refuse(res, refusal_message());
+      return HandlerResponse::Handled;
+    }
+    start_body_clock();  // (it may have waited for the slot)
   }
   return gate_ != nullptr ? gate_(req, res) : HandlerResponse::Unhandled;
 }
 
-// Every answer, just before it is written: one that ends its connection
-// says so (and only so), and the observer counts it. While
-// connections wait for a worker, every answer ends its connection, so that
-// busy kept-alive clients take their turn rather than hold the workers.
+void ConnectionServer::refuse(httplib::Response& res, const std::string& message) {
+  res.status = 503;
+  res.headers.clear();
+  res.set_header("Retry-After", "1");
+  res.set_header("Connection", "close");
+  res.set_content(json_error("unavailable", message), "application/json");
+}
+
+// Every answer, just before it is written: during the drain, without a
+// slot, and while connections wait for one, it ends its connection (so that
+// busy kept-alive clients take their turn rather than hold the slots), and
+// says so; and the observer counts it.
 void ConnectionServer::post_route(const httplib::Request& req, httplib::Response& res) {
-  const auto connection = res.headers.find("Connection");
-  const bool close = (this_exchange != nullptr && this_exchange->last) || draining() ||
-                     line_waiting_.load(std::memory_order_relaxed) ||
-                     (connection != res.headers.end() && connection->second == "close");
+  if (!this_thread.exchange.refusal.empty() && res.status != 503) {
+    refuse(res, this_thread.exchange.refusal);  // (a handler that did not look at the refusal)
+  }
+  const bool close = draining() || !this_thread.holds_slot || line_waiting_.load(std::memory_order_relaxed) ||
+                     res.get_header_value("Connection") == "close";
   if (close) {
     res.headers.erase("Connection");
     res.headers.erase("Keep-Alive");
     res.set_header("Connection", "close");
-    if (this_exchange != nullptr) {
-      this_exchange->last = true;
-    }
   }
   // Counted before it is written: a client that has its answer finds it counted.
-  if (observer_ != nullptr && this_exchange != nullptr) {
-    observer_(req, res, Clock::now() - this_exchange->received);
+  if (observer_ != nullptr) {
+    const Clock::duration latency =
+        this_thread.in_connection ? Clock::now() - this_thread.exchange.received : Clock::duration::zero();
+    observer_(req, res, latency);
   }
 }
 
-// An answer of 400 or more: a request that failed to arrive in time or in
-// size is said to have (httplib says 400), and one without a body gets one.
-// (Called before the answer's Connection header is written.)
-httplib::Server::HandlerResponse ConnectionServer::on_error(const httplib::Request& req, httplib::Response& res) {
-  const RequestStream* stream = this_exchange != nullptr ? this_exchange->stream : nullptr;
-  if (stream != nullptr && stream->timed_out()) {
-    counters_.read_timeouts.fetch_add(1, std::memory_order_relaxed);
-    res.status = 408;
-    res.set_header("Connection", "close");
-    res.set_content(json_error("request_timeout", "the request was not received within " +
-                                                      std::to_string(limits_.read_timeout.count()) +
-                                                      " ms (--read-timeout-ms)"),
-                    "application/json");
-  } else if (stream != nullptr && stream->over_cap()) {
-    counters_.too_large.fetch_add(1, std::memory_order_relaxed);
-    res.status = 413;
-    res.set_header("Connection", "close");
-    res.set_content(json_error("too_large", "the request is larger than " +
-                                                std::to_string(byte_cap_.load(std::memory_order_relaxed) +
-                                                               head_allowance) +
-                                                " bytes, head and body"),
-                    "application/json");
-  } else if (res.body.empty()) {
-    // httplib's own error (a malformed head, no such route): the request's
-    // framing may be unknown, so the connection ends with the answer.
+// An answer of 400 or more: one without a body (httplib's own: a malformed
+// head, no such route) gets one, and as its request's framing may be
+// unknown, it ends the connection; so does one that says Connection: close
+// (a body refused unread).
+ConnectionServer::HandlerResponse ConnectionServer::on_error(const httplib::Request& req, httplib::Response& res) {
+  if (res.body.empty() && !res.has_header("Content-Type")) {
     res.set_header("Connection", "close");
     if (error_body_ != nullptr) {
       error_body_(req, res);
     }
   }
+  if (res.get_header_value("Connection") == "close" && !res.body.empty()) {
+    end_connection_after(res);
+  }
   return HandlerResponse::Handled;  // (httplib then sets Content-Length for the new body)
+}
+
+// httplib before 0.28 keeps a connection open after an answer that says
+// Connection: close (the client is to close it), and reads what follows,
+// e.g. the rest of a refused body, as the next request. A content
+// provider that gives up once it has written the body ends the connection
+// in every version: the body goes out through one. (Once the acceptor has
+// stopped, httplib writes no provider's body; the drain stops it between
+// requests, and later answers end their connections anyway.)
+void ConnectionServer::end_connection_after(httplib::Response& res) const {
+  if (stopped_.load(std::memory_order_acquire)) {
+    return;
+  }
+  const std::string type = res.get_header_value("Content-Type");
+  auto body = std::make_shared<const std::string>(std::move(res.body));
+  res.body.clear();
+  res.headers.erase("Content-Type");
+  res.set_content_provider(body->size(), type, [body](std::size_t offset, std::size_t, httplib::DataSink& sink) {
+    sink.write(body->data() + offset, body->size() - offset);
+    return false;  // written: httplib ends the connection
+  });
 }
 
 }  // namespace inference_server

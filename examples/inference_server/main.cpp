@@ -10,9 +10,8 @@
 //
 //   options.*           the command line (CLI11)
 //   request.*           a request's body and header values, read strictly (nlohmann_json)
-//   request_stream.*    the socket stream: whole-request read deadline, byte cap
-//   connections.*       admission (bounded; 503 beyond), health checks at capacity, drain
-//   lingering_closer.*  closing a connection without destroying its last answer
+//   connections.*       admission (bounded; 503 beyond), health checks at capacity,
+//                       body deadlines, drain; over cpp-httplib's public API only
 //   service.*           the endpoints over the model and the Batcher
 //   main.cpp            start-up, signals, shutdown
 //
@@ -141,6 +140,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "inference_server: cannot listen on %s:%d\n", options.host.c_str(), options.port);
     return 1;
   }
+  std::printf("inference_server: cpp-httplib %s\n", CPPHTTPLIB_VERSION);
   std::printf("inference_server: accepting connections on http://%s:%d; loading the model (/readyz: 503 until ready)\n",
               options.host.c_str(), port);
   std::fflush(stdout);
@@ -169,12 +169,23 @@ int main(int argc, char** argv) {
     status = 1;
     http->drain();
   }
-  listener.join();  // after the drain, once every accepted connection is answered
+  // After the drain, once every accepted connection is answered.
+  const bool every_connection_closed = http->wait_until_served();
+  if (every_connection_closed) {
+    listener.join();
+  }
   service.shutdown();
   std::printf("inference_server: stopped: %s\n", service.summary().c_str());
   std::fflush(stdout);
   finished.store(true);
   pthread_kill(signal_thread.native_handle(), SIGUSR1);
   signal_thread.join();
+  if (!every_connection_closed) {
+    // Idle kept-alive connections that httplib before 0.18.1 keeps until
+    // their keep-alive timeout even once stopped: every request is
+    // answered, so the process ends now, closing them.
+    std::fflush(nullptr);
+    std::_Exit(status);
+  }
   return status != 0 ? status : (listened ? 0 : 1);
 }

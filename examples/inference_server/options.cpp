@@ -62,12 +62,12 @@ ServerOptions parse_options(int argc, char** argv) {
           "A request's deadline (X-Timeout-Ms overrides): past it, 504 and its HTTP thread is released (0: none)");
 
   const std::string limits = "Connections and limits";
-  bounded(app, limits, "--threads", o.threads, 1, 4096, "HTTP worker threads: connections served at once");
+  bounded(app, limits, "--threads", o.threads, 1, 4096, "Connections served at once (each holds a slot while it stays open)");
   bounded(app, limits, "--max-pending-connections", o.max_pending_connections, -1, 1'000'000,
-          "Accepted connections waiting for a worker (-1: as many as --threads); beyond them, 503 at once");
+          "Requests waiting for a slot (-1: as many as --threads); beyond them, 503 at once");
   bounded(app, limits, "--read-timeout-ms", o.read_timeout_ms, 1, 3'600'000,
-          "A whole request (head and body) must arrive within this, else 408");
-  bounded(app, limits, "--write-timeout-ms", o.write_timeout_ms, 1, 3'600'000, "A whole response must be sent within this");
+          "Each wait for a request's bytes ends within this, and a whole body within this of its head, else 408");
+  bounded(app, limits, "--write-timeout-ms", o.write_timeout_ms, 1, 3'600'000, "Each wait to send an answer ends within this");
   bounded(app, limits, "--keep-alive-timeout-ms", o.keep_alive_timeout_ms, 1, 3'600'000,
           "An idle kept-alive connection is closed after this");
   bounded(app, limits, "--keep-alive-max", o.keep_alive_max, 1, 1'000'000'000,

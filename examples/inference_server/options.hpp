@@ -17,10 +17,10 @@ struct ServerOptions {
   int timeout_ms = 2000;  // a request's deadline unless X-Timeout-Ms says otherwise; 0: none
   int verify = 0;         // ids 0..verify-1 get a reference answer to check against
   // Connections and their limits.
-  int threads = 160;                  // HTTP worker threads: connections served at once
-  int max_pending_connections = -1;   // accepted connections waiting for a worker (-1: as many as --threads)
-  int read_timeout_ms = 10'000;       // a whole request (head and body) must arrive within this
-  int write_timeout_ms = 10'000;      // a whole response must be sent within this
+  int threads = 160;                  // slots: connections served at once
+  int max_pending_connections = -1;   // requests waiting for a slot (-1: as many as --threads)
+  int read_timeout_ms = 10'000;       // each wait for bytes; a whole body from its head (else 408)
+  int write_timeout_ms = 10'000;      // each wait to send an answer
   int keep_alive_timeout_ms = 2'000;  // an idle kept-alive connection is closed after this
   int keep_alive_max = 100'000;       // requests per connection; the last one says Connection: close
   long long max_body_bytes = 0;       // 0: derived from the model (max_batch rows as JSON)

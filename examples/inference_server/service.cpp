@@ -71,6 +71,28 @@ bool equals_ignoring_case(std::string_view a, std::string_view b) {
   });
 }
 
+// A body's framing this server does not take: a transfer encoding other
+// than chunked (501), or more than one framing (400). (Current httplib
+// refuses both itself, before the gate; fill_error() then says why.)
+struct FramingFault {
+  int code;
+  std::string_view status;
+  std::string message;
+};
+std::optional<FramingFault> framing_fault(const httplib::Request& req) {
+  const std::size_t lengths = req.get_header_value_count("Content-Length");
+  const std::string encoding = req.get_header_value("Transfer-Encoding");
+  const bool chunked = equals_ignoring_case(encoding, "chunked");
+  if (!encoding.empty() && !chunked) {
+    return FramingFault{501, "not_implemented",
+                        "Transfer-Encoding " + encoding + " is not supported; send Content-Length or chunked"};
+  }
+  if (lengths > 1 || (lengths == 1 && chunked)) {
+    return FramingFault{400, "invalid_request", "give one Content-Length, or Transfer-Encoding: chunked, not both"};
+  }
+  return std::nullopt;
+}
+
 std::string format(const char* fmt, double value) {
   char buffer[64];
   std::snprintf(buffer, sizeof buffer, fmt, value);
@@ -83,17 +105,17 @@ InferenceService::InferenceService(ServerOptions options, ConnectionServer& http
     : options_(std::move(options)), http_(http) {}
 
 void InferenceService::install() {
-  http_.Post("/v1/infer", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
+  http_.routes().Post("/v1/infer", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
     infer(req, res, read);
   });
-  http_.Get("/v1/stats", [this](const httplib::Request&, httplib::Response& res) {
+  http_.routes().Get("/v1/stats", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(stats_json(), "application/json");
   });
-  http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  http_.routes().Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(prometheus(), "text/plain; version=0.0.4");
   });
-  http_.Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
-  http_.Get("/readyz", [this](const httplib::Request&, httplib::Response& res) {
+  http_.routes().Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+  http_.routes().Get("/readyz", [this](const httplib::Request&, httplib::Response& res) {
     const Readiness r = readiness();
     res.status = r.ready ? 200 : 503;
     res.set_content(r.ready ? "ready\n" : "not ready: " + r.why + "\n", "text/plain");
@@ -104,7 +126,7 @@ void InferenceService::install() {
   http_.set_answer_observer([this](const httplib::Request& req, const httplib::Response& res, Clock::duration latency) {
     on_answer(req, res, latency);
   });
-  http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
+  http_.routes().set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
     res.status = 500;
     try {
       std::string what = "an exception that is not a std::exception";
@@ -143,7 +165,6 @@ void InferenceService::set_model(std::unique_ptr<Model> model) {
   const std::size_t max_rows = model_->batch_sizes().back();
   body_limit_ = options_.max_body_bytes > 0 ? static_cast<std::size_t>(options_.max_body_bytes)
                                             : max_rows * row_ * json_bytes_per_number + body_limit_slack;
-  http_.set_request_byte_cap(body_limit_);
   model_ready_.store(true, std::memory_order_release);
 }
 
@@ -189,13 +210,8 @@ httplib::Server::HandlerResponse InferenceService::gate(const httplib::Request& 
     refuse_unread(res, 503, "unavailable", "the model is still loading; /readyz says when it is ready");
     return httplib::Server::HandlerResponse::Handled;
   }
-  if (!encoding.empty() && !chunked) {
-    refuse_unread(res, 501, "not_implemented",
-                  "Transfer-Encoding " + encoding + " is not supported; send Content-Length or chunked");
-    return httplib::Server::HandlerResponse::Handled;
-  }
-  if (lengths > 1 || (lengths == 1 && chunked)) {
-    refuse_unread(res, 400, "invalid_request", "give one Content-Length, or Transfer-Encoding: chunked, not both");
+  if (const std::optional<FramingFault> fault = framing_fault(req)) {
+    refuse_unread(res, fault->code, fault->status, fault->message);
     return httplib::Server::HandlerResponse::Handled;
   }
   if (lengths == 0 && !chunked) {
@@ -223,23 +239,69 @@ httplib::Server::HandlerResponse InferenceService::gate(const httplib::Request& 
 void InferenceService::infer(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
   const Exchange* exchange = current_exchange();
   const Clock::time_point received = exchange != nullptr ? exchange->received : Clock::now();
+  const Clock::time_point deadline =
+      exchange != nullptr ? exchange->deadline : received + http_.limits().read_timeout;
+  if (exchange != nullptr && !exchange->refusal.empty()) {
+    // Refused at capacity: the body is dropped first (within the limits), so the 503 is read, not reset.
+    std::size_t dropped = 0;
+    read([&](const char*, std::size_t n) {
+      dropped += n;
+      return dropped <= body_limit_ && Clock::now() <= deadline;
+    });
+    res.set_header("Retry-After", "1");
+    refuse_unread(res, 503, "unavailable", exchange->refusal);
+    return;
+  }
   std::string body;
   if (std::uint64_t length = 0; req.has_header("Content-Length") &&
                                  parse_header_integer("Content-Length", req.get_header_value("Content-Length"), 0,
                                                       body_limit_, length).empty()) {
-    body.reserve(length);  // (gate() refused a larger one)
+    try {
+      body.reserve(length);  // (gate() refused a larger one)
+    } catch (const std::bad_alloc&) {
+      // grown as it comes instead, while memory lasts
+    }
   }
   bool over_limit = false;
+  bool late = false;
+  // A failure to hold the body (std::bad_alloc) is answered once the whole
+  // body has been read (and dropped): a client still sending it then gets
+  // its answer rather than a broken connection.
+  std::exception_ptr failure;
+  std::size_t taken = 0;
   const bool complete = read([&](const char* data, std::size_t n) {
-    if (n > body_limit_ - body.size()) {
+    if (n > body_limit_ - taken) {
       over_limit = true;
       return false;
     }
-    body.append(data, n);
+    taken += n;
+    // A body sent a byte at a time must still arrive within the read timeout of its head.
+    if (Clock::now() > deadline) {
+      late = true;
+      return false;
+    }
+    if (failure == nullptr) {
+      try {
+        body.append(data, n);
+      } catch (...) {
+        failure = std::current_exception();
+        std::string().swap(body);
+      }
+    }
     return true;
   });
+  if (complete && failure != nullptr) {
+    std::rethrow_exception(failure);  // (the exception handler answers 500)
+  }
   if (!complete) {
-    if (over_limit) {
+    // (httplib gives up too when no byte comes within the read timeout: then the deadline has passed)
+    if (late || (!over_limit && Clock::now() >= deadline)) {
+      http_.count_read_timeout();
+      refuse_unread(res, 408, "request_timeout",
+                    "the body was not received within " + std::to_string(http_.limits().read_timeout.count()) +
+                        " ms of its head (--read-timeout-ms)");
+    } else if (over_limit) {
+      http_.count_too_large();
       refuse_unread(res, 413, "too_large", "the body is larger than " + std::to_string(body_limit_) +
                                                " bytes (--max-body-bytes; by default the largest batch as JSON)");
     } else {
@@ -346,6 +408,10 @@ void InferenceService::fill_error(const httplib::Request& req, httplib::Response
       status = "not_found";
       message = "no endpoint " + req.method + " " + req.path + "; the endpoints are " + std::string(endpoint_list);
     }
+  } else if (const std::optional<FramingFault> fault = res.status == 400 ? framing_fault(req) : std::nullopt) {
+    res.status = fault->code;
+    status = fault->status;
+    message = fault->message;
   } else if (res.status == 400) {
     status = "invalid_request";
     message = "the request line or headers are malformed, or the method is not one HTTP/1.1 servers know";
@@ -503,7 +569,7 @@ std::string InferenceService::prometheus() const {
   m += "# HELP replay_batch_failures_in_a_row Batches that failed since the last one that succeeded.\n"
        "# TYPE replay_batch_failures_in_a_row gauge\nreplay_batch_failures_in_a_row " +
        std::to_string(health_.failures_in_a_row()) + "\n";
-  m += "# HELP replay_request_latency_seconds Time to answer /v1/infer, in the server, from its first byte.\n"
+  m += "# HELP replay_request_latency_seconds Time to answer /v1/infer, in the server, from the arrival of its head.\n"
        "# TYPE replay_request_latency_seconds histogram\n";
   std::uint64_t cumulative = 0;
   for (std::size_t b = 0; b < Metrics::bounds_us.size(); ++b) {
