@@ -25,6 +25,8 @@
 #include "replay/flags.hpp"
 #include "replay/graph.hpp"
 #include "replay/graph_exec.hpp"
+#include "replay/piecewise/exec.hpp"
+#include "replay/piecewise/options.hpp"
 #include "replay/shape_router/backend.hpp"
 #include "replay/shape_router/graph_memory.hpp"
 #include "replay/shape_router/stats.hpp"
@@ -51,14 +53,18 @@ class CudaGraphBackend {
  public:
   using stream_type = StreamRef;
   using exec_type = GraphExec;
+  using piecewise_type = PiecewiseExec;
 
   // `flags` for every instantiation; with InstantiateFlags::upload (the
   // default) each new or re-instantiated graph is uploaded on the caller's
   // stream, so its first launch pays no upload and its pool memory is mapped
-  // when it is captured, not in the serving path.
+  // when it is captured, not in the serving path. `piecewise`: the bounds of
+  // each piecewise executable (BreakPolicy::piecewise); its segments are
+  // captured in `mode`.
   explicit CudaGraphBackend(CaptureMode mode = CaptureMode::this_thread,
-                            InstantiateFlags flags = InstantiateFlags::upload)
+                            InstantiateFlags flags = InstantiateFlags::upload, PiecewiseOptions piecewise = {})
       : mode_(mode),
+        piecewise_(piecewise),
         upload_(has_flag(flags, InstantiateFlags::upload)),
         // Uploads are issued explicitly on the caller's stream (see upload_),
         // never on the stream a GraphExec remembers from its construction.
@@ -105,6 +111,46 @@ class CudaGraphBackend {
 
   void launch(const GraphExec& exec, StreamRef stream,
               ::std::source_location where = ::std::source_location::current()) const {
+    exec.launch(stream, where);
+  }
+
+  // Captures issue(stream) with replay::capture_piecewise on the caller's
+  // stream: the work runs once, there. Memory: the allocation nodes'
+  // bytes, and the growth of the device's graph pool while it was captured
+  // (its segments are instantiated and launched at their breaks); paths
+  // captured later, at launches, are bounded by the PiecewiseOptions given
+  // at construction, not by the router's max_bytes.
+  template <class Issue>
+    requires ::std::invocable<Issue&, StreamRef>
+  CapturedPieces<PiecewiseExec> capture_piecewise(StreamRef stream, Issue&& issue,
+                                                  ::std::source_location where = ::std::source_location::current()) const {
+    const int device = detail::device_of(stream.get(), where);
+    const detail::DeviceScope on_device(device, where);
+    {
+      const ::std::lock_guard<::std::mutex> lock(shared_->mutex);
+      shared_->devices.insert(device);  // trimmed after evictions
+      shared_->last_device = device;
+    }
+    PiecewiseOptions options = piecewise_;
+    options.mode = mode_;
+    const ::std::size_t reserved_before = pool_reserved(device, where);
+    PiecewiseExec exec = replay::capture_piecewise(stream, ::std::forward<Issue>(issue), options, where);
+    GraphMemory memory;
+    memory.footprint_bytes = growth(reserved_before, pool_reserved(device, where));
+    memory.alloc_bytes = exec.stats(where).alloc_bytes;
+    ::std::vector<::std::string> regions;
+    const ::std::vector<PiecewiseSegmentInfo> path = exec.last_path(where);
+    for (const PiecewiseSegmentInfo& segment : path) {
+      if (!segment.region.empty()) {
+        regions.push_back(segment.region);
+      }
+    }
+    return CapturedPieces<PiecewiseExec>{::std::move(exec), memory, path.size(), ::std::move(regions)};
+  }
+  // A piecewise executable's launch: it serializes its own launches and
+  // orders them across streams.
+  void launch_piecewise(PiecewiseExec& exec, StreamRef stream,
+                        ::std::source_location where = ::std::source_location::current()) const {
     exec.launch(stream, where);
   }
 
@@ -278,6 +324,7 @@ class CudaGraphBackend {
   }
 
   CaptureMode mode_;
+  PiecewiseOptions piecewise_;
   bool upload_;
   InstantiateFlags flags_;
   ::std::shared_ptr<Shared> shared_;
@@ -287,5 +334,6 @@ static_assert(GraphBackend<CudaGraphBackend>);
 static_assert(ReportsPoolMemory<CudaGraphBackend>);
 static_assert(OrdersStreams<CudaGraphBackend>);
 static_assert(TrimsMemory<CudaGraphBackend>);
+static_assert(CapturesPiecewise<CudaGraphBackend>);
 
 }  // namespace replay
