@@ -1718,15 +1718,21 @@ namespace {
 // region_in_capture_error (the real one) and runs its region in place in
 // the router's eager runs. No piecewise capture.
 struct FakeOneGraphBackend : FakeBackend {
+  struct Open {
+    Open() { ++replay::detail::open_capture_scopes(); }
+    Open(const Open&) = delete;
+    Open& operator=(const Open&) = delete;
+    ~Open() { --replay::detail::open_capture_scopes(); }
+  };
   template <class Issue>
   replay::CapturedGraph<FakeExec> capture(FakeStream* s, Issue&& issue, std::source_location where) {
-    struct Open {
-      Open() { ++replay::detail::open_capture_scopes(); }
-      Open(const Open&) = delete;
-      Open& operator=(const Open&) = delete;
-      ~Open() { --replay::detail::open_capture_scopes(); }
-    } open;
+    const Open open;
     return FakeBackend::capture(s, issue, where);
+  }
+  template <class Issue>
+  replay::RecaptureResult recapture(FakeExec& exec, FakeStream* s, Issue&& issue, std::source_location where) {
+    const Open open;
+    return FakeBackend::recapture(exec, s, issue, where);
   }
 };
 
@@ -2036,5 +2042,31 @@ TEST_SUITE("host") {
       CHECK(s->executed == expected);
     }
     CHECK(router.backend().orderings == 1);  // b was ordered after a
+  }
+
+  TEST_CASE("an invalidated whole graph whose work now declares a break is replaced by a piecewise one") {
+    bool declare = false;
+    BreakRouter<FakePiecewiseBackend> router(
+        [&declare](int n, FakeStream* s) {
+          s->issue(op("k", n));
+          if (declare) {
+            declared_break(s, "read back");
+          }
+        },
+        piecewise_options());
+    FakeStream s;
+    (void)router.run(3, &s);
+    CHECK(router.entry_info(3).kind == replay::RouterEntryKind::whole);
+    declare = true;
+    CHECK(router.invalidate(3));
+    s.executed.clear();
+    CHECK(router.run(3, &s).kind == replay::RouteKind::recaptured);
+    CHECK(s.executed == std::vector<std::string>{"k3", "region read back"});  // once
+    CHECK(router.entry_info(3).kind == replay::RouterEntryKind::piecewise);
+    CHECK(router.graph_count() == 1);
+    CHECK(router.stats().updates == 0);
+    CHECK(router.stats().reinstantiations == 0);
+    CHECK(router.run(3, &s).kind == replay::RouteKind::replayed);
+    CHECK(router.backend().piece_launches == 1);
   }
 }

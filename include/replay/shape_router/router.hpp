@@ -138,7 +138,9 @@ class ShapeRouter {
   // (capture_attempts) and otherwise tried again later; a capture that fails
   // on its own work marks the key eager and the handler is told once. This
   // and later runs then issue the work eagerly. Exceptions from the work
-  // itself when run eagerly, and launch errors, do propagate.
+  // itself when run eagerly, and launch errors, do propagate, and so does the
+  // error of a failed piecewise capture (BreakPolicy::piecewise), which may
+  // have run part of the work: it is not run again eagerly.
   Route<Key> run(const Key& key, stream_type stream,
                  ::std::source_location where = ::std::source_location::current());
 

@@ -298,7 +298,7 @@ inline auto ShapeRouter<Key, Backend>::capture_locked(::std::unique_lock<::std::
   entry->interrupted_rounds = 0;
   if (entry->detached) {
     // Forgotten meanwhile (clear(), max_entries): the graph serves this run, then goes.
-    if (recapture) {
+    if (recapture && !attempt.pieces) {
       return graph;
     }
     ++stats_.captures;
@@ -306,7 +306,7 @@ inline auto ShapeRouter<Key, Backend>::capture_locked(::std::unique_lock<::std::
     return slot_of(attempt);
   }
   entry->reason.clear();
-  if (recapture) {
+  if (recapture && !attempt.pieces) {
     total_bytes_ -= entry->memory.footprint_bytes;
     entry->memory.alloc_bytes = attempt.updated.memory.alloc_bytes;
     // An in-place update reuses the executable graph: it keeps its footprint.
@@ -319,7 +319,9 @@ inline auto ShapeRouter<Key, Backend>::capture_locked(::std::unique_lock<::std::
     total_bytes_ += entry->memory.footprint_bytes;
   } else {
     if (entry->graph) {
-      drop_graph(*entry, State::capturing);  // the piecewise executable this one replaces
+      // The executable this one replaces: a piecewise one, or a whole one
+      // whose work declares a break since it was invalidated.
+      drop_graph(*entry, State::capturing);
     }
     graph = slot_of(attempt);
     if (attempt.pieces) {
