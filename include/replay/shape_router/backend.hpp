@@ -101,11 +101,11 @@ struct KeptIssueArchetype {
 //   BreakPolicy::piecewise needs it):
 //     using piecewise_type (movable): graph segments and eager regions;
 //     CapturedPieces<piecewise_type> capture_piecewise(stream_type, Issue, source_location)
-//         captures issue(s) piecewise on `stream` itself. Unlike capture(),
-//         this runs the work once, on `stream`: the router counts it as the
-//         run. `issue` is kept by the result (run again after a region
-//         returns a value never seen) and refers to the router, which
-//         outlives it. Called inside a submission on `stream`;
+//         captures issue(s) piecewise. Unlike capture(), this runs the work
+//         once, in `stream`'s order (work issued on `stream` later runs after
+//         it): the router counts it as the run. `issue` is kept by the result
+//         (run again after a region returns a value never seen) and refers
+//         to the router, which outlives it. Called inside a submission on `stream`;
 //     void launch_piecewise(piecewise_type&, stream_type, source_location)
 //         replays it; it orders streams and serializes its own launches.
 // A capture() whose work declares a break (replay::eager inside a capture

@@ -114,27 +114,31 @@ class CudaGraphBackend {
     exec.launch(stream, where);
   }
 
-  // Captures issue(stream) with replay::capture_piecewise on the caller's
-  // stream: the work runs once, there. Memory: the allocation nodes'
-  // bytes, and the growth of the device's graph pool while it was captured
-  // (its segments are instantiated and launched at their breaks); paths
-  // captured later, at launches, are bounded by the PiecewiseOptions given
-  // at construction, not by the router's max_bytes.
+  // Captures issue(s) with replay::capture_piecewise, which runs the work
+  // once: on a capture stream of the backend's own, in `stream`'s order (it
+  // waits for the work issued on `stream` so far, and what is issued on
+  // `stream` next waits for it, also when the capture throws). Not on `stream`
+  // itself: a stream capture takes in whatever any thread issues on its
+  // stream meanwhile. Memory: the allocation nodes' bytes, and the growth of
+  // the device's graph pool while it was captured (its segments are
+  // instantiated and launched at their breaks); paths captured later, at
+  // launches, are bounded by the PiecewiseOptions given at construction, not
+  // by the router's max_bytes.
   template <class Issue>
     requires ::std::invocable<Issue&, StreamRef>
   CapturedPieces<PiecewiseExec> capture_piecewise(StreamRef stream, Issue&& issue,
                                                   ::std::source_location where = ::std::source_location::current()) const {
     const int device = detail::device_of(stream.get(), where);
     const detail::DeviceScope on_device(device, where);
-    {
-      const ::std::lock_guard<::std::mutex> lock(shared_->mutex);
-      shared_->devices.insert(device);  // trimmed after evictions
-      shared_->last_device = device;
-    }
+    const CaptureStream on(*shared_, device, where);  // also makes the device one trim() covers
+    const Event before(EventFlags::disable_timing, where);
+    before.record(stream, where);
+    before.wait_on(on.ref(), where);
+    const JoinBack join_back(on.ref(), stream, where);
     PiecewiseOptions options = piecewise_;
     options.mode = mode_;
     const ::std::size_t reserved_before = pool_reserved(device, where);
-    PiecewiseExec exec = replay::capture_piecewise(stream, ::std::forward<Issue>(issue), options, where);
+    PiecewiseExec exec = replay::capture_piecewise(on.ref(), ::std::forward<Issue>(issue), options, where);
     GraphMemory memory;
     memory.footprint_bytes = growth(reserved_before, pool_reserved(device, where));
     memory.alloc_bytes = exec.stats(where).alloc_bytes;
@@ -275,6 +279,25 @@ class CudaGraphBackend {
       throw;
     }
   }
+
+  // Orders `to` after the work issued on `from` when it goes out of scope
+  // (the end of a piecewise capture, thrown or not).
+  struct JoinBack {
+    StreamRef from;
+    StreamRef to;
+    Event done;
+    JoinBack(StreamRef f, StreamRef t, const ::std::source_location& where)
+        : from(f), to(t), done(EventFlags::disable_timing, where) {}
+    JoinBack(const JoinBack&) = delete;
+    JoinBack& operator=(const JoinBack&) = delete;
+    ~JoinBack() {
+      if (!detail::succeeded(::cudaEventRecord(done.get(), from.get())) ||
+          !detail::succeeded(::cudaStreamWaitEvent(to.get(), done.get(), 0))) {
+        // Cannot order: wait on the host instead, so that `to` never runs ahead.
+        (void)detail::succeeded(::cudaStreamSynchronize(from.get()));
+      }
+    }
+  };
 
   // The CUDA steps of detail::update_or_reinstantiate (see there).
   struct InstantiateSteps {
