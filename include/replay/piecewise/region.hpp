@@ -51,6 +51,7 @@ namespace replay {
 // it to capture the key piecewise instead.
 class region_in_capture_error : public usage_error {
  public:
+  // `what` and `where` as for usage_error.
   explicit region_in_capture_error(::std::string_view what,
                                    ::std::source_location where = ::std::source_location::current())
       : usage_error(what, where) {}

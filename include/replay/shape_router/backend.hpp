@@ -27,7 +27,9 @@ struct CapturedGraph {
 // segments and eager regions, its memory, and the path its capture took.
 template <class Pieces>
 struct CapturedPieces {
+  // The executable (it ran the work once).
   Pieces exec;
+  // Its memory, as the router counts it against max_bytes.
   GraphMemory memory;
   // Segments of the path captured (empty ones included).
   ::std::size_t segments = 0;

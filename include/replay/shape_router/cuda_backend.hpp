@@ -53,6 +53,7 @@ class CudaGraphBackend {
  public:
   using stream_type = StreamRef;
   using exec_type = GraphExec;
+  // What a key whose work declares a break is kept as (BreakPolicy::piecewise).
   using piecewise_type = PiecewiseExec;
 
   // `flags` for every instantiation; with InstantiateFlags::upload (the

@@ -57,7 +57,8 @@ struct RouterStats {
   ::std::uint64_t misses = 0;
   ::std::uint64_t warmups = 0;           // eager warm-up runs (in run() and capture_all())
   ::std::uint64_t captures = 0;          // new graphs (in run() and capture_all()), piecewise ones included
-  ::std::uint64_t piecewise_captures = 0;  // new graphs captured piecewise (BreakPolicy::piecewise)
+  // Of those, the ones captured piecewise (BreakPolicy::piecewise).
+  ::std::uint64_t piecewise_captures = 0;
   ::std::uint64_t updates = 0;           // re-captures applied in place (cudaGraphExecUpdate)
   ::std::uint64_t reinstantiations = 0;  // re-captures that needed a new executable graph
   ::std::uint64_t evictions = 0;         // graphs dropped for max_graphs / max_bytes
@@ -125,6 +126,7 @@ enum class RouterEntryKind : ::std::uint8_t {
   eager,      // runs eagerly: its capture failed (reason), or it is above the largest bucket
 };
 
+// The kind's name, as spelled in the enum.
 constexpr ::std::string_view to_string(RouterEntryKind kind) noexcept {
   switch (kind) {
     case RouterEntryKind::pending: return "pending";
@@ -138,17 +140,23 @@ constexpr ::std::string_view to_string(RouterEntryKind kind) noexcept {
 // One key of a router, and how it is served.
 template <class Key>
 struct RouterEntryInfo {
-  Key shape;  // the padded shape
+  // The padded shape.
+  Key shape;
+  // How it is served.
   RouterEntryKind kind = RouterEntryKind::pending;
   // Piecewise: segments of the path captured first (empty ones included) and
   // the names of its regions, in order.
   ::std::size_t segments = 0;
+  // Piecewise: the names of the regions on that path, in order.
   ::std::vector<::std::string> regions;
   // Eager: why (the capture failure, or oversize).
   ::std::string reason;
-  GraphMemory memory;           // whole or piecewise: as counted against max_bytes
-  ::std::uint64_t replays = 0;  // launches of its graph, the capturing run included
-  bool stale = false;           // invalidated; re-captured on next use
+  // Whole or piecewise: its memory, as counted against max_bytes.
+  GraphMemory memory;
+  // Launches of its graph, the capturing run included.
+  ::std::uint64_t replays = 0;
+  // Invalidated: re-captured on its next run.
+  bool stale = false;
 };
 
 template <class Key>
