@@ -5,7 +5,7 @@
 # is the heavy lane's: gpu-check.d/torch.sh runs it after the libtorch build.
 set -uo pipefail
 status=0
-for ex in dynamic_batch pipeline_throughput device_loop capture_audit; do
+for ex in dynamic_batch piecewise_chain pipeline_throughput device_loop capture_audit; do
   bin=build/gpu/examples/$ex/$ex
   if [ -x "$bin" ]; then
     echo "== $ex"

@@ -288,6 +288,12 @@ TEST_SUITE("host") {
       ++replay::detail::open_capture_scopes();
       CHECK_THROWS_WITH_AS(replay::eager(stream, "one graph", region), doctest::Contains("replay::capture_piecewise"),
                            replay::usage_error);
+      // Its own type, a usage_error: what a ShapeRouter with BreakPolicy::piecewise tells apart.
+      CHECK_THROWS_AS(replay::eager(stream, "one graph", region), replay::region_in_capture_error);
+      {
+        const replay::detail::RegionsInline in_place;  // never inside a capture
+        CHECK_THROWS_AS(replay::eager(stream, "one graph", region), replay::region_in_capture_error);
+      }
       CHECK_THROWS_WITH_AS((void)replay::capture_piecewise(stream, [](replay::StreamRef) {}),
                            doctest::Contains("inside a stream capture"), replay::usage_error);
       --replay::detail::open_capture_scopes();
@@ -300,6 +306,20 @@ TEST_SUITE("host") {
                            doctest::Contains("inside a region"), replay::usage_error);
     }
     CHECK(ran == 0);
+    CHECK(replay::detail::piecewise_thread_state().regions_running == 0);
+    {
+      // A ShapeRouter's eager run of its work: the region runs in place, its value returned.
+      const replay::detail::RegionsInline in_place;
+      replay::eager(stream, "in place", region);
+      CHECK(ran == 1);
+      CHECK(replay::eager(stream, "value", [](replay::StreamRef) { return 7; }) == 7);
+      {
+        replay::detail::RegionRunning in_region;  // still refused inside a region
+        CHECK_THROWS_WITH_AS(replay::eager(stream, "nested", region), doctest::Contains("inside a region"),
+                             replay::usage_error);
+      }
+    }
+    CHECK(replay::detail::piecewise_thread_state().regions_inline == 0);
     CHECK(replay::detail::piecewise_thread_state().regions_running == 0);
     replay::PiecewiseOptions no_paths;
     no_paths.max_paths = 0;

@@ -75,6 +75,8 @@ struct FakeStream {
   }
   std::vector<std::string> executed;            // what "ran", in order
   std::vector<std::string>* recording = nullptr;  // set while capturing
+  std::vector<std::string>* regions = nullptr;    // set while a piecewise capture or executable runs
+  bool capturing_pieces = false;                  // a piecewise capture: a sync breaks its segment
   bool invalidated = false;                       // a sync happened during capture
 
   void issue(std::string op) {
@@ -86,7 +88,7 @@ struct FakeStream {
   }
   // Like cudaStreamSynchronize: fine eagerly, breaks a capture (without throwing).
   void sync() {
-    if (recording != nullptr) {
+    if (recording != nullptr || capturing_pieces) {
       invalidated = true;
     } else {
       executed.push_back("sync");
@@ -1704,5 +1706,367 @@ TEST_SUITE("host") {
     CHECK(router.stats().interrupted_captures == 4);
     CHECK(router.stats().capture_failures == 0);
     CHECK(router.run(3, &s).kind == replay::RouteKind::replayed);
+  }
+}
+
+// ---- declared breaks (BreakPolicy) -----------------------------------------
+
+namespace {
+
+// A stand-in whole capture as CudaGraphBackend's: a capture scope counts as
+// open on this thread, so that replay::eager in the work throws
+// region_in_capture_error (the real one) and runs its region in place in
+// the router's eager runs. No piecewise capture.
+struct FakeOneGraphBackend : FakeBackend {
+  struct Open {
+    Open() { ++replay::detail::open_capture_scopes(); }
+    Open(const Open&) = delete;
+    Open& operator=(const Open&) = delete;
+    ~Open() { --replay::detail::open_capture_scopes(); }
+  };
+  template <class Issue>
+  replay::CapturedGraph<FakeExec> capture(FakeStream* s, Issue&& issue, std::source_location where) {
+    const Open open;
+    return FakeBackend::capture(s, issue, where);
+  }
+  template <class Issue>
+  replay::RecaptureResult recapture(FakeExec& exec, FakeStream* s, Issue&& issue, std::source_location where) {
+    const Open open;
+    return FakeBackend::recapture(exec, s, issue, where);
+  }
+};
+
+// A stand-in piecewise executable: it keeps the work and runs it again at
+// each launch, its regions included (what a PiecewiseExec's segments and
+// regions do, in order).
+struct FakePieces {
+  std::function<void(FakeStream*)> work;
+  std::shared_ptr<std::atomic<bool>> gone = std::make_shared<std::atomic<bool>>(false);
+  FakePieces(std::function<void(FakeStream*)> w) : work(std::move(w)) {}
+  FakePieces(FakePieces&&) noexcept = default;
+  FakePieces& operator=(FakePieces&&) noexcept = default;
+  ~FakePieces() {
+    if (gone) {
+      *gone = true;
+    }
+  }
+};
+
+// The same, and it captures piecewise: the capture runs the work on the
+// stream, taking each declared break; a stray sync fails it after the work
+// ran (as a piecewise capture fails after its earlier segments ran).
+struct FakePiecewiseBackend : FakeOneGraphBackend {
+  using piecewise_type = FakePieces;
+  std::atomic<int> piece_launches{0};
+  std::atomic<int> piece_captures{0};
+  std::vector<std::shared_ptr<std::atomic<bool>>> pieces_gone;  // one per piecewise capture
+
+  FakePiecewiseBackend() = default;
+  FakePiecewiseBackend(const FakePiecewiseBackend& other) : FakeOneGraphBackend(other) {}
+
+  template <class Issue>
+  replay::CapturedPieces<FakePieces> capture_piecewise(FakeStream* s, Issue issue, std::source_location) {
+    ++piece_captures;
+    std::vector<std::string> regions;
+    const std::size_t before = s->executed.size();
+    s->regions = &regions;
+    s->capturing_pieces = true;
+    s->invalidated = false;
+    try {
+      issue(s);
+    } catch (...) {
+      s->regions = nullptr;
+      s->capturing_pieces = false;
+      throw;
+    }
+    s->regions = nullptr;
+    s->capturing_pieces = false;
+    if (s->invalidated) {
+      throw std::runtime_error("fake piecewise segment invalidated by sync");
+    }
+    const std::vector<std::string> ops(s->executed.begin() + static_cast<std::ptrdiff_t>(before), s->executed.end());
+    FakePieces pieces{std::function<void(FakeStream*)>(issue)};
+    pieces_gone.push_back(pieces.gone);
+    const std::size_t segments = regions.size() + 1;
+    return {std::move(pieces), memory_of(ops), segments, std::move(regions)};
+  }
+  void launch_piecewise(FakePieces& pieces, FakeStream* s, std::source_location) {
+    touch(s);
+    ++piece_launches;
+    std::vector<std::string> ignored;
+    s->regions = &ignored;  // the executable runs its regions itself
+    pieces.work(s);
+    s->regions = nullptr;
+  }
+};
+
+static_assert(!replay::CapturesPiecewise<FakeBackend>);
+static_assert(!replay::CapturesPiecewise<FakeOneGraphBackend>);
+static_assert(replay::CapturesPiecewise<FakePiecewiseBackend>);
+static_assert(replay::CapturesPiecewise<replay::CudaGraphBackend>);
+
+// A declared break in the stand-in work: replay::eager itself, unless the
+// stand-in piecewise capture (or its executable) takes it.
+void declared_break(FakeStream* s, const char* name) {
+  if (s->regions != nullptr) {
+    s->regions->push_back(name);
+    s->executed.push_back(std::string("region ") + name);
+    return;
+  }
+  replay::eager(replay::StreamRef(static_cast<cudaStream_t>(nullptr)), name, [&](replay::StreamRef) {
+    s->executed.push_back(std::string("region ") + name);
+  });
+}
+
+// Key n: "k<n>", then for an even n a declared break "read back" and
+// "k<n>.tail"; n == 6 also a stray sync after the break; n == 5 a stray sync only.
+void work_with_breaks(int n, FakeStream* s) {
+  s->issue(op("k", n));
+  if (n % 2 == 0) {
+    declared_break(s, "read back");
+    s->issue(op("k", n) + ".tail");
+  }
+  if (n == 5 || n == 6) {
+    s->sync();
+  }
+}
+std::vector<std::string> eager_with_breaks(int n) {
+  FakeStream s;
+  std::vector<std::string> regions;
+  s.regions = &regions;
+  work_with_breaks(n, &s);
+  return s.executed;
+}
+void append(std::vector<std::string>& to, const std::vector<std::string>& ops) {
+  to.insert(to.end(), ops.begin(), ops.end());
+}
+
+template <class Backend>
+using BreakRouter = replay::ShapeRouter<int, Backend>;
+Options piecewise_options(Options options = {}) {
+  options.breaks = replay::BreakPolicy::piecewise;
+  options.on_capture_failure = [](const int&, std::string_view) {};
+  return options;
+}
+
+}  // namespace
+
+TEST_SUITE("host") {
+  TEST_CASE("BreakPolicy::eager: a work that declares a break runs eagerly, its regions in place, with the reason") {
+    std::vector<std::string> reasons;
+    BreakRouter<FakeOneGraphBackend> router(
+        work_with_breaks, {.on_capture_failure = [&](const int&, std::string_view why) { reasons.emplace_back(why); }});
+    FakeStream s;
+    std::vector<std::string> expected;
+    for (int i = 0; i < 3; ++i) {
+      CHECK(router.run(2, &s).kind == replay::RouteKind::eager_fallback);
+      append(expected, eager_with_breaks(2));
+      CHECK(router.run(3, &s).graph());
+      append(expected, eager_with_breaks(3));
+    }
+    CHECK(s.executed == expected);  // the region ran in place at every eager run
+    REQUIRE(reasons.size() == 1);
+    CHECK(reasons[0].find("replay::eager(\"read back\")") != std::string::npos);
+    CHECK(reasons[0].find("BreakPolicy::piecewise") != std::string::npos);
+    const auto two = router.entry_info(2);
+    CHECK(two.kind == replay::RouterEntryKind::eager);
+    CHECK(two.reason == reasons[0]);
+    CHECK(two.regions.empty());
+    CHECK(router.entry_info(3).kind == replay::RouterEntryKind::whole);
+    CHECK(router.entry_info(4).kind == replay::RouterEntryKind::pending);  // never seen
+    CHECK(router.stats().piecewise_captures == 0);
+    CHECK(router.stats().capture_failures == 1);
+    CHECK(replay::to_string(replay::RouterEntryKind::piecewise) == "piecewise");
+
+    // BreakPolicy::piecewise needs a backend that captures piecewise.
+    CHECK_THROWS_WITH_AS(BreakRouter<FakeOneGraphBackend>(work_with_breaks, piecewise_options()),
+                         doctest::Contains("cannot capture piecewise"), replay::usage_error);
+    CHECK_NOTHROW(BreakRouter<FakePiecewiseBackend>(work_with_breaks, piecewise_options()));
+    // replay::eager outside a router's eager run, outside any capture, is still refused.
+    CHECK_THROWS_WITH_AS(declared_break(&s, "stray"), doctest::Contains("outside any capture"), replay::usage_error);
+  }
+
+  TEST_CASE("BreakPolicy::piecewise: a declared break is captured piecewise; its capture is its run, never doubled") {
+    BreakRouter<FakePiecewiseBackend> router(work_with_breaks, piecewise_options());
+    FakeStream s;
+    CHECK(router.run(2, &s).kind == replay::RouteKind::captured);
+    CHECK(s.executed == eager_with_breaks(2));  // once: the capture ran it, nothing launched after
+    CHECK(router.backend().piece_launches == 0);
+    CHECK(router.backend().piece_captures == 1);
+    std::vector<std::string> expected = eager_with_breaks(2);
+    for (int i = 0; i < 3; ++i) {
+      const auto route = router.run(2, &s);
+      CHECK(route.kind == replay::RouteKind::replayed);
+      CHECK(route.graph());
+      append(expected, eager_with_breaks(2));
+      CHECK(router.run(3, &s).graph());
+      append(expected, eager_with_breaks(3));
+    }
+    CHECK(s.executed == expected);
+    CHECK(router.backend().piece_launches == 3);
+    const auto two = router.entry_info(2);
+    CHECK(two.kind == replay::RouterEntryKind::piecewise);
+    CHECK(two.segments == 2);
+    CHECK(two.regions == std::vector<std::string>{"read back"});
+    CHECK(two.reason.empty());
+    CHECK(two.replays == 4);  // the capturing run and three launches
+    CHECK(router.entry_info(3).kind == replay::RouterEntryKind::whole);
+    CHECK(router.contains(2));
+    CHECK(router.graph_count() == 2);
+    const auto stats = router.stats();
+    CHECK(stats.captures == 2);
+    CHECK(stats.piecewise_captures == 1);
+    CHECK(stats.capture_failures == 0);
+    CHECK(stats.hits == 5);
+    const auto all = router.entries();
+    REQUIRE(all.size() == 2);
+    CHECK(all[0].shape == 3);  // most recently used first
+    CHECK(all[1].kind == replay::RouterEntryKind::piecewise);
+  }
+
+  TEST_CASE("BreakPolicy::piecewise: an undeclared break makes the key eager; a failure after part of the work ran is thrown") {
+    std::vector<std::pair<int, std::string>> reported;
+    auto options = piecewise_options();
+    options.on_capture_failure = [&](const int& k, std::string_view why) { reported.emplace_back(k, why); };
+    BreakRouter<FakePiecewiseBackend> router(work_with_breaks, options);
+    FakeStream s;
+    // 5: a stray sync and no declared break: eager as ever, nothing thrown.
+    CHECK(router.run(5, &s).kind == replay::RouteKind::eager_fallback);
+    CHECK(router.backend().piece_captures == 0);
+    // 6: a declared break, then a stray sync: the piecewise capture ran the
+    // first part and failed: thrown (running it again would repeat that part).
+    s.executed.clear();
+    CHECK_THROWS_WITH_AS((void)router.run(6, &s), doctest::Contains("invalidated by sync"), std::runtime_error);
+    CHECK(s.executed == std::vector<std::string>{"k6", "region read back", "k6.tail"});
+    CHECK(router.is_eager(6));
+    const auto six = router.entry_info(6);
+    CHECK(six.kind == replay::RouterEntryKind::eager);
+    CHECK(six.reason.find("piecewise capture failed") != std::string::npos);
+    REQUIRE(reported.size() == 2);
+    CHECK(reported[1].first == 6);
+    // Later runs are eager, whole, once each.
+    s.executed.clear();
+    CHECK(router.run(6, &s).kind == replay::RouteKind::eager_fallback);
+    CHECK(s.executed == eager_with_breaks(6));
+    CHECK(router.stats().capture_failures == 2);
+    CHECK(router.stats().piecewise_captures == 0);
+  }
+
+  TEST_CASE("capture_all with BreakPolicy::piecewise: every bucket has its verdict, whole, piecewise or eager") {
+    auto options = piecewise_options(Options::bucketed({1, 2, 3, 4, 5}));
+    BreakRouter<FakePiecewiseBackend> router(work_with_breaks, options);
+    FakeStream s;
+    std::vector<int> progress;
+    CHECK(router.capture_all(&s, [&](std::size_t, std::size_t, const int& shape) { progress.push_back(shape); }) == 4);
+    CHECK(progress == std::vector<int>{5, 4, 3, 2, 1});
+    // A piecewise capture runs its work once, on the caller's stream (as a warm-up would).
+    std::vector<std::string> expected = eager_with_breaks(4);
+    append(expected, eager_with_breaks(2));
+    CHECK(s.executed == expected);
+    std::map<int, replay::RouterEntryKind> kinds;
+    for (const auto& entry : router.entries()) {
+      kinds[entry.shape] = entry.kind;
+    }
+    using K = replay::RouterEntryKind;
+    CHECK(kinds == std::map<int, K>{{1, K::whole}, {2, K::piecewise}, {3, K::whole}, {4, K::piecewise}, {5, K::eager}});
+    const auto stats = router.stats();
+    CHECK(stats.captures == 4);
+    CHECK(stats.piecewise_captures == 2);
+    CHECK(stats.capture_failures == 1);
+    s.executed.clear();
+    for (int k = 1; k <= 4; ++k) {
+      CHECK(router.run(k, &s).kind == replay::RouteKind::replayed);
+    }
+    expected.clear();
+    for (int k = 1; k <= 4; ++k) {
+      append(expected, eager_with_breaks(k));
+    }
+    CHECK(s.executed == expected);
+  }
+
+  TEST_CASE("piecewise entries count against max_graphs and max_bytes, are evicted, and re-capture piecewise") {
+    FakePiecewiseBackend backend;
+    backend.footprint_per_op = 100;
+    auto options = piecewise_options();
+    options.max_graphs = 2;
+    BreakRouter<FakePiecewiseBackend> router(work_with_breaks, options, backend);
+    FakeStream s;
+    (void)router.run(2, &s);  // piecewise, 3 ops
+    (void)router.run(3, &s);  // whole, 1 op
+    CHECK(router.memory().footprint_bytes == 400);
+    CHECK(router.entry_info(2).memory.footprint_bytes == 300);
+    (void)router.run(4, &s);  // piecewise: evicts 2, the least recently used
+    CHECK(router.stats().evictions == 1);
+    CHECK_FALSE(router.contains(2));
+    CHECK(router.entry_info(2).kind == replay::RouterEntryKind::pending);
+    REQUIRE(router.backend().pieces_gone.size() == 2);
+    CHECK(router.backend().pieces_gone[0]->load());  // the evicted executable is destroyed
+    CHECK_FALSE(router.backend().pieces_gone[1]->load());
+    CHECK(router.memory().footprint_bytes == 400);
+    // invalidate(): the next run re-captures it piecewise (no whole capture tried), once.
+    CHECK(router.invalidate(4));
+    CHECK(router.entry_info(4).stale);
+    s.executed.clear();
+    CHECK(router.run(4, &s).kind == replay::RouteKind::recaptured);
+    CHECK(s.executed == eager_with_breaks(4));
+    CHECK(router.entry_info(4).kind == replay::RouterEntryKind::piecewise);
+    CHECK(router.backend().pieces_gone[1]->load());  // replaced
+    CHECK(router.graph_count() == 2);
+    CHECK(router.memory().footprint_bytes == 400);
+    CHECK(router.stats().piecewise_captures == 3);
+    CHECK(router.evict(4));
+    CHECK(router.memory().footprint_bytes == 100);
+    // max_bytes: a piecewise entry is charged what its capture reported.
+    auto by_bytes = piecewise_options();
+    by_bytes.max_bytes = 500;
+    BreakRouter<FakePiecewiseBackend> bounded(work_with_breaks, by_bytes, backend);
+    (void)bounded.run(2, &s);  // 300
+    (void)bounded.run(4, &s);  // 600 > 500: evicts 2
+    CHECK_FALSE(bounded.contains(2));
+    CHECK(bounded.entry_info(4).kind == replay::RouterEntryKind::piecewise);
+    CHECK(bounded.memory().footprint_bytes == 300);
+  }
+
+  TEST_CASE("run_staged with a piecewise key: stage in, the capture's run or a launch, read out, in order") {
+    BreakRouter<FakePiecewiseBackend> router(work_with_breaks, piecewise_options());
+    FakeStream a;
+    FakeStream b;
+    const auto stage = [](const int&, const int&, FakeStream* s) { s->issue("copy in"); };
+    const auto read = [](const replay::Route<int>&, FakeStream* s) { s->issue("copy out"); };
+    CHECK(router.run_staged(2, &a, stage, read).kind == replay::RouteKind::captured);
+    CHECK(router.run_staged(2, &b, stage, read).kind == replay::RouteKind::replayed);
+    for (FakeStream* s : {&a, &b}) {
+      std::vector<std::string> expected{"copy in"};
+      append(expected, eager_with_breaks(2));
+      expected.emplace_back("copy out");
+      CHECK(s->executed == expected);
+    }
+    CHECK(router.backend().orderings == 1);  // b was ordered after a
+  }
+
+  TEST_CASE("an invalidated whole graph whose work now declares a break is replaced by a piecewise one") {
+    bool declare = false;
+    BreakRouter<FakePiecewiseBackend> router(
+        [&declare](int n, FakeStream* s) {
+          s->issue(op("k", n));
+          if (declare) {
+            declared_break(s, "read back");
+          }
+        },
+        piecewise_options());
+    FakeStream s;
+    (void)router.run(3, &s);
+    CHECK(router.entry_info(3).kind == replay::RouterEntryKind::whole);
+    declare = true;
+    CHECK(router.invalidate(3));
+    s.executed.clear();
+    CHECK(router.run(3, &s).kind == replay::RouteKind::recaptured);
+    CHECK(s.executed == std::vector<std::string>{"k3", "region read back"});  // once
+    CHECK(router.entry_info(3).kind == replay::RouterEntryKind::piecewise);
+    CHECK(router.graph_count() == 1);
+    CHECK(router.stats().updates == 0);
+    CHECK(router.stats().reinstantiations == 0);
+    CHECK(router.run(3, &s).kind == replay::RouteKind::replayed);
+    CHECK(router.backend().piece_launches == 1);
   }
 }

@@ -45,6 +45,18 @@
 
 namespace replay {
 
+// What replay::eager throws inside a capture that makes one graph
+// (replay::capture, CaptureScope, a ShapeRouter's whole capture): the work
+// declares a break there. A ShapeRouter with BreakPolicy::piecewise catches
+// it to capture the key piecewise instead.
+class region_in_capture_error : public usage_error {
+ public:
+  // `what` and `where` as for usage_error.
+  explicit region_in_capture_error(::std::string_view what,
+                                   ::std::source_location where = ::std::source_location::current())
+      : usage_error(what, where) {}
+};
+
 namespace detail {
 template <class Region>
 consteval void check_region() {
@@ -74,7 +86,7 @@ using region_value_t = ::std::invoke_result_t<::std::decay_t<Region>&, StreamRef
                       where);
   }
   if (open_capture_scopes() > 0) {
-    throw usage_error(
+    throw region_in_capture_error(
         concat("replay::eager(\"", name,
                "\") inside a capture that makes one graph (replay::capture, CaptureScope, GraphBuilder::capture): "
                "it cannot hold an eager region; capture with replay::capture_piecewise to break it into segments"),
@@ -90,8 +102,10 @@ using region_value_t = ::std::invoke_result_t<::std::decay_t<Region>&, StreamRef
 
 // Inside replay::capture_piecewise on `stream`: ends the current segment, runs
 // region(stream) eagerly, begins the next segment, and returns what the
-// region returned. Refused with usage_error (before any CUDA call) outside a
-// piecewise capture, inside a capture that makes one graph, inside another
+// region returned. In a ShapeRouter's eager runs of its work (warm-ups, keys
+// that run eagerly) it runs region(stream) in place. Refused with usage_error
+// (before any CUDA call) outside a piecewise capture, inside a capture that
+// makes one graph (region_in_capture_error), inside another
 // region, on another stream than the capturing one, and inside a capture
 // nested in the piecewise one (a GraphBuilder body, a CaptureScope).
 template <class Region>
@@ -101,6 +115,12 @@ detail::region_value_t<Region> eager(StreamRef stream, ::std::string_view name, 
   using Value = detail::region_value_t<Region>;
   detail::PiecewiseThreadState& state = detail::piecewise_thread_state();
   if (state.capture == nullptr || state.regions_running > 0) [[unlikely]] {
+    if (state.capture == nullptr && state.regions_running == 0 && state.regions_inline > 0 &&
+        detail::open_capture_scopes() == 0) {
+      // A ShapeRouter's eager run of its work: the region runs in place.
+      const detail::RegionRunning running;
+      return ::std::invoke(region, stream);
+    }
     detail::refuse_break_here(name, where);
   }
   ::std::string value;

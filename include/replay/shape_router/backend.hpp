@@ -5,9 +5,11 @@
 #include <replay/detail/require_cxx20.hpp>
 
 #include <concepts>
+#include <cstddef>
 #include <source_location>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "replay/graph_exec.hpp"
 #include "replay/shape_router/stats.hpp"
@@ -19,6 +21,20 @@ template <class Exec>
 struct CapturedGraph {
   Exec exec;
   GraphMemory memory;
+};
+
+// What a backend's capture_piecewise() returns: the executable of graph
+// segments and eager regions, its memory, and the path its capture took.
+template <class Pieces>
+struct CapturedPieces {
+  // The executable (it ran the work once).
+  Pieces exec;
+  // Its memory, as the router counts it against max_bytes.
+  GraphMemory memory;
+  // Segments of the path captured (empty ones included).
+  ::std::size_t segments = 0;
+  // The names of the regions on that path, in order.
+  ::std::vector<::std::string> regions;
 };
 
 // What a backend's recapture() did.
@@ -42,6 +58,12 @@ namespace detail {
 // the GraphBackend concept; never defined.
 template <class Stream>
 struct IssueArchetype {
+  void operator()(Stream) const;
+};
+// The same, for a callable the backend keeps (a piecewise executable runs it
+// again after a miss): copyable.
+template <class Stream>
+struct KeptIssueArchetype {
   void operator()(Stream) const;
 };
 }  // namespace detail
@@ -76,7 +98,21 @@ struct IssueArchetype {
 //         Used once, at the first stream switch of a router whose runs were
 //         not marked (a router used from one stream marks nothing, so that
 //         its hits pay no event record);
-//   void trim(source_location) noexcept: gives memory of evicted graphs back.
+//   void trim(source_location) noexcept: gives memory of evicted graphs back;
+//   piecewise capture (concept CapturesPiecewise; ShapeRouterOptions::breaks =
+//   BreakPolicy::piecewise needs it):
+//     using piecewise_type (movable): graph segments and eager regions;
+//     CapturedPieces<piecewise_type> capture_piecewise(stream_type, Issue, source_location)
+//         captures issue(s) piecewise. Unlike capture(), this runs the work
+//         once, in `stream`'s order (work issued on `stream` later runs after
+//         it): the router counts it as the run. `issue` is kept by the result
+//         (run again after a region returns a value never seen) and refers
+//         to the router, which outlives it. Called inside a submission on `stream`;
+//     void launch_piecewise(piecewise_type&, stream_type, source_location)
+//         replays it; it orders streams and serializes its own launches.
+// A capture() whose work declares a break (replay::eager inside a capture
+// that makes one graph) throws region_in_capture_error from the work: the
+// router then captures the key piecewise, under that policy.
 template <class B>
 concept GraphBackend =
     requires { typename B::stream_type; typename B::exec_type; } && ::std::movable<typename B::exec_type> &&
@@ -95,6 +131,15 @@ concept OrdersStreams = requires(B& backend, typename B::stream_type stream, ::s
   backend.wait_mark(stream, where);
   backend.drain(stream, where);
 };
+
+template <class B>
+concept CapturesPiecewise =
+    requires { typename B::piecewise_type; } && ::std::movable<typename B::piecewise_type> &&
+    requires(B& backend, typename B::piecewise_type& pieces, typename B::stream_type stream,
+             detail::KeptIssueArchetype<typename B::stream_type> issue, ::std::source_location where) {
+      { backend.capture_piecewise(stream, issue, where) } -> ::std::same_as<CapturedPieces<typename B::piecewise_type>>;
+      backend.launch_piecewise(pieces, stream, where);
+    };
 
 template <class B>
 concept TrimsMemory = requires(B& backend, ::std::source_location where) {

@@ -25,6 +25,8 @@
 #include "replay/flags.hpp"
 #include "replay/graph.hpp"
 #include "replay/graph_exec.hpp"
+#include "replay/piecewise/exec.hpp"
+#include "replay/piecewise/options.hpp"
 #include "replay/shape_router/backend.hpp"
 #include "replay/shape_router/graph_memory.hpp"
 #include "replay/shape_router/stats.hpp"
@@ -51,14 +53,19 @@ class CudaGraphBackend {
  public:
   using stream_type = StreamRef;
   using exec_type = GraphExec;
+  // What a key whose work declares a break is kept as (BreakPolicy::piecewise).
+  using piecewise_type = PiecewiseExec;
 
   // `flags` for every instantiation; with InstantiateFlags::upload (the
   // default) each new or re-instantiated graph is uploaded on the caller's
   // stream, so its first launch pays no upload and its pool memory is mapped
-  // when it is captured, not in the serving path.
+  // when it is captured, not in the serving path. `piecewise`: the bounds of
+  // each piecewise executable (BreakPolicy::piecewise); its segments are
+  // captured in `mode`.
   explicit CudaGraphBackend(CaptureMode mode = CaptureMode::this_thread,
-                            InstantiateFlags flags = InstantiateFlags::upload)
+                            InstantiateFlags flags = InstantiateFlags::upload, PiecewiseOptions piecewise = {})
       : mode_(mode),
+        piecewise_(piecewise),
         upload_(has_flag(flags, InstantiateFlags::upload)),
         // Uploads are issued explicitly on the caller's stream (see upload_),
         // never on the stream a GraphExec remembers from its construction.
@@ -105,6 +112,50 @@ class CudaGraphBackend {
 
   void launch(const GraphExec& exec, StreamRef stream,
               ::std::source_location where = ::std::source_location::current()) const {
+    exec.launch(stream, where);
+  }
+
+  // Captures issue(s) with replay::capture_piecewise, which runs the work
+  // once: on a capture stream of the backend's own, in `stream`'s order (it
+  // waits for the work issued on `stream` so far, and what is issued on
+  // `stream` next waits for it, also when the capture throws). Not on `stream`
+  // itself: a stream capture takes in whatever any thread issues on its
+  // stream meanwhile. Memory: the allocation nodes' bytes, and the growth of
+  // the device's graph pool while it was captured (its segments are
+  // instantiated and launched at their breaks); paths captured later, at
+  // launches, are bounded by the PiecewiseOptions given at construction, not
+  // by the router's max_bytes.
+  template <class Issue>
+    requires ::std::invocable<Issue&, StreamRef>
+  CapturedPieces<PiecewiseExec> capture_piecewise(StreamRef stream, Issue&& issue,
+                                                  ::std::source_location where = ::std::source_location::current()) const {
+    const int device = detail::device_of(stream.get(), where);
+    const detail::DeviceScope on_device(device, where);
+    const CaptureStream on(*shared_, device, where);  // also makes the device one trim() covers
+    const Event before(EventFlags::disable_timing, where);
+    before.record(stream, where);
+    before.wait_on(on.ref(), where);
+    const JoinBack join_back(on.ref(), stream, where);
+    PiecewiseOptions options = piecewise_;
+    options.mode = mode_;
+    const ::std::size_t reserved_before = pool_reserved(device, where);
+    PiecewiseExec exec = replay::capture_piecewise(on.ref(), ::std::forward<Issue>(issue), options, where);
+    GraphMemory memory;
+    memory.footprint_bytes = growth(reserved_before, pool_reserved(device, where));
+    memory.alloc_bytes = exec.stats(where).alloc_bytes;
+    ::std::vector<::std::string> regions;
+    const ::std::vector<PiecewiseSegmentInfo> path = exec.last_path(where);
+    for (const PiecewiseSegmentInfo& segment : path) {
+      if (!segment.region.empty()) {
+        regions.push_back(segment.region);
+      }
+    }
+    return CapturedPieces<PiecewiseExec>{::std::move(exec), memory, path.size(), ::std::move(regions)};
+  }
+  // A piecewise executable's launch: it serializes its own launches and
+  // orders them across streams.
+  void launch_piecewise(PiecewiseExec& exec, StreamRef stream,
+                        ::std::source_location where = ::std::source_location::current()) const {
     exec.launch(stream, where);
   }
 
@@ -230,6 +281,25 @@ class CudaGraphBackend {
     }
   }
 
+  // Orders `to` after the work issued on `from` when it goes out of scope
+  // (the end of a piecewise capture, thrown or not).
+  struct JoinBack {
+    StreamRef from;
+    StreamRef to;
+    Event done;
+    JoinBack(StreamRef f, StreamRef t, const ::std::source_location& where)
+        : from(f), to(t), done(EventFlags::disable_timing, where) {}
+    JoinBack(const JoinBack&) = delete;
+    JoinBack& operator=(const JoinBack&) = delete;
+    ~JoinBack() {
+      if (!detail::succeeded(::cudaEventRecord(done.get(), from.get())) ||
+          !detail::succeeded(::cudaStreamWaitEvent(to.get(), done.get(), 0))) {
+        // Cannot order: wait on the host instead, so that `to` never runs ahead.
+        (void)detail::succeeded(::cudaStreamSynchronize(from.get()));
+      }
+    }
+  };
+
   // The CUDA steps of detail::update_or_reinstantiate (see there).
   struct InstantiateSteps {
     const CudaGraphBackend& backend;
@@ -278,6 +348,7 @@ class CudaGraphBackend {
   }
 
   CaptureMode mode_;
+  PiecewiseOptions piecewise_;
   bool upload_;
   InstantiateFlags flags_;
   ::std::shared_ptr<Shared> shared_;
@@ -287,5 +358,6 @@ static_assert(GraphBackend<CudaGraphBackend>);
 static_assert(ReportsPoolMemory<CudaGraphBackend>);
 static_assert(OrdersStreams<CudaGraphBackend>);
 static_assert(TrimsMemory<CudaGraphBackend>);
+static_assert(CapturesPiecewise<CudaGraphBackend>);
 
 }  // namespace replay

@@ -52,6 +52,18 @@ enum class StreamSharing : ::std::uint8_t {
   caller_ordered,
 };
 
+// What a capture of a key whose work declares a break (calls replay::eager)
+// becomes (ShapeRouterOptions::breaks).
+enum class BreakPolicy : ::std::uint8_t {
+  // Its capture fails: the key runs eagerly, with the reason (the regions run in place).
+  eager,
+  // The key is captured with capture_piecewise and replayed as graph segments
+  // and eager regions (the backend must capture piecewise: CudaGraphBackend
+  // does). A break that is not declared (a stray synchronization, a call
+  // that refuses capture) still makes the key eager.
+  piecewise,
+};
+
 // Called once per key whose capture failed (the key runs eagerly from then
 // on): the padded key and what went wrong. Must not call back into the router.
 template <class Key>
@@ -110,6 +122,9 @@ struct ShapeRouterOptions {
   ::std::uint32_t capture_threads = 1;
   // Which streams may run the router outside a lease (see StreamSharing).
   StreamSharing stream_sharing = StreamSharing::lease_required;
+  // What a key whose work declares a break (replay::eager) becomes: eager
+  // (the default), or piecewise (see BreakPolicy, docs/shape_router.md).
+  BreakPolicy breaks = BreakPolicy::eager;
   // Audits the router's captures (replay/audit.hpp and replay::audit in the
   // program): a failed capture's reason, given to on_capture_failure, then
   // names the call that broke it, its thread and its source line. By

@@ -9,6 +9,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <initializer_list>
 #include <list>
@@ -92,6 +93,12 @@ class ShapeRouter {
       throw usage_error("ShapeRouter: the work callable is empty", where);
     }
     Plan::validate(options_, where);
+    if (options_.breaks == BreakPolicy::piecewise && !CapturesPiecewise<Backend>) {
+      throw usage_error("ShapeRouterOptions::breaks = BreakPolicy::piecewise, but the backend cannot capture "
+                        "piecewise (it has no piecewise_type, capture_piecewise, launch_piecewise); use "
+                        "CudaGraphBackend, or BreakPolicy::eager",
+                        where);
+    }
     entries_.index_bucket_shapes();
   }
   // Any other callable: refused with a message that names the expected signature.
@@ -131,7 +138,9 @@ class ShapeRouter {
   // (capture_attempts) and otherwise tried again later; a capture that fails
   // on its own work marks the key eager and the handler is told once. This
   // and later runs then issue the work eagerly. Exceptions from the work
-  // itself when run eagerly, and launch errors, do propagate.
+  // itself when run eagerly, and launch errors, do propagate, and so does the
+  // error of a failed piecewise capture (BreakPolicy::piecewise), which may
+  // have run part of the work: it is not run again eagerly.
   Route<Key> run(const Key& key, stream_type stream,
                  ::std::source_location where = ::std::source_location::current());
 
@@ -222,6 +231,14 @@ class ShapeRouter {
   // True when `key`'s padded shape is marked eager after a failed capture.
   bool is_eager(const Key& key, ::std::source_location where = ::std::source_location::current()) const;
 
+  // How `key`'s padded shape is served: one graph, piecewise (its segments and
+  // regions), eager (and why), or no verdict yet (pending).
+  RouterEntryInfo<Key> entry_info(const Key& key,
+                                  ::std::source_location where = ::std::source_location::current()) const;
+  // entry_info() of every key the router holds state for, most recently used
+  // first (e.g. after capture_all(), the verdict of each bucket shape).
+  ::std::vector<RouterEntryInfo<Key>> entries() const;
+
   ::std::size_t graph_count() const {
     refuse_reentry();
     ::std::lock_guard<::std::mutex> lock(mutex_);
@@ -271,13 +288,17 @@ class ShapeRouter {
   static constexpr ::std::uint32_t max_interrupted_rounds = 8;
 
   using State = detail::RouterEntryState;
-  using GraphSlot = detail::RouterGraphSlot<exec_type>;
+  // What a slot holds: exec_type, or (a backend that captures piecewise) a
+  // variant of it and the backend's piecewise_type.
+  using held_type = typename detail::RouterExecs<Backend>::held;
+  using pieces_type = typename detail::RouterExecs<Backend>::pieces;
+  using GraphSlot = detail::RouterGraphSlot<held_type>;
   using GraphRef = ::std::shared_ptr<GraphSlot>;
-  using Entry = detail::RouterEntry<Key, exec_type>;
+  using Entry = detail::RouterEntry<Key, held_type>;
   using EntryRef = ::std::shared_ptr<Entry>;
   using Handler = ::std::shared_ptr<const CaptureFailureHandler<Key>>;
   using Outcome = detail::RouterCaptureOutcome;
-  using Attempt = detail::RouterCaptureAttempt<exec_type>;
+  using Attempt = detail::RouterCaptureAttempt<exec_type, pieces_type>;
 
   // Ends a submission (see enter_stream) when it goes out of scope:
   // shape_router/detail/streams.hpp.
@@ -318,6 +339,8 @@ class ShapeRouter {
   bool enters_without_waiting(const stream_type& stream) const noexcept;
   void launch(::std::unique_lock<::std::mutex>& lock, GraphRef graph, stream_type stream,
               const ::std::source_location& where);
+  // Launches what a slot holds (a graph, or a piecewise executable). The slot is taken.
+  void launch_held(held_type& held, stream_type stream, const ::std::source_location& where);
   void issue_eager(::std::unique_lock<::std::mutex>& lock, const Key& shape, stream_type stream,
                    const ::std::source_location& where);
 
@@ -358,8 +381,23 @@ class ShapeRouter {
   // replacement exists). Returns the new graph (the lock is held again), or
   // null when the capture failed: the key is then marked eager (own failure)
   // or left to cool down (interrupted).
+  // `ran`: the capture ran the work on `stream` (piecewise): the caller
+  // launches nothing for this run. `partial`: a piecewise capture that failed
+  // after running part of the work (the caller decides whether to throw it).
   GraphRef capture_locked(::std::unique_lock<::std::mutex>& lock, const EntryRef& entry, stream_type stream,
-                          const ::std::source_location& where);
+                          const ::std::source_location& where, bool* ran = nullptr,
+                          ::std::exception_ptr* partial = nullptr);
+  // The piecewise capture of a key whose whole capture met a declared break:
+  // inside a submission on `stream` (it runs the work there). Lock held on
+  // entry and on return, released meanwhile.
+  void capture_pieces(::std::unique_lock<::std::mutex>& lock, const Key& shape, Attempt& attempt,
+                      stream_type stream, const ::std::source_location& where);
+  // The slot of a new capture (whole or piecewise).
+  GraphRef slot_of(Attempt& attempt);
+  RouterEntryInfo<Key> info_of(const Entry& entry) const;
+  static RouterEntryInfo<Key> pending_info(const Key& shape) {
+    return RouterEntryInfo<Key>{shape, RouterEntryKind::pending, 0, {}, {}, {}, 0, false};
+  }
   // One capture (or re-capture of `graph`), retried while it is interrupted
   // from outside. No lock held.
   Attempt attempt_capture(const Key& shape, GraphSlot* graph, stream_type stream,

@@ -7,7 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace replay {
 
@@ -54,7 +56,9 @@ struct RouterStats {
   ::std::uint64_t hits = 0;
   ::std::uint64_t misses = 0;
   ::std::uint64_t warmups = 0;           // eager warm-up runs (in run() and capture_all())
-  ::std::uint64_t captures = 0;          // new graphs (in run() and capture_all())
+  ::std::uint64_t captures = 0;          // new graphs (in run() and capture_all()), piecewise ones included
+  // Of those, the ones captured piecewise (BreakPolicy::piecewise).
+  ::std::uint64_t piecewise_captures = 0;
   ::std::uint64_t updates = 0;           // re-captures applied in place (cudaGraphExecUpdate)
   ::std::uint64_t reinstantiations = 0;  // re-captures that needed a new executable graph
   ::std::uint64_t evictions = 0;         // graphs dropped for max_graphs / max_bytes
@@ -112,6 +116,47 @@ struct RouterMemory {
   ::std::size_t alloc_bytes_max = 0;  // what the shared pool needs at least
   ::std::size_t footprint_bytes = 0;  // sum of GraphMemory::footprint_bytes (what max_bytes bounds)
   ::std::optional<GraphPoolMemory> pool;  // device-wide, where the backend can tell
+};
+
+// How a key is served (ShapeRouter::entry_info, entries()).
+enum class RouterEntryKind : ::std::uint8_t {
+  pending,    // no verdict yet: warming up, waiting for its capture, being captured, or evicted
+  whole,      // one graph
+  piecewise,  // graph segments and eager regions (its work declares breaks; BreakPolicy::piecewise)
+  eager,      // runs eagerly: its capture failed (reason), or it is above the largest bucket
+};
+
+// The kind's name, as spelled in the enum.
+constexpr ::std::string_view to_string(RouterEntryKind kind) noexcept {
+  switch (kind) {
+    case RouterEntryKind::pending: return "pending";
+    case RouterEntryKind::whole: return "whole";
+    case RouterEntryKind::piecewise: return "piecewise";
+    case RouterEntryKind::eager: return "eager";
+  }
+  return "unknown";
+}
+
+// One key of a router, and how it is served.
+template <class Key>
+struct RouterEntryInfo {
+  // The padded shape.
+  Key shape;
+  // How it is served.
+  RouterEntryKind kind = RouterEntryKind::pending;
+  // Piecewise: segments of the path captured first (empty ones included) and
+  // the names of its regions, in order.
+  ::std::size_t segments = 0;
+  // Piecewise: the names of the regions on that path, in order.
+  ::std::vector<::std::string> regions;
+  // Eager: why (the capture failure, or oversize).
+  ::std::string reason;
+  // Whole or piecewise: its memory, as counted against max_bytes.
+  GraphMemory memory;
+  // Launches of its graph, the capturing run included.
+  ::std::uint64_t replays = 0;
+  // Invalidated: re-captured on its next run.
+  bool stale = false;
 };
 
 template <class Key>

@@ -72,6 +72,7 @@ class PiecewiseBreaks {
 struct PiecewiseThreadState {
   PiecewiseBreaks* capture = nullptr;  // the piecewise capture open on this thread, if any
   int regions_running = 0;             // regions this thread is inside of (captures and launches)
+  int regions_inline = 0;              // > 0: outside any capture, replay::eager runs its region in place
 };
 inline PiecewiseThreadState& piecewise_thread_state() noexcept {
   thread_local PiecewiseThreadState state;
@@ -85,6 +86,17 @@ class RegionRunning {
   RegionRunning(const RegionRunning&) = delete;
   RegionRunning& operator=(const RegionRunning&) = delete;
   ~RegionRunning() { --piecewise_thread_state().regions_running; }
+};
+
+// While it lives, replay::eager outside any capture on this thread runs its
+// region in place instead of refusing: a ShapeRouter's eager runs of a work
+// that declares breaks (warm-ups, keys that run eagerly).
+class RegionsInline {
+ public:
+  RegionsInline() noexcept { ++piecewise_thread_state().regions_inline; }
+  RegionsInline(const RegionsInline&) = delete;
+  RegionsInline& operator=(const RegionsInline&) = delete;
+  ~RegionsInline() { --piecewise_thread_state().regions_inline; }
 };
 
 // Makes `capture` the one replay::eager reaches on this thread while it lives.

@@ -21,6 +21,7 @@
 #include "replay/detail/message.hpp"
 #include "replay/shape_router/detail/records.hpp"
 #include "replay/shape_router/detail/keys.hpp"
+#include "replay/piecewise/region.hpp"
 #include "replay/shape_router/backend.hpp"
 #include "replay/shape_router/stats.hpp"
 
@@ -118,9 +119,18 @@ Route<Key> ShapeRouter<Key, Backend>::run_miss(::std::unique_lock<::std::mutex>&
         break;  // cooling down after an interrupted capture: eager (busy)
       }
       const bool recapture = entry->state == State::stale;
-      GraphRef graph = capture_locked(lock, entry, stream, where);
+      bool ran = false;
+      ::std::exception_ptr partial;
+      GraphRef graph = capture_locked(lock, entry, stream, where, &ran, &partial);
+      if (partial != nullptr) {
+        // A piecewise capture ran part of the work on the stream, then
+        // failed: running it again eagerly would repeat that part.
+        ::std::rethrow_exception(partial);
+      }
       if (graph) {
-        launch(lock, ::std::move(graph), stream, where);
+        if (!ran) {
+          launch(lock, ::std::move(graph), stream, where);
+        }  // else the piecewise capture was this run
         return Route<Key>{shape, recapture ? RouteKind::recaptured : RouteKind::captured};
       }
       if (entry->state == State::eager_only) {
@@ -211,17 +221,51 @@ inline bool ShapeRouter<Key, Backend>::capture_one(const Key& shape, stream_type
 template <RouterKey Key, GraphBackend Backend>
 inline auto ShapeRouter<Key, Backend>::capture_locked(::std::unique_lock<::std::mutex>& lock,
                                                       const EntryRef& entry, stream_type stream,
-                                                      const ::std::source_location& where) -> GraphRef {
-  const bool recapture = entry->state == State::stale;
+                                                      const ::std::source_location& where, bool* ran,
+                                                      ::std::exception_ptr* partial) -> GraphRef {
+  // A piecewise entry is re-captured piecewise, whole: its executable is
+  // replaced once the new one exists (a PiecewiseExec is not updated in place).
+  const bool was_piecewise = entry->piecewise && entry->graph != nullptr;
+  const bool recapture = entry->state == State::stale && !was_piecewise;
+  const State before = entry->state;
   GraphRef graph = recapture ? entry->graph : nullptr;
   entry->state = State::capturing;
   entry->invalidated_in_capture = false;
   Handler handler = on_capture_failure_;
-  lock.unlock();
-  Attempt attempt = attempt_capture(entry->shape, graph.get(), stream, where);
-  lock.lock();
+  Attempt attempt;
+  if (was_piecewise) {
+    attempt.outcome = Outcome::breaks;  // its work declared breaks before: no whole capture to try
+  } else {
+    lock.unlock();
+    attempt = attempt_capture(entry->shape, graph.get(), stream, where);
+    lock.lock();
+  }
   stats_.interrupted_captures += attempt.interruptions;
   stats_.capture_retries += attempt.retries;
+  if (attempt.outcome == Outcome::breaks) {
+    if constexpr (CapturesPiecewise<Backend>) {
+      if (options_.breaks == BreakPolicy::piecewise) {
+        try {
+          capture_pieces(lock, entry->shape, attempt, stream, where);
+        } catch (...) {  // not the capture's failure (e.g. the stream refused): the key has no verdict
+          entry->state = before;
+          throw;
+        }
+      }
+    }
+    if (attempt.outcome == Outcome::breaks) {
+      attempt.outcome = Outcome::failed;
+      attempt.reason = detail::concat(
+          attempt.reason, " (the work declares a break: ShapeRouterOptions::breaks = BreakPolicy::piecewise "
+                          "would capture this key piecewise)");
+    }
+  }
+  if (ran != nullptr) {
+    *ran = attempt.ran;
+  }
+  if (partial != nullptr) {
+    *partial = attempt.partial;
+  }
   if (attempt.outcome == Outcome::interrupted) {
     if (++entry->interrupted_rounds < max_interrupted_rounds) {
       entry->state = recapture ? State::stale : State::ready;
@@ -243,6 +287,7 @@ inline auto ShapeRouter<Key, Backend>::capture_locked(::std::unique_lock<::std::
       }
       entry->state = State::eager_only;
       entry->interrupted_rounds = 0;
+      entry->reason = attempt.reason;
       ++stats_.capture_failures;
       lock.unlock();
       report_failure(handler, entry->shape, attempt.reason);
@@ -253,13 +298,15 @@ inline auto ShapeRouter<Key, Backend>::capture_locked(::std::unique_lock<::std::
   entry->interrupted_rounds = 0;
   if (entry->detached) {
     // Forgotten meanwhile (clear(), max_entries): the graph serves this run, then goes.
-    if (recapture) {
+    if (recapture && !attempt.pieces) {
       return graph;
     }
     ++stats_.captures;
-    return ::std::make_shared<GraphSlot>(::std::move(attempt.fresh->exec));
+    stats_.piecewise_captures += attempt.pieces ? 1 : 0;
+    return slot_of(attempt);
   }
-  if (recapture) {
+  entry->reason.clear();
+  if (recapture && !attempt.pieces) {
     total_bytes_ -= entry->memory.footprint_bytes;
     entry->memory.alloc_bytes = attempt.updated.memory.alloc_bytes;
     // An in-place update reuses the executable graph: it keeps its footprint.
@@ -271,10 +318,23 @@ inline auto ShapeRouter<Key, Backend>::capture_locked(::std::unique_lock<::std::
     }
     total_bytes_ += entry->memory.footprint_bytes;
   } else {
-    graph = ::std::make_shared<GraphSlot>(::std::move(attempt.fresh->exec));
+    if (entry->graph) {
+      // The executable this one replaces: a piecewise one, or a whole one
+      // whose work declares a break since it was invalidated.
+      drop_graph(*entry, State::capturing);
+    }
+    graph = slot_of(attempt);
+    if (attempt.pieces) {
+      ++stats_.piecewise_captures;
+      entry->memory = attempt.pieces->memory;
+      entry->piecewise = true;
+      entry->segments = attempt.pieces->segments;
+      entry->regions = ::std::move(attempt.pieces->regions);
+    } else {
+      entry->memory = attempt.fresh->memory;
+    }
     ++stats_.captures;
     entry->graph = graph;
-    entry->memory = attempt.fresh->memory;
     entry->replays = 0;
     graph_lru_.push_front(entry.get());
     entry->graph_lru = graph_lru_.begin();
@@ -311,8 +371,14 @@ inline auto ShapeRouter<Key, Backend>::attempt_capture(const Key& shape, GraphSl
           ::std::unique_lock<::std::mutex> lock(mutex_);
           graph->take(lock);  // a launch that began before the key went stale ends first
         }
-        const detail::RouterGraphHold<exec_type> held(*graph);
-        attempt.updated = backend_.recapture(graph->exec, stream, issue, where);
+        const detail::RouterGraphHold<held_type> held(*graph);
+        exec_type* whole = nullptr;
+        if constexpr (CapturesPiecewise<Backend>) {
+          whole = &::std::get<exec_type>(graph->exec);  // a piecewise entry is re-captured fresh
+        } else {
+          whole = &graph->exec;
+        }
+        attempt.updated = backend_.recapture(*whole, stream, issue, where);
       } else {
         attempt.fresh.emplace(backend_.capture(stream, issue, where));
       }
@@ -322,6 +388,11 @@ inline auto ShapeRouter<Key, Backend>::attempt_capture(const Key& shape, GraphSl
       ++attempt.interruptions;
       attempt.outcome = Outcome::interrupted;
       attempt.reason = e.what();
+    } catch (const region_in_capture_error& e) {
+      // The work declared a break (replay::eager): the policy decides.
+      attempt.outcome = Outcome::breaks;
+      attempt.reason = e.what();
+      break;
     } catch (...) {
       attempt.outcome = Outcome::failed;
       attempt.reason = detail::describe_current_exception();
@@ -329,6 +400,55 @@ inline auto ShapeRouter<Key, Backend>::attempt_capture(const Key& shape, GraphSl
     }
   }
   return attempt;
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline auto ShapeRouter<Key, Backend>::slot_of(Attempt& attempt) -> GraphRef {
+  if constexpr (CapturesPiecewise<Backend>) {
+    if (attempt.pieces) {
+      return ::std::make_shared<GraphSlot>(held_type(::std::in_place_type<pieces_type>, ::std::move(attempt.pieces->exec)));
+    }
+  }
+  return ::std::make_shared<GraphSlot>(held_type(::std::move(attempt.fresh->exec)));
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline void ShapeRouter<Key, Backend>::capture_pieces(::std::unique_lock<::std::mutex>& lock, const Key& shape,
+                                                      Attempt& attempt, stream_type stream,
+                                                      const ::std::source_location& where) {
+  if constexpr (CapturesPiecewise<Backend>) {
+    release_retired(lock);  // never inside a submission
+    {
+      // The capture runs the work on `stream`: a submission like an eager run's.
+      Submission submission = enter_stream(lock, stream, where);
+      lock.unlock();
+      try {
+        const detail::ActiveRouterScope active(this);
+        const detail::AuditRequestScope audit(options_.audit);
+        // Kept by the executable, run again after a region value never seen:
+        // it owns the shape and refers to the router, which outlives its graphs.
+        auto kept = [this, shape](stream_type s) {
+          const detail::ActiveRouterScope inside(this);
+          work_(shape, s);
+        };
+        attempt.pieces.emplace(backend_.capture_piecewise(stream, kept, where));
+        attempt.outcome = Outcome::captured;
+        attempt.ran = true;
+      } catch (...) {
+        attempt.outcome = Outcome::failed;
+        attempt.reason = detail::concat("its work declares a break (replay::eager), and its piecewise capture failed: ",
+                                        detail::describe_current_exception());
+        attempt.partial = ::std::current_exception();
+      }
+      try {
+        submission.issued(stream, where);
+      } catch (...) {  // the mark failed: ~Submission owes the next switch a drain
+      }
+    }
+    lock.lock();
+  } else {
+    (void)lock, (void)shape, (void)attempt, (void)stream, (void)where;
+  }
 }
 
 template <RouterKey Key, GraphBackend Backend>

@@ -3,6 +3,7 @@
 // ShapeRouter's internal records: the per-key entry, its graph slot, a capture attempt, the re-entry guard.
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -11,6 +12,8 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <variant>
+#include <vector>
 
 #include "replay/detail/reentry_guard.hpp"
 #include "replay/shape_router/backend.hpp"
@@ -31,6 +34,21 @@ enum class RouterEntryState : ::std::uint8_t {
   captured,    // graph live
   stale,       // graph live but invalidated: the next run re-captures
   eager_only,  // a capture failed on its own work: always eager
+};
+
+// What a router keeps per key: the backend's executable graph, or, for a
+// backend that captures piecewise, either that or its piecewise executable.
+struct RouterNoPieces {};
+template <class Backend>
+struct RouterExecs {
+  using pieces = RouterNoPieces;
+  using held = typename Backend::exec_type;
+};
+template <class Backend>
+  requires CapturesPiecewise<Backend>
+struct RouterExecs<Backend> {
+  using pieces = typename Backend::piecewise_type;
+  using held = ::std::variant<typename Backend::exec_type, pieces>;
 };
 
 // A live graph. Its own launches, its re-capture and its destruction are
@@ -111,17 +129,25 @@ struct RouterEntry {
   ::std::chrono::steady_clock::time_point retry_at{};
   bool detached = false;                // forgotten (clear, max_entries) while a capture was in flight
   bool invalidated_in_capture = false;  // invalidate() while capturing: stale as soon as it is in
+  bool piecewise = false;               // its graph is piecewise (segments and regions)
+  ::std::size_t segments = 0;           // piecewise: segments of the path captured first
+  ::std::vector<::std::string> regions;  // piecewise: that path's regions
+  ::std::string reason;                 // eager_only: why its capture failed
   typename ::std::list<RouterEntry*>::iterator lru;        // in lru_
   typename ::std::list<RouterEntry*>::iterator graph_lru;  // in graph_lru_ while `graph`
 };
 
-enum class RouterCaptureOutcome : ::std::uint8_t { captured, interrupted, failed };
+// `breaks`: the whole capture met a declared break (region_in_capture_error).
+enum class RouterCaptureOutcome : ::std::uint8_t { captured, interrupted, failed, breaks };
 
 // What one capture (with its retries) came to.
-template <class Exec>
+template <class Exec, class Pieces>
 struct RouterCaptureAttempt {
   RouterCaptureOutcome outcome = RouterCaptureOutcome::failed;
   ::std::optional<CapturedGraph<Exec>> fresh;  // a new capture
+  ::std::optional<CapturedPieces<Pieces>> pieces;  // a new piecewise capture (it ran the work)
+  bool ran = false;                                // the work ran on the caller's stream (piecewise)
+  ::std::exception_ptr partial;                    // a piecewise capture that failed after running part of it
   RecaptureResult updated{};                   // a re-capture of the entry's graph
   ::std::string reason;
   ::std::uint32_t interruptions = 0;

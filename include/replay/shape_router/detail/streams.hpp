@@ -12,6 +12,7 @@
 #include "replay/shape_router/detail/records.hpp"
 #include "replay/shape_router/detail/keys.hpp"
 #include "replay/error.hpp"
+#include "replay/piecewise/region.hpp"
 #include "replay/shape_router/backend.hpp"
 #include "replay/shape_router/stats.hpp"
 
@@ -73,10 +74,10 @@ inline Route<Key> ShapeRouter<Key, Backend>::run(const Key& key, stream_type str
     touch_hit(entry);
     ++hot_.hits;
     if (GraphSlot& graph = *entry.graph; enters_without_waiting(stream) && graph.try_take_locked()) [[likely]] {
-      const detail::RouterGraphHold<exec_type> held(graph);
+      const detail::RouterGraphHold<held_type> held(graph);
       Submission submission = enter_stream(lock, stream, where);
       lock.unlock();
-      backend_.launch(graph.exec, stream, where);
+      launch_held(graph.exec, stream, where);
       submission.issued(stream, where);
       return Route<Key>{planned.shape, RouteKind::replayed};
     }
@@ -282,9 +283,23 @@ inline void ShapeRouter<Key, Backend>::launch(::std::unique_lock<::std::mutex>& 
   Submission submission = enter_stream(lock, stream, where);
   graph->take(lock);  // kept alive by `graph` meanwhile
   lock.unlock();
-  const detail::RouterGraphHold<exec_type> held(*graph);
-  backend_.launch(graph->exec, stream, where);
+  const detail::RouterGraphHold<held_type> held(*graph);
+  launch_held(graph->exec, stream, where);
   submission.issued(stream, where);
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline void ShapeRouter<Key, Backend>::launch_held(held_type& held, stream_type stream,
+                                                   const ::std::source_location& where) {
+  if constexpr (CapturesPiecewise<Backend>) {
+    if (const exec_type* const whole = ::std::get_if<exec_type>(&held)) [[likely]] {
+      backend_.launch(*whole, stream, where);
+    } else {
+      backend_.launch_piecewise(::std::get<pieces_type>(held), stream, where);
+    }
+  } else {
+    backend_.launch(held, stream, where);
+  }
 }
 
 template <RouterKey Key, GraphBackend Backend>
@@ -303,6 +318,7 @@ inline void ShapeRouter<Key, Backend>::issue_eager(::std::unique_lock<::std::mut
   lock.unlock();
   {
     const detail::ActiveRouterScope active(this);
+    const detail::RegionsInline regions_in_place;  // a work that declares breaks runs them in place
     work_(shape, stream);
   }
   submission.issued(stream, where);

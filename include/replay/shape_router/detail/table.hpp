@@ -112,6 +112,58 @@ inline bool ShapeRouter<Key, Backend>::is_eager(const Key& key, ::std::source_lo
 }
 
 template <RouterKey Key, GraphBackend Backend>
+inline RouterEntryInfo<Key> ShapeRouter<Key, Backend>::info_of(const Entry& entry) const {
+  RouterEntryInfo<Key> out = pending_info(entry.shape);
+  const bool live = entry.graph != nullptr && (entry.state == State::captured || entry.state == State::stale ||
+                                               entry.state == State::capturing);
+  if (entry.state == State::eager_only) {
+    out.kind = RouterEntryKind::eager;
+    out.reason = entry.reason;
+  } else if (live) {
+    out.kind = entry.piecewise ? RouterEntryKind::piecewise : RouterEntryKind::whole;
+    out.segments = entry.segments;
+    out.regions = entry.regions;
+    out.memory = entry.memory;
+    out.replays = entry.replays;
+    out.stale = entry.state == State::stale;
+  }
+  return out;
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline RouterEntryInfo<Key> ShapeRouter<Key, Backend>::entry_info(const Key& key, ::std::source_location where) const {
+  refuse_reentry(where);
+  const Planned planned = Plan::plan(options_, key, where);
+  if (planned.oversize) {
+    RouterEntryInfo<Key> out = pending_info(planned.shape);
+    out.kind = RouterEntryKind::eager;
+    out.reason = "above the largest bucket (OversizePolicy::run_eager)";
+    return out;
+  }
+  ::std::lock_guard<::std::mutex> lock(mutex_);
+  const auto it = entries_.find(planned.shape);
+  return it == entries_.end() ? pending_info(planned.shape) : info_of(*it->second);
+}
+
+template <RouterKey Key, GraphBackend Backend>
+inline auto ShapeRouter<Key, Backend>::entries() const -> ::std::vector<RouterEntryInfo<Key>> {
+  refuse_reentry();
+  ::std::lock_guard<::std::mutex> lock(mutex_);
+  ::std::vector<const Entry*> all;
+  all.reserve(entries_.size());
+  for (const Entry* entry : lru_) {
+    all.push_back(entry);
+  }
+  ::std::sort(all.begin(), all.end(), [](const Entry* a, const Entry* b) { return a->last_used > b->last_used; });
+  ::std::vector<RouterEntryInfo<Key>> out;
+  out.reserve(all.size());
+  for (const Entry* entry : all) {
+    out.push_back(info_of(*entry));
+  }
+  return out;
+}
+
+template <RouterKey Key, GraphBackend Backend>
 inline auto ShapeRouter<Key, Backend>::graphs() const -> ::std::vector<GraphInfo<Key>> {
   refuse_reentry();
   ::std::vector<GraphInfo<Key>> out;
@@ -240,6 +292,9 @@ inline void ShapeRouter<Key, Backend>::drop_graph(Entry& entry, State next) noex
   }
   entry.memory = GraphMemory{};
   entry.replays = 0;
+  entry.piecewise = false;
+  entry.segments = 0;
+  entry.regions.clear();
   entry.state = next;
 }
 
