@@ -38,31 +38,21 @@
 namespace replay {
 
 // Threading: every member function may be called from any thread. An
-// internal mutex guards the key table for lookups and bookkeeping only: it is
-// not held across launches, warm-ups, eager runs or captures, so a key being
-// captured (its own state, "capturing") never stalls hits on other keys;
-// runs of that key meanwhile issue the work eagerly (RouteKind::eager_busy).
-// A graph being launched is locked, not referenced: its eviction waits for
-// that launch, and graphs are destroyed with the internal mutex released.
+// internal mutex guards the key table for lookups and bookkeeping only, never
+// across launches, warm-ups, eager runs or captures: a key being captured
+// never stalls hits on other keys (its own runs issue the work eagerly,
+// RouteKind::eager_busy). A graph being launched is locked, not referenced:
+// its eviction waits for that launch.
 //
-// Streams: the graphs of one router share the buffers they were captured
-// with, and the copies the caller issues into and out of them around run()
-// are the caller's. So by default (StreamSharing::lease_required) a router
-// runs outside a lease on one stream only, the first that ran it there; a run
-// outside a lease on another stream throws usage_error naming both. Leases
-// order whole requests (staging, run, reads) on any stream;
-// StreamSharing::caller_ordered lets any stream run it, for callers that order
-// their copies themselves (GraphedCallable). Either way the router orders what
-// it issues: a run on a stream other than the previous run's waits, on the
-// device, for the work the router issued on that stream; a backend that cannot
-// order streams makes such a run throw usage_error. The router never touches a
-// stream after the run (or lease) on it has returned, so a stream may be
-// destroyed at any time after its last run: once a router has seen a second
-// stream, every run records the router's order event on its own stream
-// before it returns (backend mark), and a switch waits for that event. The
-// first switch of a router that was used from one stream only (and so
-// recorded nothing, to keep its hits cheap) synchronizes the device once
-// (backend drain), unless a lease recorded the event last.
+// Streams: the graphs share their buffers, so by default
+// (StreamSharing::lease_required) a router runs outside a lease on one stream
+// only, the first that ran it, and refuses another with usage_error; leases
+// and run_staged() order whole requests on any stream, and
+// StreamSharing::caller_ordered leaves the copies to callers that order them
+// (GraphedCallable). Either way the router orders what it issues across
+// streams (a run on another stream waits, on the device, for the router's work
+// on the previous one) and never touches a stream after the run on it has
+// returned. docs/shape_router.md, "Threads and streams", has the details.
 template <RouterKey Key, GraphBackend Backend = CudaGraphBackend>
 class ShapeRouter {
  public:
@@ -304,14 +294,10 @@ class ShapeRouter {
   // shape_router/detail/streams.hpp.
   class Submission;
 
-  // Queries without a caller's location report the router's own.
-  void refuse_reentry(const ::std::source_location& where = ::std::source_location::current()) const {
-    if (detail::ActiveRouterScope::inside(this)) [[unlikely]] {
-      throw usage_error("ShapeRouter called from inside its own work callable (or failure handler or progress "
-                        "callback); that would deadlock. Issue nested work directly on the stream",
-                        where);
-    }
-  }
+  // usage_error from inside the router's own work, handler or progress
+  // callback (a deadlock otherwise). Queries without a caller's location
+  // report the router's own. shape_router/detail/streams.hpp.
+  void refuse_reentry(const ::std::source_location& where = ::std::source_location::current()) const;
 
   // Stream ordering and leases: shape_router/detail/streams.hpp.
   // Registers one submission (launch or eager issue) on `stream`, under the
@@ -461,3 +447,4 @@ class ShapeRouter {
 #include "replay/shape_router/detail/streams.hpp"
 #include "replay/shape_router/detail/table.hpp"
 #include "replay/shape_router/detail/capture.hpp"
+#include "replay/shape_router/detail/attempt.hpp"

@@ -88,6 +88,15 @@ inline Route<Key> ShapeRouter<Key, Backend>::run(const Key& key, stream_type str
 }
 
 template <RouterKey Key, GraphBackend Backend>
+void ShapeRouter<Key, Backend>::refuse_reentry(const ::std::source_location& where) const {
+  if (detail::ActiveRouterScope::inside(this)) [[unlikely]] {
+    throw usage_error("ShapeRouter called from inside its own work callable (or failure handler or progress "
+                      "callback); that would deadlock. Issue nested work directly on the stream",
+                      where);
+  }
+}
+
+template <RouterKey Key, GraphBackend Backend>
 template <class StageIn, class ReadOut>
 Route<Key> ShapeRouter<Key, Backend>::run_staged(const Key& key, stream_type stream, StageIn&& stage_in,
                                                  ReadOut&& read_out, ::std::source_location where) {
