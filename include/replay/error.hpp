@@ -107,6 +107,9 @@ enum class CaptureErrorHint { likely_causes, omitted };
 // A failed CUDA runtime call.
 class cuda_error : public ::std::runtime_error {
  public:
+  // `status` returned by `api` at `where`; `context` is appended to the
+  // message, and `hint` says whether a capture error's message ends with the
+  // list of likely causes (left out when `context` names the cause).
   cuda_error(::cudaError_t status, ::std::string_view api,
              ::std::source_location where = ::std::source_location::current(),
              ::std::string_view context = {}, CaptureErrorHint hint = CaptureErrorHint::likely_causes)
