@@ -11,6 +11,7 @@
 //
 // libtorch first: c10's logging header defines a glog-style CHECK macro,
 // which is dropped here so that doctest's CHECK is the one in force.
+#include <torch/csrc/jit/api/function_impl.h>
 #include <torch/library.h>
 #include <torch/script.h>
 #include <torch/torch.h>
@@ -203,6 +204,72 @@ TEST_CASE("break values key segments: scalars by kind and value, tensors by size
   CHECK_FALSE(append_key(key, c10::IValue(std::string("text"))));
 }
 
+TEST_CASE("a float read back that TorchScript only compares with constants and branches on keys by the comparisons") {
+  const auto unit = torch::jit::compile(R"(
+def decides(x):
+    h = x * 2.0
+    if float(h.abs().max()) > 8.0:
+        h = h.clamp(-2.0, 2.0)
+    return h
+
+def flows(x):
+    s = float(x.sum())
+    if s > 1.0:
+        x = x + 1.0
+    return x * s
+
+def reversed_and_twice(x):
+    v = float(x.max())
+    if 0.5 <= v:
+        x = x + 1.0
+    if v != 3:
+        x = x * 2.0
+    return x
+)");
+  const auto float_read = [&](const char* name) {
+    const std::shared_ptr<torch::jit::Graph> graph = torch::jit::toGraphFunction(unit->get_function(name)).graph();
+    for (const torch::jit::Node* node : graph->nodes()) {
+      if (replay::detail::reads_float_back(node)) {
+        // Found again by its source range, as the capture finds the running node.
+        CHECK(replay::detail::find_float_read(graph->block(), node->sourceRange()) == node);
+        return std::make_pair(graph, node);
+      }
+    }
+    FAIL("no float read back in " << name);
+    return std::make_pair(graph, static_cast<const torch::jit::Node*>(nullptr));
+  };
+  using Compare = replay::detail::ScalarDecision::Compare;
+  {
+    const auto [graph, node] = float_read("decides");
+    const auto analysis = replay::detail::analyse_scalar_read(node->output());
+    CHECK(analysis.decisions_only);
+    REQUIRE(analysis.decisions.size() == 1);
+    CHECK(analysis.decisions[0].compare == Compare::gt);
+    CHECK(analysis.decisions[0].constant == 8.0);
+    CHECK(analysis.decisions[0].evaluate(8.5));
+    CHECK_FALSE(analysis.decisions[0].evaluate(8.0));
+  }
+  {
+    const auto [graph, node] = float_read("flows");
+    const auto analysis = replay::detail::analyse_scalar_read(node->output());
+    CHECK_FALSE(analysis.decisions_only);
+    CHECK(analysis.other_use == "aten::mul");  // x * s: only the exact value is a safe key
+  }
+  {
+    const auto [graph, node] = float_read("reversed_and_twice");
+    const auto analysis = replay::detail::analyse_scalar_read(node->output());
+    CHECK(analysis.decisions_only);
+    REQUIRE(analysis.decisions.size() == 2);
+    CHECK(analysis.decisions[0].compare == Compare::le);
+    CHECK_FALSE(analysis.decisions[0].value_first);  // 0.5 <= v
+    CHECK(analysis.decisions[0].evaluate(0.5));
+    CHECK_FALSE(analysis.decisions[0].evaluate(0.25));
+    CHECK(analysis.decisions[1].compare == Compare::ne);
+    CHECK(analysis.decisions[1].constant == 3.0);  // an int constant compared with a float
+    CHECK_FALSE(analysis.decisions[1].evaluate(3.0));
+  }
+}
+
 TEST_CASE("the break policy: eager by default, the default eager operators, reasons and report kinds") {
   const replay::GraphedOptions options;
   CHECK(options.breaks == replay::TorchBreaks::eager);
@@ -251,6 +318,27 @@ TEST_CASE("a TorchScript branch on a read-back float: piecewise, 2 segments, bit
   CHECK(report.paths == 2);     // one per value read back
   CHECK(report.misses == 1);    // the first big input
   CHECK(report.path_switches >= 4);
+}
+
+TEST_CASE("a TorchScript read-back keyed by its comparison: fresh random values on both sides, two paths only") {
+  torch::jit::Module module = branchy_module(torch::kCUDA);
+  const at::Tensor example = torch::linspace(-1.0, 1.0, 4 * 64, cuda()).reshape({4, 64});
+  replay::GraphedCallable graphed(module, {example},
+                                  {.breaks = replay::TorchBreaks::piecewise, .max_break_paths = 2});
+  const replay::BucketCaptureReport first = graphed.capture_report(4);
+  REQUIRE(first.breaks.size() == 1);
+  CHECK(contains(first.breaks[0].why, "keyed by the outcome of the 1 comparison(s)"));
+  torch::manual_seed(replay_test::case_seed());
+  for (int i = 0; i < 20; ++i) {
+    CAPTURE(i);
+    // Every call reads back another float; half of them cross the threshold.
+    const at::Tensor x = torch::rand({4, 64}, cuda()) * (i % 2 == 0 ? 1.0 : 10.0);
+    const auto out = graphed(x);
+    CHECK(torch::equal(out[0], graphed.run_eager({x})[0]));
+  }
+  const replay::BucketCaptureReport report = graphed.capture_report(4);
+  CHECK(report.kind == replay::BucketCaptureKind::piecewise);  // not eager: 2 paths were enough
+  CHECK(report.paths == 2);
 }
 
 TEST_CASE("without a break under the piecewise policy the bucket is one graph; under the eager policy a read-back makes it eager") {

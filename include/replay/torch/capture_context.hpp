@@ -22,6 +22,10 @@
 #include "replay/torch/detail/capture.hpp"
 #include "replay/torch/piecewise.hpp"
 
+namespace torch::jit {
+struct Graph;
+}
+
 namespace replay {
 namespace detail {
 class TorchPiecewise;
@@ -172,6 +176,13 @@ class TorchCaptureContext {
     work_ = ::std::move(work);
   }
   ::std::int64_t work_key() const noexcept { return work_key_; }
+
+  // The TorchScript graph the work runs (inlined), where a piecewise capture
+  // looks up how a float read back is used: compared with constants and
+  // branched on, the comparisons' outcomes key the segments after it instead
+  // of its exact value. GraphedCallable sets it for a torch::jit::Module.
+  void set_script_graph(::std::shared_ptr<::torch::jit::Graph> graph) { script_graph_ = ::std::move(graph); }
+  const ::std::shared_ptr<::torch::jit::Graph>& script_graph() const noexcept { return script_graph_; }
   ::std::function<void(StreamRef)> take_work() noexcept { return ::std::exchange(work_, {}); }
 
   // The piecewise graphs by key, for reports (held weakly: the router owns them).
@@ -232,6 +243,7 @@ class TorchCaptureContext {
   ::std::size_t max_break_paths_ = 16;
   ::std::int64_t work_key_ = 0;
   ::std::function<void(StreamRef)> work_;
+  ::std::shared_ptr<::torch::jit::Graph> script_graph_;
   mutable ::std::mutex piecewise_mutex_;
   ::std::map<::std::int64_t, ::std::weak_ptr<detail::TorchPiecewise>> piecewise_;
 };

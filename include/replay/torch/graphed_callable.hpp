@@ -26,6 +26,7 @@
 #include "replay/torch/callable.hpp"
 #include "replay/torch/detail/graphed_state.hpp"
 #include "replay/torch/detail/piecewise.hpp"
+#include "replay/torch/detail/script_decisions.hpp"
 #include "replay/torch/errors.hpp"
 #include "replay/torch/options.hpp"
 #include "replay/torch/outputs.hpp"
@@ -67,6 +68,9 @@ class GraphedCallable {
                   "forward takes 1 to 8 Tensors, a torch::jit::Module, or a callable taking Tensors (or a "
                   "std::vector<Tensor>) and returning a Tensor, a std::vector<Tensor>, a tuple of Tensors or a "
                   "c10::IValue");
+    if constexpr (::std::same_as<::std::remove_cvref_t<F>, ::torch::jit::Module>) {
+      state_->script_graph = detail::inlined_forward_graph(fn);  // how its read-backs are used (breaks)
+    }
     init(make_tensor_function(::std::forward<F>(fn), where), ::std::move(example_inputs), ::std::move(options), where);
   }
 

@@ -74,6 +74,7 @@ struct GraphedState {
   CopyGraph copy_out;
   ::std::vector<ByteCopy> copies;  // the call's, reused
   ::std::shared_ptr<TorchCaptureContext> context;
+  ::std::shared_ptr<::torch::jit::Graph> script_graph;  // a TorchScript module's forward, inlined
   ::std::unique_ptr<router_type> router;  // last: destroyed first, so the graphs go before the context
 
   GraphedState() = default;

@@ -50,6 +50,7 @@
 #include "replay/torch/capture_context.hpp"
 #include "replay/torch/detail/capture.hpp"
 #include "replay/torch/detail/operator_names.hpp"
+#include "replay/torch/detail/script_decisions.hpp"
 #include "replay/torch/errors.hpp"
 #include "replay/torch/piecewise.hpp"
 
@@ -149,6 +150,28 @@ struct TorchRegion {
   TorchBreakInfo info;
   bool inference = false;  // c10::InferenceMode at the break
   bool grad = false;       // GradMode at the break (without inference mode)
+  // A float read back that TorchScript only compares with constants and
+  // branches on: the outcomes of these comparisons are its key.
+  ::std::vector<ScalarDecision> decisions;
+
+  // The key of `values` (this operator's outputs); false when one cannot key.
+  bool key_of(const ::std::vector<::c10::IValue>& values, ::std::string& out) const {
+    out.clear();
+    if (!decisions.empty() && values.size() == 1 && values[0].isDouble()) {
+      out += 'D';
+      const double value = values[0].toDouble();
+      for (const ScalarDecision& decision : decisions) {
+        out += decision.evaluate(value) ? '1' : '0';
+      }
+      return true;
+    }
+    for (const ::c10::IValue& value : values) {
+      if (!append_key(out, value)) {
+        return false;
+      }
+    }
+    return true;
+  }
 
   // Runs the operator again on its inputs, on torch's current stream, and
   // returns its key; when the key is this region's, its outputs are copied
@@ -164,9 +187,7 @@ struct TorchRegion {
     ::std::vector<::c10::IValue> stack = inputs;
     op->callBoxed(stack);
     ::std::string out;
-    for (const ::c10::IValue& value : stack) {
-      (void)append_key(out, value);
-    }
+    (void)key_of(stack, out);
     if (out == key && stack.size() == outputs.size()) {
       for (::std::size_t i = 0; i < stack.size(); ++i) {
         copy_into_static(outputs[i], stack[i]);
@@ -199,6 +220,7 @@ struct TorchPiecewiseConfig {
   ::std::vector<::std::string> operators;  // the eager list: the defaults and the user's
   ::std::size_t max_paths = 16;
   bool audit = false;  // list each break on stderr
+  ::std::shared_ptr<::torch::jit::Graph> script_graph;  // where float read-backs are looked up
 
   static TorchPiecewiseConfig of(const TorchCaptureContext& context, bool audit) {
     TorchPiecewiseConfig out;
@@ -207,6 +229,7 @@ struct TorchPiecewiseConfig {
     out.mode = context.mode();
     out.operators = context.eager_operators();
     out.max_paths = context.max_break_paths();
+    out.script_graph = context.script_graph();
     out.audit = audit;
     return out;
   }
@@ -326,6 +349,9 @@ class TorchPathRecorder {
       }
       const auto inputs = fn.inputs();
       region.inputs.assign(inputs.begin(), inputs.end());
+      if (region.info.op == "aten::_local_scalar_dense") {
+        look_up_decisions(region);
+      }
       region.inference = ::c10::InferenceMode::is_enabled();
       region.grad = ::c10::GradMode::is_enabled();
       if (error_.empty()) {
@@ -354,12 +380,11 @@ class TorchPathRecorder {
       TorchRegion region = ::std::move(*pending_);
       pending_.reset();
       region.outputs = fn.outputs();
-      for (const ::c10::IValue& value : region.outputs) {
-        if (!append_key(region.key, value)) {
-          fail(concat(region.info.op, " returned a ", value.tagKind(),
-                      ", which cannot key the segments after it (a scalar, a tensor or a list of tensors can)"));
-          return;
-        }
+      if (!region.key_of(region.outputs, region.key)) {
+        fail(concat(region.info.op,
+                    " returned a value that cannot key the segments after it (a scalar, a tensor or a list of "
+                    "tensors can)"));
+        return;
       }
       if (region.outputs.empty()) {
         fail(concat(region.info.op, " threw or returned nothing during the capture"));
@@ -369,6 +394,29 @@ class TorchPathRecorder {
       begin_segment();
     } catch (...) {
       fail(concat("beginning the graph segment after ", fn.name(), " failed: ", describe_torch_exception()));
+    }
+  }
+
+  // Inside TorchScript, a float read back at a node that the script only
+  // compares with constants and branches on keys by those comparisons.
+  void look_up_decisions(TorchRegion& region) const {
+    if (config_.script_graph == nullptr) {
+      return;
+    }
+    for (const ::torch::jit::StackEntry& entry : ::torch::jit::currentCallstack()) {
+      const ::torch::jit::Node* node = find_float_read(config_.script_graph->block(), entry.range);
+      if (node == nullptr) {
+        continue;
+      }
+      ScalarReadAnalysis analysis = analyse_scalar_read(node->output());
+      if (analysis.decisions_only) {
+        region.decisions = ::std::move(analysis.decisions);
+        region.info.why += concat("; keyed by the outcome of the ", region.decisions.size(),
+                                  " comparison(s) the script branches on, not by the value");
+      } else {
+        region.info.why += concat("; keyed by its exact value (it flows into ", analysis.other_use, ")");
+      }
+      return;
     }
   }
 
