@@ -455,6 +455,24 @@ TEST_CASE("a float read back into a tensor op keys by its exact value, bounded: 
   CHECK(contains(report.reason, "aten::_local_scalar_dense"));
 }
 
+TEST_CASE("a capture broken by a call that is not on the eager list still makes the bucket eager, with its reason") {
+  auto fn = [](const at::Tensor& x) {
+    const at::Tensor y = x * 2.0;
+    c10::cuda::getCurrentCUDAStream().synchronize();  // an ordinary C++ call: not an operator, no break
+    return y + 1.0;
+  };
+  const at::Tensor x = torch::randn({2, 8}, cuda());
+  std::string reason;
+  replay::GraphedCallable graphed(fn, {x},
+                                  {.on_capture_failure = [&](const int64_t&, std::string_view why) { reason = why; },
+                                   .breaks = replay::TorchBreaks::piecewise});
+  const replay::BucketCaptureReport report = graphed.capture_report(2);
+  CHECK(report.kind == replay::BucketCaptureKind::eager);
+  CHECK(report.reason == reason);
+  CHECK(contains(reason, "captur"));
+  CHECK(torch::equal(graphed(x)[0], fn(x)));
+}
+
 TEST_CASE("a piecewise GraphedCallable called from two threads: every result equals eager") {
   torch::jit::Module module = branchy_module(torch::kCUDA);
   const at::Tensor small = torch::linspace(-1.0, 1.0, 4 * 64, cuda()).reshape({4, 64});

@@ -181,11 +181,12 @@ class GraphedCallable {
   ::std::size_t graph_count() const { return state().router->graph_count(); }
   // What became of the capture of `batch`'s bucket: one graph, graph
   // segments with eager operators between them (GraphedOptions::breaks) and
-  // its breaks, eager and why, or not captured (yet). Not from a capture
-  // handler (it waits for the call in progress).
+  // its breaks, eager and why, or not captured (yet). Refused (usage_error)
+  // from inside the callable or a capture handler, which run under the call's lock.
   BucketCaptureReport capture_report(::std::int64_t batch,
                                      ::std::source_location where = ::std::source_location::current()) const {
     detail::GraphedState& s = state(where);
+    const detail::ActiveGraphedScope active(&s, "capture_report()", where);
     const ::std::lock_guard<::std::mutex> lock(s.mutex);
     const ::std::int64_t bucket = s.router->padded_shape(batch, where);
     BucketCaptureReport out;
