@@ -399,24 +399,28 @@ class TorchPathRecorder {
 
   // Inside TorchScript, a float read back at a node that the script only
   // compares with constants and branches on keys by those comparisons.
-  void look_up_decisions(TorchRegion& region) const {
+  void look_up_decisions(TorchRegion& region) const noexcept {
     if (config_.script_graph == nullptr) {
       return;
     }
-    for (const ::torch::jit::StackEntry& entry : ::torch::jit::currentCallstack()) {
-      const ::torch::jit::Node* node = find_float_read(config_.script_graph->block(), entry.range);
-      if (node == nullptr) {
-        continue;
+    try {
+      for (const ::torch::jit::StackEntry& entry : ::torch::jit::currentCallstack()) {
+        const ::torch::jit::Node* node = find_float_read(config_.script_graph->block(), entry.range);
+        if (node == nullptr) {
+          continue;
+        }
+        ScalarReadAnalysis analysis = analyse_scalar_read(node->output());
+        if (analysis.decisions_only) {
+          region.info.why += concat("; keyed by the outcome of the ", analysis.decisions.size(),
+                                    " comparison(s) the script branches on, not by the value");
+          region.decisions = ::std::move(analysis.decisions);
+        } else {
+          region.info.why += concat("; keyed by its exact value (it flows into ", analysis.other_use, ")");
+        }
+        return;
       }
-      ScalarReadAnalysis analysis = analyse_scalar_read(node->output());
-      if (analysis.decisions_only) {
-        region.decisions = ::std::move(analysis.decisions);
-        region.info.why += concat("; keyed by the outcome of the ", region.decisions.size(),
-                                  " comparison(s) the script branches on, not by the value");
-      } else {
-        region.info.why += concat("; keyed by its exact value (it flows into ", analysis.other_use, ")");
-      }
-      return;
+    } catch (...) {
+      region.decisions.clear();  // no script frames, or no analysis: the value keys exactly
     }
   }
 
