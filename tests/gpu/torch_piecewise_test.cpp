@@ -12,6 +12,7 @@
 // libtorch first: c10's logging header defines a glog-style CHECK macro,
 // which is dropped here so that doctest's CHECK is the one in force.
 #include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/runtime/interpreter.h>
 #include <torch/library.h>
 #include <torch/script.h>
 #include <torch/torch.h>
@@ -181,6 +182,59 @@ def f(x):
   }
   CHECK(scalars == 4);
   CHECK(nonzeros == 1);
+}
+
+// What a callback on aten::_local_scalar_dense finds of the running script
+// node, as the piecewise capture looks it up.
+thread_local std::shared_ptr<torch::jit::Graph> lookup_graph;
+thread_local std::vector<std::size_t>* lookup_decisions = nullptr;
+std::unique_ptr<at::ObserverContext> on_lookup_start(const at::RecordFunction& fn) {
+  if (lookup_decisions != nullptr && std::string(fn.name()) == "aten::_local_scalar_dense") {
+    std::size_t found = 0;  // 0: no node found; else 1 + the decisions found
+    for (const torch::jit::StackEntry& entry : torch::jit::currentCallstack()) {
+      if (const torch::jit::Node* node = replay::detail::find_float_read(lookup_graph->block(), entry.range)) {
+        found = 1 + replay::detail::analyse_scalar_read(node->output()).decisions.size();
+      }
+    }
+    lookup_decisions->push_back(found);
+  }
+  return nullptr;
+}
+
+TEST_CASE("a running module's float read-back is found in its inlined forward graph by the source range of the running node") {
+  torch::jit::Module inner("Inner");
+  inner.define(R"(
+def forward(self, x):
+    return x * 2.0
+)");
+  torch::jit::Module module("Outer");
+  module.register_module("inner", inner);
+  module.define(R"(
+def forward(self, x):
+    h = self.inner.forward(x)
+    if float(h.abs().max()) > 8.0:
+        h = h.clamp(-2.0, 2.0)
+    n = int(h.gt(0).sum())
+    return h * n
+)");
+  lookup_graph = replay::detail::inlined_forward_graph(module);
+  REQUIRE(lookup_graph != nullptr);
+  std::vector<std::size_t> decisions;
+  lookup_decisions = &decisions;
+  const at::CallbackHandle handle =
+      at::addThreadLocalCallback(at::RecordFunctionCallback(&on_lookup_start).scopes({at::RecordScope::FUNCTION}));
+  torch::NoGradGuard no_grad;
+  for (int i = 0; i < 3; ++i) {  // the profiling executor's runs, then its optimized plan
+    (void)module.forward({torch::tensor({1.0F, -5.0F, 3.0F})});
+  }
+  at::removeCallback(handle);
+  lookup_decisions = nullptr;
+  lookup_graph.reset();
+  REQUIRE(decisions.size() == 6);  // float(...) and int(...), three runs
+  for (std::size_t i = 0; i < decisions.size(); i += 2) {
+    CHECK(decisions[i] == 2);      // the float read: found, one comparison
+    CHECK(decisions[i + 1] == 0);  // int(...): not a float read (it keys exactly)
+  }
 }
 
 TEST_CASE("break values key segments: scalars by kind and value, tensors by sizes; others refused") {
