@@ -256,6 +256,10 @@ TEST_CASE("break values key segments: scalars by kind and value, tensors by size
   CHECK(key_of(c10::IValue(torch::zeros({3, 1}))) != key_of(c10::IValue(torch::zeros({4, 1}))));
   std::string key;
   CHECK_FALSE(append_key(key, c10::IValue(std::string("text"))));
+  // Only an operator on device memory breaks a capture: int(cpu_tensor) does not.
+  const std::vector<c10::IValue> host_only{c10::IValue(torch::ones({2})), c10::IValue(int64_t{1})};
+  CHECK_FALSE(replay::detail::reads_device_memory(c10::ArrayRef<const c10::IValue>(host_only.data(), host_only.size())));
+  CHECK_FALSE(replay::detail::reads_device_memory(c10::ArrayRef<const c10::IValue>()));
 }
 
 TEST_CASE("a float read back that TorchScript only compares with constants and branches on keys by the comparisons") {
@@ -507,6 +511,15 @@ TEST_CASE("a float read back into a tensor op keys by its exact value, bounded: 
   CHECK(report.kind == replay::BucketCaptureKind::eager);
   CHECK(contains(report.reason, "max_break_paths"));
   CHECK(contains(report.reason, "aten::_local_scalar_dense"));
+}
+
+TEST_CASE("an eager operator on host tensors only does not break the capture: one whole graph") {
+  const at::Tensor scale = torch::tensor({3.0F});  // a CPU tensor the callable reads
+  auto fn = [scale](const at::Tensor& x) { return x * scale.item<double>(); };
+  const at::Tensor x = torch::randn({2, 8}, cuda());
+  replay::GraphedCallable graphed(fn, {x}, {.breaks = replay::TorchBreaks::piecewise});
+  CHECK(graphed.capture_report(2).kind == replay::BucketCaptureKind::whole);
+  CHECK(torch::equal(graphed(x)[0], fn(x)));
 }
 
 TEST_CASE("a capture broken by a call that is not on the eager list still makes the bucket eager, with its reason") {

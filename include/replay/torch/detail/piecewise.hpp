@@ -235,6 +235,24 @@ struct TorchPiecewiseConfig {
   }
 };
 
+// True when an operator's arguments include a CUDA tensor: an eager
+// operator on host tensors alone needs no break.
+inline bool reads_device_memory(::c10::ArrayRef<const ::c10::IValue> inputs) {
+  for (const ::c10::IValue& value : inputs) {
+    if (value.isTensor() && value.toTensor().defined() && value.toTensor().is_cuda()) {
+      return true;
+    }
+    if (value.isTensorList()) {
+      for (const ::at::Tensor& t : value.toTensorVector()) {
+        if (t.defined() && t.is_cuda()) {
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
 class TorchPathRecorder;
 struct TorchBreakThread {
   TorchPathRecorder* recorder = nullptr;  // the path being recorded on this thread
@@ -314,8 +332,9 @@ class TorchPathRecorder {
     }
     const char* name = fn.name();
     const auto& ops = thread.recorder->config_.operators;
-    if (name == nullptr || ::std::find(ops.begin(), ops.end(), ::std::string_view(name)) == ops.end()) {
-      return nullptr;
+    if (name == nullptr || ::std::find(ops.begin(), ops.end(), ::std::string_view(name)) == ops.end() ||
+        !reads_device_memory(fn.inputs())) {
+      return nullptr;  // not on the list, or on host tensors only (int(cpu_tensor) is fine in a capture)
     }
     thread.in_break = true;
     thread.recorder->break_start(fn);
