@@ -285,9 +285,17 @@ class TorchPathRecorder {
     ::c10::cuda::CUDAGuard device_guard(config_.device);
     ::c10::cuda::CUDAStreamGuard stream_guard(torch_stream(side_, config_.device.index()));
     begin_segment();
-    {
+    try {
       const Installed installed(this);
       work(side_);
+    } catch (...) {
+      if (error_.empty()) {
+        throw;
+      }
+      // A break that could not be taken left the stream capturing or the work
+      // without a segment: its own error is the consequence, this the cause.
+      abandon();
+      throw capture_failed_error(error_);
     }
     if (!error_.empty()) {
       abandon();
@@ -403,10 +411,6 @@ class TorchPathRecorder {
         fail(concat(region.info.op,
                     " returned a value that cannot key the segments after it (a scalar, a tensor or a list of "
                     "tensors can)"));
-        return;
-      }
-      if (region.outputs.empty()) {
-        fail(concat(region.info.op, " threw or returned nothing during the capture"));
         return;
       }
       path_->regions.push_back(::std::move(region));
