@@ -22,4 +22,9 @@ if(TARGET replay_torch)
   # GraphedCallable's host cost over a raw replay (Google Benchmark), with its
   # ratios in bench/torch/call_overhead.ratios.
   replay_torch_bench(torch_call_bench ${CMAKE_CURRENT_LIST_DIR}/torch_call_bench.cpp benchmark::benchmark)
+
+  # Breakable captures (GraphedOptions::breaks): a TorchScript model with a
+  # read-back halfway; its Python peer is bench/torch_piecewise_bench.py.
+  replay_torch_bench(torch_piecewise_bench ${CMAKE_CURRENT_LIST_DIR}/torch_piecewise_bench.cpp)
+  target_include_directories(torch_piecewise_bench PRIVATE ${PROJECT_SOURCE_DIR}/examples/torch_resnet)
 endif()

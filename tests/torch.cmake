@@ -18,6 +18,10 @@ if(TARGET replay_torch)
     target_include_directories(test_torch PRIVATE ${PROJECT_SOURCE_DIR}/examples/capture_audit)
   endif()
   target_include_directories(test_torch PRIVATE ${PROJECT_SOURCE_DIR}/examples/torch_resnet)
+  # Breakable captures (GraphedOptions::breaks): their own program, so that
+  # the thread-local RecordFunction callbacks of one case never meet another's.
+  replay_add_test(NAME torch_piecewise SOURCES gpu/torch_piecewise_test.cpp SUITES host gpu LIBRARIES replay::torch)
+  set_target_properties(test_torch_piecewise PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
   # The test main links replay::replay too: one runtime, libtorch's shared one.
   set_target_properties(test_torch PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
   # Every adapter header compiles on its own (the rest are checked in tests/CMakeLists.txt).
@@ -31,5 +35,6 @@ endif()
 # made for.
 if(TARGET test_torch AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   target_compile_options(test_torch PRIVATE -Wno-missing-field-initializers)
+  target_compile_options(test_torch_piecewise PRIVATE -Wno-missing-field-initializers)
   target_compile_options(replay_torch_header_check PRIVATE -Wno-missing-field-initializers)
 endif()

@@ -21,6 +21,7 @@
 // IWYU pragma: begin_exports
 #include "replay/torch/errors.hpp"
 #include "replay/torch/options.hpp"
+#include "replay/torch/piecewise.hpp"
 #include "replay/torch/callable.hpp"
 #include "replay/torch/capture_context.hpp"
 #include "replay/torch/backend.hpp"

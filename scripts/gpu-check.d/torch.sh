@@ -14,7 +14,10 @@
 #      torch.cuda.CUDAGraph, torch.compile reduce-overhead) and
 #      bench/torch_bert_bench.py (eager, torch.compile reduce-overhead with
 #      dynamic=False), torch.compile last and within what is left of the budget,
-#   7. prints a short results table last.
+#   7. with time left, the piecewise benchmark (scripts/make_torchscript_piecewise.py's
+#      model, exported with the others): bench/torch_piecewise_bench.cpp, then its
+#      Python peer bench/torch_piecewise_bench.py (torch.compile reduce-overhead),
+#   8. prints a short results table last.
 #   scripts/gpu-check.d/torch.sh [all | export | measure]
 #     all (default): every step; export: steps 1 and 5's exports only (nothing
 #     timed: gpu-check.sh runs them beside its build); measure: the rest, with
@@ -26,7 +29,8 @@
 # BERT's the rest, at most 90 s, shapes in order of importance).
 # Files in $OUT: torch_example.txt, capture_audit_torchscript.txt, torch_call_bench.{txt,json}, torch_bench_cpp.{txt,json},
 # torch_bench_py.json, torch_bench.txt (ResNet table), torch_bert.{txt,json},
-# torch_bert_py.json, torch_bert_bench.txt (BERT table), torch_*.err, torch_results.txt.
+# torch_bert_py.json, torch_bert_bench.txt (BERT table), torch_piecewise{,_py}.json,
+# torch_piecewise{,_bench}.txt, torch_*.err, torch_results.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-all}
@@ -71,14 +75,19 @@ bounded() {
 
 torchscript=$build/resnet50_torchscript.pt
 bert_dir=$build/bert
+piecewise_dir=$build/piecewise_model
 if [ "$mode" != measure ]; then
-  rm -f "$torchscript" "$bert_dir/bert_torchscript.pt" "$bert_dir/bert_reference.pt"
+  rm -f "$torchscript" "$bert_dir/bert_torchscript.pt" "$bert_dir/bert_reference.pt" "$piecewise_dir"/*.pt
   step "TorchScript export (ResNet-50)"
   bounded 120 python3 scripts/make_torchscript_resnet.py "$torchscript" || failed "TorchScript export"
   step "TorchScript export (BERT-base, fp16, traced on the GPU)"
   bounded 150 python3 scripts/make_torchscript_bert.py "$bert_dir" >"$OUT/torch_bert_export.txt" 2>&1 ||
     failed "BERT export (rc=$?)"
   grep -v Warning "$OUT/torch_bert_export.txt" | tail -3
+  step "TorchScript export (the piecewise benchmark's model, scripted)"
+  bounded 90 python3 scripts/make_torchscript_piecewise.py "$piecewise_dir" >"$OUT/torch_piecewise_export.txt" 2>&1 ||
+    failed "piecewise model export (rc=$?)"
+  grep -v Warning "$OUT/torch_piecewise_export.txt" | tail -1
 fi
 if [ "$mode" = export ]; then
   echo "torch exports: $((SECONDS - start)) s, $([ "$status" -eq 0 ] && echo ok || echo FAILED)"
@@ -147,16 +156,35 @@ bounded 200 python3 bench/torch_bert_bench.py --json "$OUT/torch_bert_py.json" -
   { failed "Python BERT benchmark"; tail -5 "$OUT/torch_bert_py.err"; }
 grep -E "torch.compile (failed|: budget)" "$OUT/torch_bert_py.err" || true
 
+# Breakable captures: C++ eager, piecewise and a whole graph without the
+# read-back (bench/torch_piecewise_bench.cpp), then torch.compile
+# reduce-overhead with its graph break (bench/torch_piecewise_bench.py). Last,
+# and only with time left, so that it never takes the other steps' budget.
+piecewise_bench=$build/bench/torch/torch_piecewise_bench
+if [ -x "$piecewise_bench" ] && [ -f "$piecewise_dir/readback.pt" ] && [ "$(left)" -gt 60 ]; then
+  step "piecewise benchmark (C++ eager, piecewise, whole graph; then torch.compile reduce-overhead)"
+  bounded 90 "$piecewise_bench" "$piecewise_dir" --json "$OUT/torch_piecewise.json" >"$OUT/torch_piecewise.txt" 2>&1 ||
+    failed "C++ piecewise benchmark (rc=$?)"
+  cat "$OUT/torch_piecewise.txt"
+  bounded 150 python3 bench/torch_piecewise_bench.py --cpp-json "$OUT/torch_piecewise.json" \
+    --json "$OUT/torch_piecewise_py.json" >"$OUT/torch_piecewise_bench.txt" 2>"$OUT/torch_piecewise_py.err" ||
+    { failed "Python piecewise benchmark"; tail -5 "$OUT/torch_piecewise_py.err"; }
+else
+  echo "torch: piecewise benchmark skipped ($(left) s of the budget left, or not built / not exported)"
+fi
+
 {
   echo "torch step: $((SECONDS - start)) s, $([ "$status" -eq 0 ] && echo ok || echo FAILED)"
   cat "$OUT/torch_bench.txt" 2>/dev/null
   cat "$OUT/torch_bert_bench.txt" 2>/dev/null
+  cat "$OUT/torch_piecewise_bench.txt" 2>/dev/null
   echo "---- torch results ----"
   grep -E "vs unprepared" "$OUT/torch_example.txt" |
     sed -E 's/.*(b=[0-9]+).*max-abs-err\/max\|ref\| ([^ ]+).*/\1 \2/' | tr '\n' ' ' |
     sed -E 's/^(.+) $/  ResNet-50 prepared fp16 vs unprepared, max-abs-error \/ max|ref| (tolerance 1e-02): \1\n/'
   grep -E "^torch_bert: checked" "$OUT/torch_bert.txt" 2>/dev/null | sed 's/^torch_bert: /  BERT: /'
   sed 's/^/  /' "$OUT/torch_call_ratios.txt" 2>/dev/null
-  grep -hE "^  target" "$OUT/torch_bench.txt" "$OUT/torch_bert_bench.txt" 2>/dev/null
+  grep -hE "^  target" "$OUT/torch_bench.txt" "$OUT/torch_bert_bench.txt" "$OUT/torch_piecewise.txt" \
+    "$OUT/torch_piecewise_bench.txt" 2>/dev/null
 } | tee "$OUT/torch_results.txt"
 exit "$status"

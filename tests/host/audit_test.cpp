@@ -508,6 +508,12 @@ TEST_SUITE("host") {
     plain.op = "aten::mm";
     CHECK(audit::advice_for(plain, replay::AuditFindingKind::breaking_call).find("synchronizing a capturing stream") !=
           std::string::npos);
+    // An ordinary call that synchronizes the capturing stream: the advice names the break API.
+    const std::string sync_advice = audit::advice_for(plain, replay::AuditFindingKind::breaking_call);
+    CHECK(sync_advice.find("replay::eager(stream, name, region)") != std::string::npos);
+    CHECK(sync_advice.find("replay::capture_piecewise") != std::string::npos);
+    // A read-back inside torch: the adapter's break policy.
+    CHECK(report.breaking->advice.find("replay::TorchBreaks::piecewise") != std::string::npos);
   }
 
   TEST_CASE("audit: a clean report says so and its verdict counts the calls") {

@@ -31,7 +31,9 @@
 #include "replay/torch/capture_context.hpp"
 #include "replay/torch/detail/capture.hpp"
 #include "replay/torch/detail/operator_names.hpp"
+#include "replay/torch/detail/piecewise.hpp"
 #include "replay/torch/errors.hpp"
+#include "replay/torch/piecewise.hpp"
 
 namespace replay {
 
@@ -52,6 +54,10 @@ struct TorchGraphExec {
   Graph wrapped;
   // With a graph wrapper: `wrapped` instantiated and uploaded (`exec` is its handle).
   ::std::optional<GraphExec> wrapped_exec;
+  // A capture broken by operators on the eager list (TorchBreaks::piecewise):
+  // its paths of segments; `graph` and `exec` are then empty, and launch()
+  // goes through it.
+  ::std::shared_ptr<detail::TorchPiecewise> piecewise;
 };
 
 // Builds the graph a TorchGraphBackend instantiates and launches in place of
@@ -133,6 +139,12 @@ class TorchGraphBackend {
     } else {
       generators_shared.lock();
     }
+    // TorchBreaks::piecewise: the operators on the eager list break the
+    // capture into segments (not with a wrapper, which wraps one section,
+    // nor with registered generators, which advance once per graph launch).
+    if (ctx.breaks() == TorchBreaks::piecewise && !wraps_graphs() && !exclusive) {
+      return capture_piecewise(ctx, side, issue, where);
+    }
     // The capture audit, when switched on (GraphedOptions::audit, the
     // router's switch, or REPLAY_AUDIT=1): recording from capture_begin to
     // capture_end, its verdict added to a failure's message.
@@ -147,15 +159,7 @@ class TorchGraphBackend {
     (void)ctx.take_outputs();
     try {
       ::c10::cuda::CUDAStreamGuard stream_guard(detail::torch_stream(side, device));
-#ifdef REPLAY_TORCH_PREPARE_CUBLAS
-      // cuBLAS handles keep a workspace per stream, allocated on first use
-      // through the caching allocator. Made now, outside the capture, it comes
-      // from the ordinary pool; made during the capture it would sit in the
-      // private pool for good and keep it from being freed.
-      (void)::at::cuda::getCurrentCUDABlasHandle();
-      (void)::at::cuda::getCurrentCUDABlasLtHandle();
-      (void)::at::cuda::getCUDABlasLtWorkspace();
-#endif
+      detail::prepare_cublas_for_capture();
       if (default_generator) {
         exec.graph->register_generator_state(::at::cuda::detail::getDefaultCUDAGenerator(device));
       }
@@ -281,6 +285,10 @@ class TorchGraphBackend {
   // when the capture drew random numbers.
   void launch(const TorchGraphExec& exec, StreamRef stream,
               ::std::source_location where = ::std::source_location::current()) const {
+    if (exec.piecewise) [[unlikely]] {
+      exec.piecewise->launch(stream, where);  // notes the launched path's outputs
+      return;
+    }
     if (exec.uses_rng) [[unlikely]] {
       const ::c10::DeviceIndex device = context_->device().index();
       ::c10::cuda::CUDAStreamGuard guard(detail::torch_stream(stream, device));
@@ -298,6 +306,55 @@ class TorchGraphBackend {
       throw usage_error("TorchGraphBackend: no TorchCaptureContext (a null pointer)", where);
     }
     return context;
+  }
+
+  // The piecewise capture (the context's locks held): runs the work once,
+  // live, on the capture stream, breaking at the operators on the eager list.
+  // Without a break the key keeps one graph, as capture() makes it.
+  template <class Issue>
+  CapturedGraph<TorchGraphExec> capture_piecewise(TorchCaptureContext& ctx, StreamRef side, Issue& issue,
+                                                  const ::std::source_location& where) const {
+    const ::c10::DeviceIndex device = ctx.device().index();
+    const bool audit = detail::effective_audit_switch(AuditSwitch::from_environment) != AuditSwitch::off;
+    const detail::TorchPiecewiseConfig config = detail::TorchPiecewiseConfig::of(ctx, audit);
+    const ::std::size_t reserved_before = ctx.pool_reserved_bytes();
+    ctx.note_capture();
+    (void)ctx.take_outputs();
+    (void)ctx.take_work();
+    ::std::unique_ptr<detail::TorchPath> path;
+    try {
+      ::c10::cuda::CUDAStreamGuard stream_guard(detail::torch_stream(side, device));
+      detail::prepare_cublas_for_capture();
+      const detail::CaptureToken token(static_cast<int>(device));
+      detail::TorchPathRecorder recorder(config, side);
+      path = recorder.record([&issue](StreamRef s) { ::std::invoke(issue, s); }, where);
+    } catch (...) {
+      const bool interrupted = detail::capture_was_interrupted();
+      (void)ctx.take_outputs();
+      const ::std::string message = detail::concat("replay: ", detail::describe_capture_failure(), " (capture begun at ",
+                                                   replay::to_string(where), ")");
+      if (interrupted) {
+        throw capture_interrupted_error(message);
+      }
+      throw capture_failed_error(message);
+    }
+    path->outputs = ctx.take_outputs();
+    ::std::function<void(StreamRef)> work = ctx.take_work();
+    check(::cudaStreamSynchronize(side.get()), "cudaStreamSynchronize", where);  // the work ran, live
+    GraphMemory memory;
+    const ::std::size_t reserved_after = ctx.pool_reserved_bytes();
+    memory.footprint_bytes = reserved_after > reserved_before ? reserved_after - reserved_before : 0;
+    TorchGraphExec exec;
+    if (path->regions.empty()) {
+      exec.graph = ::std::move(path->segments.front().graph);
+      exec.exec = path->segments.front().exec;
+      exec.outputs = ::std::move(path->outputs);
+      return CapturedGraph<TorchGraphExec>{::std::move(exec), memory};
+    }
+    exec.piecewise = ::std::make_shared<detail::TorchPiecewise>(config, ::std::move(work), context_);
+    exec.piecewise->add(::std::move(path));
+    ctx.note_piecewise(ctx.work_key(), exec.piecewise);
+    return CapturedGraph<TorchGraphExec>{::std::move(exec), memory};
   }
 
   // Hands the captured section to the wrapper, then instantiates (with

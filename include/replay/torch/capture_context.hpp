@@ -5,9 +5,13 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <source_location>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -16,8 +20,16 @@
 #include "replay/stream.hpp"
 #include "replay/stream_ref.hpp"
 #include "replay/torch/detail/capture.hpp"
+#include "replay/torch/piecewise.hpp"
+
+namespace torch::jit {
+struct Graph;
+}
 
 namespace replay {
+namespace detail {
+class TorchPiecewise;
+}
 
 // What the graphs of one model share: the device, the private memory pool of
 // the caching allocator, the stream captures run on, and the static outputs
@@ -127,6 +139,63 @@ class TorchCaptureContext {
   }
   void note_capture() noexcept { pool_touched_ = true; }
 
+  // What an operator that cannot be captured does to this context's
+  // captures (TorchBreaks::eager: the capture fails, as before), the
+  // operators a piecewise capture runs eagerly on top of
+  // default_eager_operators ("my_ns::my_op"), and the paths of distinct
+  // break values one key keeps before it runs eagerly. Set before capturing.
+  void set_breaks(TorchBreaks breaks, const ::std::vector<::std::string>& eager_operators = {},
+                  ::std::size_t max_paths = 16, ::std::source_location where = ::std::source_location::current()) {
+    if (max_paths == 0) {
+      throw usage_error("TorchCaptureContext::set_breaks: max_paths must be at least 1", where);
+    }
+    for (const ::std::string& op : eager_operators) {
+      if (op.find("::") == ::std::string::npos) {
+        throw usage_error(detail::concat("TorchCaptureContext::set_breaks: \"", op,
+                                         "\" is not an operator name; name it with its namespace, as the dispatcher "
+                                         "does (\"my_ns::my_op\", \"aten::unique\")"),
+                          where);
+      }
+    }
+    breaks_ = breaks;
+    operators_.assign(default_eager_operators.begin(), default_eager_operators.end());
+    operators_.insert(operators_.end(), eager_operators.begin(), eager_operators.end());
+    max_break_paths_ = max_paths;
+  }
+  TorchBreaks breaks() const noexcept { return breaks_; }
+  const ::std::vector<::std::string>& eager_operators() const noexcept { return operators_; }
+  ::std::size_t max_break_paths() const noexcept { return max_break_paths_; }
+
+  // The work of the key being captured, as the work callable runs it: a
+  // piecewise graph runs it again, live, to capture the path of a break value
+  // never seen (and eagerly, when the key gives up). GraphedCallable sets it;
+  // a work callable of your own calls it before issuing (the function must
+  // stay valid as long as the graphs).
+  void set_work(::std::int64_t key, ::std::function<void(StreamRef)> work) {
+    work_key_ = key;
+    work_ = ::std::move(work);
+  }
+  ::std::int64_t work_key() const noexcept { return work_key_; }
+
+  // The TorchScript graph the work runs (inlined), where a piecewise capture
+  // looks up how a float read back is used: compared with constants and
+  // branched on, the comparisons' outcomes key the segments after it instead
+  // of its exact value. GraphedCallable sets it for a torch::jit::Module.
+  void set_script_graph(::std::shared_ptr<::torch::jit::Graph> graph) { script_graph_ = ::std::move(graph); }
+  const ::std::shared_ptr<::torch::jit::Graph>& script_graph() const noexcept { return script_graph_; }
+  ::std::function<void(StreamRef)> take_work() noexcept { return ::std::exchange(work_, {}); }
+
+  // The piecewise graphs by key, for reports (held weakly: the router owns them).
+  void note_piecewise(::std::int64_t key, const ::std::shared_ptr<detail::TorchPiecewise>& graph) {
+    const ::std::lock_guard<::std::mutex> lock(piecewise_mutex_);
+    piecewise_[key] = graph;
+  }
+  ::std::shared_ptr<detail::TorchPiecewise> piecewise_for(::std::int64_t key) const {
+    const ::std::lock_guard<::std::mutex> lock(piecewise_mutex_);
+    const auto it = piecewise_.find(key);
+    return it == piecewise_.end() ? nullptr : it->second.lock();
+  }
+
   // Bytes of device memory in the pool's segments (the caching allocator's
   // snapshot): what the graphs' intermediate and output tensors occupy.
   ::std::size_t pool_reserved_bytes() const {
@@ -169,6 +238,14 @@ class TorchCaptureContext {
   bool pool_touched_ = false;
   bool holds_pool_ = false;
   bool holds_host_pool_ = false;
+  TorchBreaks breaks_ = TorchBreaks::eager;
+  ::std::vector<::std::string> operators_{default_eager_operators.begin(), default_eager_operators.end()};
+  ::std::size_t max_break_paths_ = 16;
+  ::std::int64_t work_key_ = 0;
+  ::std::function<void(StreamRef)> work_;
+  ::std::shared_ptr<::torch::jit::Graph> script_graph_;
+  mutable ::std::mutex piecewise_mutex_;
+  ::std::map<::std::int64_t, ::std::weak_ptr<detail::TorchPiecewise>> piecewise_;
 };
 
 }  // namespace replay

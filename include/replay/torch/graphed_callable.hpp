@@ -25,9 +25,12 @@
 #include "replay/stream_ref.hpp"
 #include "replay/torch/callable.hpp"
 #include "replay/torch/detail/graphed_state.hpp"
+#include "replay/torch/detail/piecewise.hpp"
+#include "replay/torch/detail/script_decisions.hpp"
 #include "replay/torch/errors.hpp"
 #include "replay/torch/options.hpp"
 #include "replay/torch/outputs.hpp"
+#include "replay/torch/piecewise.hpp"
 
 namespace replay {
 
@@ -65,6 +68,9 @@ class GraphedCallable {
                   "forward takes 1 to 8 Tensors, a torch::jit::Module, or a callable taking Tensors (or a "
                   "std::vector<Tensor>) and returning a Tensor, a std::vector<Tensor>, a tuple of Tensors or a "
                   "c10::IValue");
+    if constexpr (::std::same_as<::std::remove_cvref_t<F>, ::torch::jit::Module>) {
+      state_->script_graph = detail::inlined_forward_graph(fn);  // how its read-backs are used (breaks)
+    }
     init(make_tensor_function(::std::forward<F>(fn), where), ::std::move(example_inputs), ::std::move(options), where);
   }
 
@@ -173,6 +179,42 @@ class GraphedCallable {
   bool is_graphed(::std::int64_t batch) const { return state().router->contains(batch); }
   bool is_eager(::std::int64_t batch) const { return state().router->is_eager(batch); }
   ::std::size_t graph_count() const { return state().router->graph_count(); }
+  // What became of the capture of `batch`'s bucket: one graph, graph
+  // segments with eager operators between them (GraphedOptions::breaks) and
+  // its breaks, eager and why, or not captured (yet). Refused (usage_error)
+  // from inside the callable or a capture handler, which run under the call's lock.
+  BucketCaptureReport capture_report(::std::int64_t batch,
+                                     ::std::source_location where = ::std::source_location::current()) const {
+    detail::GraphedState& s = state(where);
+    const detail::ActiveGraphedScope active(&s, "capture_report()", where);
+    const ::std::lock_guard<::std::mutex> lock(s.mutex);
+    const ::std::int64_t bucket = s.router->padded_shape(batch, where);
+    BucketCaptureReport out;
+    if (s.router->is_eager(bucket)) {
+      out.kind = BucketCaptureKind::eager;
+      const auto it = s.failures.find(bucket);
+      out.reason = it == s.failures.end() ? ::std::string("its capture failed") : it->second;
+    } else if (s.router->contains(bucket)) {
+      if (const auto piecewise = s.context->piecewise_for(bucket)) {
+        out = piecewise->report();
+      } else {
+        out.kind = BucketCaptureKind::whole;
+        out.segments = 1;
+        out.paths = 1;
+      }
+    }
+    out.bucket = bucket;
+    return out;
+  }
+  // capture_report() of every bucket, ascending.
+  ::std::vector<BucketCaptureReport> capture_reports(
+      ::std::source_location where = ::std::source_location::current()) const {
+    ::std::vector<BucketCaptureReport> out;
+    for (const ::std::int64_t bucket : state(where).buckets) {
+      out.push_back(capture_report(bucket, where));
+    }
+    return out;
+  }
   RouterStats stats() const { return state().router->stats(); }
   void reset_stats() { state().router->reset_stats(); }
   // Captures the buckets that have no graph yet (lazy mode, or after evictions),

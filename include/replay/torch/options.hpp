@@ -6,12 +6,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "replay/audit_switch.hpp"
 #include "replay/capture_scope.hpp"
 #include "replay/flags.hpp"
 #include "replay/shape_router/options.hpp"
+#include "replay/torch/piecewise.hpp"
 
 namespace replay {
 
@@ -79,6 +81,23 @@ struct GraphedOptions {
   // capture_failed_error) then names the call that broke it, its line, and
   // the aten operator that was running. By default it follows REPLAY_AUDIT.
   AuditSwitch audit = AuditSwitch::from_environment;
+  // What an operator that cannot be captured does to a bucket's capture:
+  // TorchBreaks::eager (the default), the capture fails and the bucket runs
+  // eagerly; TorchBreaks::piecewise, the capture breaks there into graph
+  // segments with the operator run eagerly between them, with no change to
+  // the model (see docs/torch.md, "Breaks"). A capture broken by anything
+  // else (a synchronization in a custom kernel, a call not on the list)
+  // still makes the bucket eager. Not with `generators` or
+  // capture_default_generator (the bucket is then captured whole).
+  TorchBreaks breaks = TorchBreaks::eager;
+  // Operators that also break a piecewise capture, named as the dispatcher
+  // names them ("my_ns::my_op"), on top of default_eager_operators. Each must
+  // be a function of its inputs: a replay may run it again.
+  ::std::vector<::std::string> eager_operators;
+  // Paths of distinct break values one bucket keeps (a path is the sequence
+  // of values its breaks returned, captured once); a bucket that meets more
+  // runs eagerly from then on (capture_report() says why).
+  ::std::size_t max_break_paths = 16;
 };
 
 }  // namespace replay

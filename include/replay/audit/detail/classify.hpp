@@ -194,13 +194,15 @@ constexpr ::std::string_view operator_gloss(::std::string_view op) noexcept {
 constexpr ::std::string_view operator_advice(::std::string_view op) noexcept {
   if (op == "aten::_local_scalar_dense" || op == "aten::item") {
     return "the model reads a tensor's value on the host (.item(), int(t), float(t), bool(t), `if t:`), which "
-           "waits for the stream: keep the value on the device (torch.where, clamp, masks), or read it outside "
-           "the graphed work";
+           "waits for the stream: keep the value on the device (torch.where, clamp, masks), read it outside "
+           "the graphed work, or let the capture break there (GraphedOptions::breaks = "
+           "replay::TorchBreaks::piecewise runs it eagerly between graph segments)";
   }
   if (op == "aten::nonzero") {
     return "the size of nonzero's output (torch.nonzero, indexing with a boolean mask) depends on the data, so "
            "the host waits for the stream to learn it: use a fixed-size form (torch.where(mask, x, y), "
-           "multiplying by the mask)";
+           "multiplying by the mask), or let the capture break there (GraphedOptions::breaks = "
+           "replay::TorchBreaks::piecewise)";
   }
   return {};
 }
@@ -225,6 +227,13 @@ inline ::std::string describe_operator(::std::string_view op, ::std::span<const 
   }
   return out;
 }
+
+// For a read-back the host must act on, made by an ordinary call of the
+// captured work: the break API.
+inline constexpr ::std::string_view piecewise_advice =
+    "when the host must act on what it waits for (a read-back that decides what follows), break the capture "
+    "there: capture with replay::capture_piecewise and wrap the call in replay::eager(stream, name, region), "
+    "which runs it eagerly between two graph segments";
 
 // What to do about a call of this kind inside (or during) a capture.
 inline ::std::string advice_for(const AuditedCall& call, AuditFindingKind finding) {
@@ -252,12 +261,16 @@ inline ::std::string advice_for(const AuditedCall& call, AuditFindingKind findin
   const bool other_thread = !call.capturing_thread;
   switch (call.kind) {
     case AuditCallKind::stream_sync:
-      return "synchronizing a capturing stream is not allowed: synchronize before or after the capture, or order "
-             "the work with events inside it";
+      return other_thread ? "synchronizing a capturing stream is not allowed: synchronize before or after the "
+                            "capture, or order the work with events inside it"
+                          : concat("synchronizing a capturing stream is not allowed: synchronize before or after the "
+                                   "capture, or order the work with events inside it; ",
+                                   piecewise_advice);
     case AuditCallKind::event_sync:
     case AuditCallKind::event_query:
-      return "an event recorded inside a capture cannot be waited on or queried from the host while it is open: "
-             "make the stream wait on it (cudaStreamWaitEvent), or query it after the capture";
+      return concat("an event recorded inside a capture cannot be waited on or queried from the host while it is "
+                    "open: make the stream wait on it (cudaStreamWaitEvent), or query it after the capture",
+                    other_thread ? ::std::string() : concat("; ", piecewise_advice));
     case AuditCallKind::stream_query:
       return "a capturing stream cannot be queried: query it after the capture";
     case AuditCallKind::device_sync:

@@ -170,6 +170,18 @@ inline void release_cublas_workspaces(::cudaStream_t stream) noexcept {
 }
 #endif
 
+// cuBLAS handles keep a workspace per stream, allocated on first use through
+// the caching allocator. Made before a capture on torch's current stream, it
+// comes from the ordinary pool; made during the capture it would sit in the
+// private pool for good and keep it from being freed.
+inline void prepare_cublas_for_capture() {
+#ifdef REPLAY_TORCH_PREPARE_CUBLAS
+  (void)::at::cuda::getCurrentCUDABlasHandle();
+  (void)::at::cuda::getCurrentCUDABlasLtHandle();
+  (void)::at::cuda::getCUDABlasLtWorkspace();
+#endif
+}
+
 inline ::std::size_t allocator_reserved_bytes(::c10::DeviceIndex device) {
   const auto stats = ::c10::cuda::CUDACachingAllocator::getDeviceStats(device);
   const auto current =

@@ -81,6 +81,8 @@ inline void GraphedCallable::init(TensorFunction fn, ::std::vector<::at::Tensor>
   s.context = ::std::make_shared<TorchCaptureContext>(s.device, options.capture_mode, ::std::move(options.generators),
                                                       where,
                                                       has_flag(s.flags, GraphedFlags::capture_default_generator));
+  s.context->set_breaks(options.breaks, options.eager_operators, options.max_break_paths, where);
+  s.context->set_script_graph(s.script_graph);
   s.progress = ::std::move(options.on_capture_progress);
   ShapeRouterOptions<::std::int64_t> router_options = ShapeRouterOptions<::std::int64_t>::bucketed(s.buckets);
   router_options.max_entries = s.buckets.size();

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -60,6 +61,7 @@ struct GraphedState {
   CaptureProgress<::std::int64_t> progress;
   ::std::string unbatched_output;  // why an output does not carry the batch; empty when every output does
   ::std::string failure;  // of the capture in the current call or constructor (no_fallback)
+  ::std::map<::std::int64_t, ::std::string> failures;  // per bucket: why its capture failed (capture_report)
   ::std::optional<Event> done;  // recorded after every call: orders a call on another stream after it
   ::cudaStream_t last_stream = nullptr;
   bool has_last = false;
@@ -72,6 +74,7 @@ struct GraphedState {
   CopyGraph copy_out;
   ::std::vector<ByteCopy> copies;  // the call's, reused
   ::std::shared_ptr<TorchCaptureContext> context;
+  ::std::shared_ptr<::torch::jit::Graph> script_graph;  // a TorchScript module's forward, inlined
   ::std::unique_ptr<router_type> router;  // last: destroyed first, so the graphs go before the context
 
   GraphedState() = default;
@@ -101,6 +104,8 @@ struct GraphedState {
   // (padded), with `stream` as torch's current stream.
   void issue(::std::int64_t shape, StreamRef stream) {
     const ::std::source_location where = ::std::source_location::current();
+    // What a piecewise graph of this bucket runs again to capture a new path.
+    context->set_work(shape, [this, shape](StreamRef s) { issue(shape, s); });
     cache.drop_views();  // a capture may follow, or an eviction
     ::c10::cuda::CUDAStreamGuard stream_guard(torch_stream(stream, device.index()));
     GradScope grad(flags);
@@ -119,6 +124,7 @@ struct GraphedState {
   }
 
   void on_failure(const ::std::int64_t& batch, ::std::string_view reason) {
+    failures[batch] = ::std::string(reason);
     if (failure.empty()) {
       failure = reason;
     }
