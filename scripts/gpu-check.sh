@@ -229,10 +229,14 @@ heavy_lane() {
   note "build of the remaining targets: $((SECONDS - start)) s"
   for pid in "${side[@]}"; do wait "$pid"; done
   [ -n "${heavy_wait_for:-}" ] && while [ ! -f "$heavy_wait_for" ]; do sleep 2; done
-  if [ -x build/gpu/tests/test_torch ]; then
-    run_test_program build/gpu/tests/test_torch
-    $tests_only || { command -v compute-sanitizer >/dev/null && run_sanitizer memcheck build/gpu/tests/test_torch; }
-  elif [ -n "$torch_prefix" ]; then
+  # The libtorch adapter's test programs: test_torch and test_torch_<area>.
+  local torch_test
+  for torch_test in build/gpu/tests/test_torch build/gpu/tests/test_torch_*; do
+    [ -x "$torch_test" ] || continue
+    run_test_program "$torch_test"
+    $tests_only || { command -v compute-sanitizer >/dev/null && run_sanitizer memcheck "$torch_test"; }
+  done
+  if [ ! -x build/gpu/tests/test_torch ] && [ -n "$torch_prefix" ]; then
     fail "  test_torch was not built although PyTorch is installed"
   fi
   # examples/llm_decode's model and engine (libtorch; its program runs in gpu-check.d/llm_decode.sh).
@@ -283,7 +287,7 @@ cuda_lane() {
   for exe in build/gpu/tests/test_*; do
     [ -x "$exe" ] || continue
     # test_*_multi (suite gpu_multi, two GPUs or more): gpu-check.d/nccl.sh, with every GPU.
-    case "$(basename "$exe")" in test_torch | test_llm_decode | test_*_multi) continue ;; esac
+    case "$(basename "$exe")" in test_torch | test_torch_* | test_llm_decode | test_*_multi) continue ;; esac
     run_test_program "$exe"
   done
   if $tests_only; then
@@ -295,7 +299,7 @@ cuda_lane() {
     for tool in $tools; do
       for exe in build/gpu/tests/test_*; do
         [ -x "$exe" ] || continue
-        case "$(basename "$exe")" in *_host | *_multi | test_torch | test_llm_decode) continue ;; esac
+        case "$(basename "$exe")" in *_host | *_multi | test_torch | test_torch_* | test_llm_decode) continue ;; esac
         # compute-sanitizer holds CUDA's profiling interface (CUPTI), which
         # allows one subscriber per process: the capture audit cannot run
         # under it (it says so, and throws). Its test program runs in full
@@ -414,7 +418,7 @@ while read -r prog min; do
   esac
   # The libtorch test programs are the heavy lane's; the others the CUDA-only lane's.
   heavy_program=false
-  case "$prog" in test_torch | test_llm_decode) heavy_program=true ;; esac
+  case "$prog" in test_torch | test_torch_* | test_llm_decode) heavy_program=true ;; esac
   if $heavy_program && [ -n "${REPLAY_SKIP_TORCH:-}" ]; then
     expected_notes+="  $prog: not expected (REPLAY_SKIP_TORCH)"$'\n'
     continue
@@ -473,9 +477,9 @@ ls "$OUT"/lane-*.failed >/dev/null 2>&1 && status=1
   esac
   if ! $tests_only; then
     if $run_cuda; then
-      echo "sanitizer: $sanitizer_errors errors ($($quick && echo memcheck || echo memcheck, racecheck, synccheck)$($run_heavy && echo "; memcheck on test_torch"))"
+      echo "sanitizer: $sanitizer_errors errors ($($quick && echo memcheck || echo memcheck, racecheck, synccheck)$($run_heavy && echo "; memcheck on the test_torch programs"))"
     else
-      echo "sanitizer: $sanitizer_errors errors (memcheck on test_torch)"
+      echo "sanitizer: $sanitizer_errors errors (memcheck on the test_torch programs)"
     fi
   fi
   cat "$OUT"/lane-main.notes "$OUT"/lane-light.notes "$OUT"/lane-heavy.notes 2>/dev/null

@@ -104,6 +104,18 @@ bounded 150 "$example" "${args[@]}" --dtypes fp16 --iterations 30 >"$OUT/torch_e
   failed "example torch_resnet (rc=$?)"
 cat "$OUT/torch_example.txt"
 
+# A TorchScript model with a read-back halfway, graphed piecewise
+# (examples/torch_piecewise): its own checks against eager, bit for bit.
+piecewise_example=$build/examples/torch_piecewise/torch_piecewise
+if [ -x "$piecewise_example" ]; then
+  step "example torch_piecewise"
+  bounded 90 "$piecewise_example" >"$OUT/torch_piecewise_example.txt" 2>&1 ||
+    failed "example torch_piecewise (rc=$?)"
+  cat "$OUT/torch_piecewise_example.txt"
+else
+  failed "examples/torch_piecewise was not built"
+fi
+
 # The capture audit inside TorchScript (examples/capture_audit): built where
 # CUPTI was found, as test_audit is. Its own checks, and the line it must print.
 audit_example=$build/examples/capture_audit/capture_audit_torchscript

@@ -321,6 +321,16 @@ TEST_SUITE("host") {
     }
     CHECK(replay::detail::piecewise_thread_state().regions_inline == 0);
     CHECK(replay::detail::piecewise_thread_state().regions_running == 0);
+    // run_eagerly: the same work, without a capture, its regions in place; the message of a stray break names it.
+    CHECK(replay::run_eagerly(stream, [&](replay::StreamRef s) {
+            replay::eager(s, "in place", region);
+            return replay::eager(s, "value", [](replay::StreamRef) { return 9; });
+          }) == 9);
+    CHECK(ran == 2);
+    CHECK(replay::detail::piecewise_thread_state().regions_inline == 0);
+    CHECK_THROWS_WITH_AS(replay::eager(stream, "stray", region), doctest::Contains("replay::run_eagerly"),
+                         replay::usage_error);
+    CHECK(ran == 2);
     replay::PiecewiseOptions no_paths;
     no_paths.max_paths = 0;
     CHECK_THROWS_WITH_AS((void)replay::capture_piecewise(stream, [](replay::StreamRef) {}, no_paths),

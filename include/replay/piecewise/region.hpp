@@ -38,6 +38,7 @@
 
 #include "replay/detail/capture_state.hpp"
 #include "replay/detail/message.hpp"
+#include "replay/detail/signature_checks.hpp"
 #include "replay/error.hpp"
 #include "replay/piecewise/detail/session.hpp"
 #include "replay/static_buffer.hpp"
@@ -94,16 +95,17 @@ using region_value_t = ::std::invoke_result_t<::std::decay_t<Region>&, StreamRef
   }
   throw usage_error(concat("replay::eager(\"", name,
                            "\") outside any capture on this thread: it marks a break inside "
-                           "replay::capture_piecewise (on the thread that runs the work); outside one, call the "
-                           "region's work directly"),
+                           "replay::capture_piecewise (on the thread that runs the work); to run the same work "
+                           "eagerly, with its regions in place, call it through replay::run_eagerly(stream, work)"),
                     where);
 }
 }  // namespace detail
 
 // Inside replay::capture_piecewise on `stream`: ends the current segment, runs
 // region(stream) eagerly, begins the next segment, and returns what the
-// region returned. In a ShapeRouter's eager runs of its work (warm-ups, keys
-// that run eagerly) it runs region(stream) in place. Refused with usage_error
+// region returned. Inside replay::run_eagerly (and a ShapeRouter's eager runs
+// of its work: warm-ups, keys that run eagerly) it runs region(stream) in
+// place. Refused with usage_error
 // (before any CUDA call) outside a piecewise capture, inside a capture that
 // makes one graph (region_in_capture_error), inside another
 // region, on another stream than the capturing one, and inside a capture
@@ -117,7 +119,7 @@ detail::region_value_t<Region> eager(StreamRef stream, ::std::string_view name, 
   if (state.capture == nullptr || state.regions_running > 0) [[unlikely]] {
     if (state.capture == nullptr && state.regions_running == 0 && state.regions_inline > 0 &&
         detail::open_capture_scopes() == 0) {
-      // A ShapeRouter's eager run of its work: the region runs in place.
+      // run_eagerly(), or a ShapeRouter's eager run of its work: the region runs in place.
       const detail::RegionRunning running;
       return ::std::invoke(region, stream);
     }
@@ -137,6 +139,18 @@ detail::region_value_t<Region> eager(StreamRef stream, ::std::string_view name, 
     ::std::memcpy(&out, value.data(), sizeof(Value));
     return out;
   }
+}
+
+// Runs work(stream) eagerly, now, with every replay::eager inside it running
+// its region in place: the same work a piecewise capture records, run without
+// a capture (an eager baseline, a fallback). Returns what work returns. A
+// replay::eager elsewhere outside a capture stays refused, so a break that
+// strays outside its capture is still caught.
+template <class Work>
+decltype(auto) run_eagerly(StreamRef stream, Work&& work) {
+  detail::check_capture_work<Work>();
+  const detail::RegionsInline regions_in_place;
+  return ::std::invoke(::std::forward<Work>(work), stream);
 }
 
 // The same, with the region named "eager" in inspection and DOT output.
