@@ -162,8 +162,12 @@ class TorchCaptureContext {
     operators_.insert(operators_.end(), eager_operators.begin(), eager_operators.end());
     max_break_paths_ = max_paths;
   }
+  // What set_breaks() set: the policy, the operators that break a capture
+  // (replay's defaults first, then the user's), and the paths kept per key.
   TorchBreaks breaks() const noexcept { return breaks_; }
+  // The operators that break a capture under TorchBreaks::piecewise.
   const ::std::vector<::std::string>& eager_operators() const noexcept { return operators_; }
+  // The paths of break values kept per key before it runs eagerly.
   ::std::size_t max_break_paths() const noexcept { return max_break_paths_; }
 
   // The work of the key being captured, as the work callable runs it: a
@@ -175,6 +179,7 @@ class TorchCaptureContext {
     work_key_ = key;
     work_ = ::std::move(work);
   }
+  // The key set_work() was last called with.
   ::std::int64_t work_key() const noexcept { return work_key_; }
 
   // The TorchScript graph the work runs (inlined), where a piecewise capture
@@ -182,7 +187,9 @@ class TorchCaptureContext {
   // branched on, the comparisons' outcomes key the segments after it instead
   // of its exact value. GraphedCallable sets it for a torch::jit::Module.
   void set_script_graph(::std::shared_ptr<::torch::jit::Graph> graph) { script_graph_ = ::std::move(graph); }
+  // The graph set_script_graph() set (null for a C++ callable).
   const ::std::shared_ptr<::torch::jit::Graph>& script_graph() const noexcept { return script_graph_; }
+  // Hands over the work set_work() set, leaving none (a piecewise capture keeps it).
   ::std::function<void(StreamRef)> take_work() noexcept { return ::std::exchange(work_, {}); }
 
   // The piecewise graphs by key, for reports (held weakly: the router owns them).
@@ -190,6 +197,7 @@ class TorchCaptureContext {
     const ::std::lock_guard<::std::mutex> lock(piecewise_mutex_);
     piecewise_[key] = graph;
   }
+  // The piecewise graph noted for `key`, or null (none, or already destroyed).
   ::std::shared_ptr<detail::TorchPiecewise> piecewise_for(::std::int64_t key) const {
     const ::std::lock_guard<::std::mutex> lock(piecewise_mutex_);
     const auto it = piecewise_.find(key);

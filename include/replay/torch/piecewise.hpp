@@ -53,6 +53,7 @@ enum class BucketCaptureKind : unsigned char {
   eager,         // runs eagerly; BucketCaptureReport::reason says why
 };
 
+// The kind's name: "whole", "piecewise", "eager" or "not captured".
 inline constexpr ::std::string_view to_string(BucketCaptureKind kind) noexcept {
   switch (kind) {
     case BucketCaptureKind::whole:
@@ -68,7 +69,9 @@ inline constexpr ::std::string_view to_string(BucketCaptureKind kind) noexcept {
 
 // A bucket's capture, for inspection (GraphedCallable::capture_report).
 struct BucketCaptureReport {
+  // The batch bucket this report is for.
   ::std::int64_t bucket = 0;
+  // How the bucket is served: whole, piecewise, eager, or not captured yet.
   BucketCaptureKind kind = BucketCaptureKind::not_captured;
   // piecewise: graph segments of the path launched last (breaks + 1).
   ::std::size_t segments = 0;
@@ -82,6 +85,7 @@ struct BucketCaptureReport {
   // (each captured a new path), and launches that moved to another kept path
   // part-way (the segments before the switch ran twice).
   ::std::uint64_t misses = 0;
+  // piecewise: launches that moved to another kept path part-way.
   ::std::uint64_t path_switches = 0;
 };
 
