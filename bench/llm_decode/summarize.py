@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Tables and goal ratios of the LLM decode benchmarks (docs/llm_decode.md).
 
-    python3 bench/llm_decode/summarize.py --cpp BENCH.json [--peers PEERS.json ...]
-        [--load LOAD.json ...] [--name small] [--markdown OUT.md]
+    python3 bench/llm_decode/summarize.py [--cpp BENCH.json] [--peers PEERS.json ...]
+        [--load LOAD.json ...] [--goodput GOODPUT.json ...] [--name small] [--markdown OUT.md]
 
 BENCH.json: `llm_decode bench --json` (C++ eager, graphed, graphed K steps per
 launch; graph memory; capture time). PEERS.json: one or more outputs of
 bench/llm_decode/decode_peers.py for the same weights (their peers are merged;
 a peer measured in two files keeps the first). LOAD.json (repeatable): `llm_decode load
---json`. Prints ms per step and tokens/s per method and batch size, then each
+--json`. GOODPUT.json (repeatable): `llm_decode goodput --json` (the highest
+offered rate within the TTFT / TPOT p99 SLO, per policy, mix and repeat). Prints ms per step and tokens/s per method and batch size, then each
 goal of the issue as measured / target; exits 0 (the goals are reported, not
 enforced: a benchmark's result is information, the tests check correctness).
 """
@@ -53,15 +54,54 @@ def label(method):
     return PEER_LABELS.get(method, method)
 
 
+def goodput_tables(report, title, out, goals):
+    """The points of `llm_decode goodput --json`, each search's goodput, and the
+    continuous (best) / static ratio per mix over the repeats."""
+    slo = report["slo"]
+    out.append(f"### Goodput under the SLO{title}: TTFT p99 <= {slo['ttft_p99_ms']:g} ms, TPOT p99 <= "
+               f"{slo['tpot_p99_ms']:.3f} ms ({slo['tpot_factor']:g}x the batch-1 step of "
+               f"{report['batch1_step_ms']:.3f} ms); at least {report['requests']} requests per point, "
+               f"{report['repeats']} repeat(s)" + ("" if report.get("complete") else " (INCOMPLETE: the budget ended it)"))
+    out.append("")
+    out.append("| repeat | outputs | batching | offered req/s | TTFT p99 ms | TPOT p99 ms | finished | | s |")
+    out.append("|---:|---|---|---:|---:|---:|---:|---|---:|")
+    for r in report["rows"]:
+        out.append(f"| {r['repeat']} | {r['mix']} | {r['batching']} | {r['offered_rps']:.0f} | {r['ttft_p99_ms']:.1f} | "
+                   f"{r['tpot_p99_ms']:.3f} | {r['finished']}/{r['requests']} | {'pass' if r['passed'] else 'FAIL'} | "
+                   f"{r['seconds']:.1f} |")
+    out.append("")
+    out.append("| repeat | outputs | batching | goodput req/s | bound | lowest failing req/s |")
+    out.append("|---:|---|---|---:|---|---:|")
+    for s in report["searches"]:
+        failing = s.get("lowest_failing_rps")
+        out.append(f"| {s['repeat']} | {s['mix']} | {s['batching']} | {s['goodput_rps']:.0f} | {s['bound']} | "
+                   f"{'—' if failing is None else f'{failing:.0f}'} |")
+    out.append("")
+    for mix, spread in report.get("spread", {}).items():
+        for policy, s in spread.items():
+            if policy == "ratio":
+                continue
+            out.append(f"- {mix}, {policy}: goodput min / median / max {s['min_rps']:.0f} / {s['median_rps']:.0f} / "
+                       f"{s['max_rps']:.0f} req/s over {s['repeats']} repeat(s), bounds {s['bounds']}")
+        if "ratio" in spread:
+            r = spread["ratio"]
+            kinds = sorted({x["ratio_kind"] for x in report["ratios"] if x["mix"] == mix})
+            goals.append((f"goodput, continuous (best policy) / static, outputs {report['mixes'].get(mix, mix)}: "
+                          f"median of {r['repeats']} (min {r['min']:.2f}, max {r['max']:.2f}; {', '.join(kinds)})",
+                          r["median"], f">= {report['target']:g} in every repeat", r["target_met_every_repeat"]))
+    out.append("")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cpp", required=True)
+    p.add_argument("--cpp", help="llm_decode bench --json")
     p.add_argument("--peers", nargs="*", default=[])
     p.add_argument("--load", action="append", help="llm_decode load --json (repeatable)")
+    p.add_argument("--goodput", action="append", help="llm_decode goodput --json (repeatable)")
     p.add_argument("--name", default="")
     p.add_argument("--markdown")
     args = p.parse_args()
-    cpp = json.load(open(args.cpp))
+    cpp = json.load(open(args.cpp)) if args.cpp else {}
     peers = []
     notes = []
     for path in args.peers:
@@ -77,10 +117,11 @@ def main():
     batches = sorted({b for m in rows.values() for b in m})
     out = []
     title = f" ({args.name})" if args.name else ""
-    out.append(f"### Decode steps{title}: ms per step / tokens per second")
-    out.append("")
-    out.append("| method | " + " | ".join(f"batch {b}" for b in batches) + " |")
-    out.append("|---|" + "---:|" * len(batches))
+    if rows:
+        out.append(f"### Decode steps{title}: ms per step / tokens per second")
+        out.append("")
+        out.append("| method | " + " | ".join(f"batch {b}" for b in batches) + " |")
+        out.append("|---|" + "---:|" * len(batches))
     order = ["cpp_graphed"] + (["cpp_graphed_fused"] if "cpp_graphed_fused" in rows else []) + sorted(m for m in rows if m.startswith("cpp_graphed_k")) + ["cpp_eager"] + \
         [m for m in PEER_LABELS if m in rows]
     for m in order:
@@ -94,7 +135,8 @@ def main():
             else:
                 cells.append("—")
         out.append(f"| {label(m)} | " + " | ".join(cells) + " |")
-    out.append("")
+    if rows:
+        out.append("")
 
     goals = []
 
@@ -123,10 +165,14 @@ def main():
         host = graphed[1][2].get("host_fraction")
         if host is not None:
             goals.append(("host time per step / step, batch 1", host, "<= 0.05", host <= 0.05))
+        # Reported, not a target: folding K steps into a launch saves at most
+        # the host's share of a launch, printed beside the gain.
         for m in sorted(x for x in rows if x.startswith("cpp_graphed_k")):
             if 1 in rows[m]:
                 r = ratio(rows[m][1][1], graphed[1][1])
-                goals.append((f"{label(m)} / one step per launch, batch 1", r, ">= 1.3", r >= 1.3))
+                share = graphed[1][2].get("host_fraction")
+                bound = f"reported; host share of a one-step launch {100 * share:.1f}%" if share is not None else "reported"
+                goals.append((f"{label(m)} / one step per launch, batch 1", r, bound, None))
     memory = cpp.get("memory")
     if memory and memory.get("ratio"):
         goals.append(("graph memory, all buckets / the largest alone", memory["ratio"], "<= 1.25",
@@ -165,17 +211,21 @@ def main():
             for rate in rates:
                 c, s = by.get((policy, rate)), by.get(("static", rate))
                 if c and s:
+                    # Throughput at one offered rate is reported; the serving
+                    # goal is goodput under the SLO (`llm_decode goodput`).
                     r = ratio(c["tokens_per_s"], s["tokens_per_s"])
-                    ok = r >= 2.0 and c["tpot_p99_ms"] <= s["tpot_p99_ms"]
                     goals.append((f"{policy} / static throughput at {rate:g} req/s offered, outputs {load.get('new_tokens')} "
                                   f"(TPOT p99 {c['tpot_p99_ms']:.2f} vs {s['tpot_p99_ms']:.2f} ms)", r,
-                                  ">= 2, TPOT p99 no worse", ok))
+                                  "reported", None))
+    for goodput_path in args.goodput or []:
+        goodput_tables(json.load(open(goodput_path)), title, out, goals)
     out.append(f"### Goals{title}")
     out.append("")
     out.append("| goal | measured | target | |")
     out.append("|---|---:|---|---|")
     for name, value, target, ok in goals:
-        out.append(f"| {name} | {value:.3f} | {target} | {'met' if ok else 'MISSED'} |")
+        verdict = "" if ok is None else ("met" if ok else "MISSED")
+        out.append(f"| {name} | {value:.3f} | {target} | {verdict} |")
     if notes:
         out.append("")
         out.extend(f"- {n}" for n in notes)

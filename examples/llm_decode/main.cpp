@@ -5,6 +5,7 @@
 //   generate       greedy tokens for fixed prompts through the engine; checks graphed == eager
 //   bench          ms per step and tokens/s at fixed batch sizes: eager, graphed, graphed K steps per launch
 //   load           a Poisson load test: continuous against static batching
+//   goodput        the highest offered rate within a TTFT / TPOT p99 SLO, per policy and output mix
 // Every subcommand can write its results as JSON (--json). See docs/llm_decode.md.
 #include <algorithm>
 #include <array>
@@ -16,8 +17,11 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -32,6 +36,7 @@
 
 #include "engine.hpp"
 #include "executor.hpp"
+#include "goodput.hpp"
 #include "kv_cache.hpp"
 #include "launch_plan.hpp"
 #include "model.hpp"
@@ -610,12 +615,75 @@ struct LoadSettings {
   OutputLengths lengths;
 };
 
-int load(const Common& c, const LoadSettings& settings) {
+// A point of the load test as a JSON row (`load` and `goodput`).
+Json load_row(const std::string& batching, const LoadResult& r) {
+  return {{"batching", batching},
+          {"offered_rps", r.offered_rps},
+          {"completed_rps", r.completed_rps},
+          {"tokens_per_s", r.throughput_tokens_per_s},
+          {"ttft_p50_ms", r.ttft_p50_ms},
+          {"ttft_p99_ms", r.ttft_p99_ms},
+          {"tpot_p50_ms", r.tpot_p50_ms},
+          {"tpot_p99_ms", r.tpot_p99_ms},
+          {"finished", r.finished},
+          {"refused", r.refused},
+          {"requests", r.requests}};
+}
+
+// Chunked policies need the fused kernels: refused before the model loads.
+void check_load_policies(const Common& c, const std::vector<std::string>& policies) {
   for (const char* chunked : {"chunked", "chunked-grouped"}) {
-    if (std::find(settings.policies.begin(), settings.policies.end(), chunked) != settings.policies.end()) {
+    if (std::find(policies.begin(), policies.end(), chunked) != policies.end()) {
       c.check_chunked_prefill(std::string("--policies ") + chunked);
     }
   }
+}
+
+// A policy of the load test by its name (--policies).
+LoadPolicy load_policy(const std::string& name, const LoadSettings& settings) {
+  LoadPolicy policy{.name = name};
+  if (name == "static") {
+    policy.batching = replay::DecodeBatching::static_batches;
+  } else if (name == "grouped") {
+    policy.min_admission = settings.min_admission;
+  } else if (name == "chunked") {
+    policy.prefill = replay::DecodePrefill::with_decode;
+    policy.max_prefill_tokens = settings.chunk_tokens;
+  } else if (name == "chunked-grouped") {
+    // Fewer, larger mixed launches: the running rows meet fewer of them,
+    // and the grouped prompts wait for each other.
+    policy.prefill = replay::DecodePrefill::with_decode;
+    policy.max_prefill_tokens = settings.grouped_chunk_tokens;
+    policy.min_admission = settings.min_admission;
+  } else if (name != "continuous") {
+    throw std::invalid_argument("--policies: '" + name +
+                                "' is none of continuous, grouped, chunked, chunked-grouped, static");
+  }
+  return policy;
+}
+
+// One engine per policy (its graphs captured once), every rate through it;
+// its queue holds `queue_capacity` requests.
+std::unique_ptr<DecodeEngine> load_engine(const LlamaModel& model, const Common& c, const LoadSettings& settings,
+                                          const LoadPolicy& policy, std::size_t queue_capacity) {
+  return std::make_unique<DecodeEngine>(
+      model, llm_decode::EngineOptions{.batch_buckets = c.batch_buckets,
+                                       .context_buckets = c.context_buckets,
+                                       .steps_per_launch = settings.steps,
+                                       .queue_capacity = queue_capacity,
+                                       .max_prefill_tokens = policy.max_prefill_tokens,
+                                       .min_admission = policy.min_admission,
+                                       .admission_delay = std::chrono::microseconds(settings.admission_delay_us),
+                                       .kernels = c.decode_kernels(),
+                                       .prefill = c.prefill_mode(),
+                                       .prefill_buckets = c.prefill_buckets,
+                                       .batching = policy.batching,
+                                       .static_batch_delay = std::chrono::microseconds(20000),
+                                       .decode_prefill = policy.prefill});
+}
+
+int load(const Common& c, const LoadSettings& settings) {
+  check_load_policies(c, settings.policies);
   const LlamaModel model = load_model(c);
   Json out{{"preset", c.preset},
            {"requests", settings.requests},
@@ -636,38 +704,9 @@ int load(const Common& c, const LoadSettings& settings) {
     most_requests = std::max(most_requests, static_cast<std::size_t>(rate * std::max(settings.seconds, 0.0)));
   }
   for (const std::string& name : settings.policies) {
-    LoadPolicy policy{.name = name};
-    if (name == "static") {
-      policy.batching = replay::DecodeBatching::static_batches;
-    } else if (name == "grouped") {
-      policy.min_admission = settings.min_admission;
-    } else if (name == "chunked") {
-      policy.prefill = replay::DecodePrefill::with_decode;
-      policy.max_prefill_tokens = settings.chunk_tokens;
-    } else if (name == "chunked-grouped") {
-      // Fewer, larger mixed launches: the running rows meet fewer of them,
-      // and the grouped prompts wait for each other.
-      policy.prefill = replay::DecodePrefill::with_decode;
-      policy.max_prefill_tokens = settings.grouped_chunk_tokens;
-      policy.min_admission = settings.min_admission;
-    } else if (name != "continuous") {
-      throw std::invalid_argument("--policies: '" + name +
-                                  "' is none of continuous, grouped, chunked, chunked-grouped, static");
-    }
-    // One engine per policy (its graphs captured once), every rate through it.
-    DecodeEngine engine(model, {.batch_buckets = c.batch_buckets,
-                                .context_buckets = c.context_buckets,
-                                .steps_per_launch = settings.steps,
-                                .queue_capacity = most_requests,
-                                .max_prefill_tokens = policy.max_prefill_tokens,
-                                .min_admission = policy.min_admission,
-                                .admission_delay = std::chrono::microseconds(settings.admission_delay_us),
-                                .kernels = c.decode_kernels(),
-                                .prefill = c.prefill_mode(),
-                                .prefill_buckets = c.prefill_buckets,
-                                .batching = policy.batching,
-                                .static_batch_delay = std::chrono::microseconds(20000),
-                                .decode_prefill = policy.prefill});
+    const LoadPolicy policy = load_policy(name, settings);
+    const std::unique_ptr<DecodeEngine> engine_owner = load_engine(model, c, settings, policy, most_requests);
+    DecodeEngine& engine = *engine_owner;
     for (const double rate : settings.rates) {
       // Enough requests that the run is mostly steady state, not the ramp
       // and the drain of a few batches.
@@ -680,17 +719,7 @@ int load(const Common& c, const LoadSettings& settings) {
                   policy.name.c_str(), rate, r.completed_rps, r.throughput_tokens_per_s, r.ttft_p50_ms, r.ttft_p99_ms,
                   r.tpot_p50_ms, r.tpot_p99_ms, r.finished, r.requests, r.refused);
       std::fflush(stdout);
-      out["rows"].push_back({{"batching", policy.name},
-                             {"offered_rps", rate},
-                             {"completed_rps", r.completed_rps},
-                             {"tokens_per_s", r.throughput_tokens_per_s},
-                             {"ttft_p50_ms", r.ttft_p50_ms},
-                             {"ttft_p99_ms", r.ttft_p99_ms},
-                             {"tpot_p50_ms", r.tpot_p50_ms},
-                             {"tpot_p99_ms", r.tpot_p99_ms},
-                             {"finished", r.finished},
-                             {"refused", r.refused},
-                             {"requests", r.requests}});
+      out["rows"].push_back(load_row(policy.name, r));
     }
     engine.shutdown(replay::DecodeShutdown::drain);
     const auto& stats = engine.executor().stats();
@@ -737,6 +766,254 @@ int load(const Common& c, const LoadSettings& settings) {
   }
   write_json(c.json, out);
   return all_finished ? 0 : 1;
+}
+
+
+// ---- goodput: the highest offered rate within a latency SLO ----
+
+struct GoodputSettings {
+  LoadSettings load{.requests = 1000, .policies = {"continuous", "chunked", "chunked-grouped", "static"}};
+  std::vector<std::string> mixes{"exponential", "uniform"};
+  llm_decode::goodput::SearchOptions search{.max_points = 7};
+  double ttft_p99_ms = 100;
+  double tpot_factor = 2;  // TPOT p99 limit: this times the batch-1 decode step
+  double target = 2;       // continuous (best policy) / static goodput
+  int repeats = 3;
+  double budget_s = 0;  // > 0: no point starts whose arrivals would end past it
+};
+
+// The load test's two output-length mixes (docs/llm_decode.md).
+OutputLengths mix_lengths(const std::string& mix) {
+  if (mix == "exponential") return {.shape = "exponential", .min = 8, .max = 768, .mean = 128};
+  return {.shape = "uniform", .min = 16, .max = 192, .mean = 96};
+}
+
+// The batch-1 decode step as `bench` times it (graphed, one step per launch,
+// a 32-token prompt, 128 new tokens, median of 5), and the host's share of a
+// launch in it.
+std::pair<double, double> batch1_step(const LlamaModel& model, const Common& c) {
+  llm_decode::KvCache cache(model.config(), c.batch_buckets.back(), model.device(), model.dtype());
+  LlamaExecutor executor(model, cache, executor_options(c, StepMode::graphed, 1));
+  std::mt19937_64 rng(c.seed + 7);
+  const std::int64_t vocab = model.config().vocab_size;
+  (void)time_decode(executor, c, 1, 32, 16, 1, rng, vocab);  // warm-up
+  std::vector<double> per_step;
+  double host = 0, launch = 0;
+  for (int r = 0; r < 5; ++r) {
+    per_step.push_back(time_decode(executor, c, 1, 32, 128, 1, rng, vocab));
+    host += executor.stats().host_seconds;
+    launch += executor.stats().launch_seconds;
+  }
+  return {1e3 * percentile(per_step, 0.5), launch > 0 ? host / launch : 0.0};
+}
+
+std::string describe(const llm_decode::goodput::Goodput& g) {
+  char text[96];
+  using llm_decode::goodput::Bound;
+  if (g.bound == Bound::none) return "not measured";
+  std::snprintf(text, sizeof text, g.bound == Bound::below ? "below %.0f req/s (no rate passed)"
+                                   : g.bound == Bound::at_least ? "at least %.0f req/s"
+                                                                : "%.0f req/s",
+                g.rate);
+  return text;
+}
+
+std::string describe(const llm_decode::goodput::Ratio& r) {
+  using Kind = llm_decode::goodput::Ratio::Kind;
+  if (r.kind == Kind::unknown) return "unknown";
+  char text[48];
+  std::snprintf(text, sizeof text, "%s%.2fx", r.kind == Kind::at_least ? ">= " : r.kind == Kind::at_most ? "<= " : "",
+                r.value);
+  return text;
+}
+
+int goodput(const Common& c, const GoodputSettings& settings) {
+  namespace gp = llm_decode::goodput;
+  check_load_policies(c, settings.load.policies);
+  gp::check(settings.search);
+  const auto& policies = settings.load.policies;
+  if (std::find(policies.begin(), policies.end(), "static") == policies.end() || policies.size() < 2) {
+    throw std::invalid_argument("--policies: goodput compares static batching with continuous policies: name "
+                                "static and at least one other");
+  }
+  const auto run_start = Clock::now();
+  const auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - run_start).count(); };
+  const LlamaModel model = load_model(c);
+  const auto [step_ms, host_fraction] = batch1_step(model, c);
+  const gp::Slo slo = gp::slo_from_step(step_ms, settings.ttft_p99_ms, settings.tpot_factor);
+  std::printf("llm_decode goodput: batch-1 decode step %.3f ms (graphed, %s kernels; host %.1f%% of a launch): SLO "
+              "TTFT p99 <= %.0f ms, TPOT p99 <= %.3f ms (%gx the step)\n",
+              step_ms, c.kernels.c_str(), 100 * host_fraction, slo.ttft_p99_ms, slo.tpot_p99_ms,
+              settings.tpot_factor);
+  std::fflush(stdout);
+  const std::size_t most_requests =
+      std::max(settings.load.requests,
+               static_cast<std::size_t>(settings.search.max_rate * std::max(settings.load.seconds, 0.0)));
+  std::vector<std::unique_ptr<DecodeEngine>> engines;
+  for (const std::string& name : policies) {
+    engines.push_back(load_engine(model, c, settings.load, load_policy(name, settings.load), most_requests));
+  }
+  std::printf("llm_decode goodput: %zu engines captured, %.1f s since the start\n", engines.size(), elapsed());
+  const gp::SearchOptions& so = settings.search;
+  Json out{{"format", "replay.llm_decode.goodput/1"},
+           {"preset", c.preset},
+           {"kernels", c.kernels},
+           {"prefill", c.prefill},
+           {"batch1_step_ms", step_ms},
+           {"batch1_host_fraction", host_fraction},
+           {"slo", {{"ttft_p99_ms", slo.ttft_p99_ms}, {"tpot_p99_ms", slo.tpot_p99_ms}, {"tpot_factor", settings.tpot_factor}}},
+           {"search", {{"start_rate", so.start_rate}, {"min_rate", so.min_rate}, {"max_rate", so.max_rate},
+                       {"growth", so.growth}, {"resolution", so.resolution}, {"max_points", so.max_points}}},
+           {"requests", settings.load.requests},
+           {"seconds", settings.load.seconds},
+           {"repeats", settings.repeats},
+           {"policies", policies},
+           {"prompt_tokens", "uniform 8..64"},
+           {"min_admission", settings.load.min_admission},
+           {"chunk_tokens", settings.load.chunk_tokens},
+           {"grouped_chunk_tokens", settings.load.grouped_chunk_tokens},
+           {"admission_delay_us", settings.load.admission_delay_us},
+           {"target", settings.target},
+           {"rows", Json::array()},
+           {"searches", Json::array()},
+           {"ratios", Json::array()}};
+  for (const std::string& mix : settings.mixes) out["mixes"][mix] = mix_lengths(mix).describe();
+  bool complete = true;
+  // Goodputs and ratios by mix and policy ("best" for the best continuous one), over the repeats.
+  std::map<std::string, std::map<std::string, std::vector<gp::Goodput>>> found;
+  std::map<std::string, std::vector<gp::Ratio>> ratios;
+  for (int repeat = 0; repeat < settings.repeats && complete; ++repeat) {
+    for (const std::string& mix : settings.mixes) {
+      const OutputLengths lengths = mix_lengths(mix);
+      std::vector<gp::Goodput> continuous;
+      std::vector<std::string> continuous_names;
+      gp::Goodput static_goodput;
+      for (std::size_t p = 0; p < policies.size(); ++p) {
+        gp::RateSearch search(so);
+        while (const std::optional<double> rate = search.next()) {
+          const std::size_t requests =
+              std::max(settings.load.requests, static_cast<std::size_t>(*rate * std::max(settings.load.seconds, 0.0)));
+          if (!gp::fits_budget(elapsed(), settings.budget_s, requests, *rate)) {
+            complete = false;
+            break;
+          }
+          const auto point_start = Clock::now();
+          // The same requests for every policy at a rate; other ones in each repeat.
+          const LoadResult r = run_load(*engines[p], model, *rate, requests, lengths,
+                                        c.seed + 11 + 1009 * static_cast<std::uint64_t>(repeat));
+          const double point_s = std::chrono::duration<double>(Clock::now() - point_start).count();
+          const bool passed = gp::meets(slo, {.ttft_p99_ms = r.ttft_p99_ms,
+                                              .tpot_p99_ms = r.tpot_p99_ms,
+                                              .requests = r.requests,
+                                              .finished = r.finished});
+          search.record(passed);
+          std::printf("llm_decode goodput: repeat %d %-11s %-15s offered %7.1f req/s, %zu requests: TTFT p99 %8.1f "
+                      "ms, TPOT p99 %6.3f ms, %zu/%zu finished: %s (%.1f s)\n",
+                      repeat + 1, mix.c_str(), policies[p].c_str(), *rate, requests, r.ttft_p99_ms, r.tpot_p99_ms,
+                      r.finished, r.requests, passed ? "pass" : "FAIL", point_s);
+          std::fflush(stdout);
+          Json row = load_row(policies[p], r);
+          row["repeat"] = repeat + 1;
+          row["mix"] = mix;
+          row["passed"] = passed;
+          row["seconds"] = point_s;
+          out["rows"].push_back(std::move(row));
+        }
+        const gp::Goodput g = search.goodput();
+        const std::optional<double> failing = search.lowest_failing();
+        std::printf("llm_decode goodput: repeat %d %-11s %-15s goodput %s%s, %zu points%s\n", repeat + 1, mix.c_str(),
+                    policies[p].c_str(), describe(g).c_str(),
+                    failing && g.bound == gp::Bound::measured
+                        ? (" (" + std::to_string(static_cast<long>(*failing)) + " failed)").c_str()
+                        : "",
+                    search.points().size(), complete ? "" : " (the budget ended the search)");
+        Json points = Json::array();
+        for (const gp::Point& point : search.points()) points.push_back({{"rate", point.rate}, {"passed", point.passed}});
+        out["searches"].push_back({{"repeat", repeat + 1},
+                                   {"mix", mix},
+                                   {"batching", policies[p]},
+                                   {"goodput_rps", g.rate},
+                                   {"bound", gp::to_string(g.bound)},
+                                   {"lowest_failing_rps", failing ? Json(*failing) : Json()},
+                                   {"points", points},
+                                   {"complete", complete}});
+        if (!complete) break;
+        found[mix][policies[p]].push_back(g);
+        if (policies[p] == "static") {
+          static_goodput = g;
+        } else {
+          continuous.push_back(g);
+          continuous_names.push_back(policies[p]);
+        }
+      }
+      if (!complete) break;
+      const std::size_t b = *gp::best(continuous);
+      const gp::Ratio ratio = gp::ratio(continuous[b], static_goodput);
+      found[mix]["best continuous"].push_back(continuous[b]);
+      ratios[mix].push_back(ratio);
+      std::printf("llm_decode goodput: repeat %d %-11s continuous (best: %s, %s) / static (%s) = %s (%s): target >= "
+                  "%gx %s\n",
+                  repeat + 1, mix.c_str(), continuous_names[b].c_str(), describe(continuous[b]).c_str(),
+                  describe(static_goodput).c_str(), describe(ratio).c_str(), gp::to_string(ratio.kind),
+                  settings.target, gp::meets_target(ratio, settings.target) ? "met" : "MISSED");
+      out["ratios"].push_back({{"repeat", repeat + 1},
+                               {"mix", mix},
+                               {"best_continuous", continuous_names[b]},
+                               {"continuous_rps", continuous[b].rate},
+                               {"continuous_bound", gp::to_string(continuous[b].bound)},
+                               {"static_rps", static_goodput.rate},
+                               {"static_bound", gp::to_string(static_goodput.bound)},
+                               {"ratio", ratio.value},
+                               {"ratio_kind", gp::to_string(ratio.kind)},
+                               {"target_met", gp::meets_target(ratio, settings.target)}});
+    }
+  }
+  for (auto& engine : engines) engine->shutdown(replay::DecodeShutdown::drain);
+  // The spread over the repeats: of each policy's goodput (the rates of the
+  // searches, whatever their bound; the bounds are counted beside), and of
+  // the ratio.
+  std::printf("llm_decode goodput: summary, %d repeat(s)%s; TTFT p99 <= %.0f ms, TPOT p99 <= %.3f ms\n",
+              settings.repeats, complete ? "" : " (INCOMPLETE: the budget ended the run)", slo.ttft_p99_ms,
+              slo.tpot_p99_ms);
+  for (const auto& [mix, by_policy] : found) {
+    for (const auto& [policy, goodputs] : by_policy) {
+      std::vector<double> rates;
+      std::map<std::string, int> bounds;
+      for (const gp::Goodput& g : goodputs) {
+        rates.push_back(g.rate);
+        ++bounds[gp::to_string(g.bound)];
+      }
+      const std::optional<gp::Spread> s = gp::spread(rates);
+      if (!s) continue;
+      std::string bound_text;
+      for (const auto& [bound, count] : bounds) bound_text += " " + bound + " " + std::to_string(count);
+      std::printf("llm_decode goodput: %-11s %-15s goodput min / median / max %7.0f / %7.0f / %7.0f req/s (%zu "
+                  "repeats;%s)\n",
+                  mix.c_str(), policy.c_str(), s->min, s->median, s->max, s->count, bound_text.c_str());
+      out["spread"][mix][policy] = {{"min_rps", s->min}, {"median_rps", s->median}, {"max_rps", s->max},
+                                    {"repeats", s->count}, {"bounds", bounds}};
+    }
+    std::vector<double> values;
+    bool all_met = true;
+    std::string kinds;
+    for (const gp::Ratio& r : ratios[mix]) {
+      values.push_back(r.value);
+      all_met &= gp::meets_target(r, settings.target);
+      kinds += std::string(kinds.empty() ? "" : ", ") + gp::to_string(r.kind);
+    }
+    if (const std::optional<gp::Spread> s = gp::spread(values)) {
+      std::printf("llm_decode goodput: %-11s continuous (best) / static min / median / max %.2f / %.2f / %.2f "
+                  "(%s): target >= %gx %s in every repeat\n",
+                  mix.c_str(), s->min, s->median, s->max, kinds.c_str(), settings.target, all_met ? "met" : "MISSED");
+      out["spread"][mix]["ratio"] = {{"min", s->min}, {"median", s->median}, {"max", s->max},
+                                     {"repeats", s->count}, {"target_met_every_repeat", all_met}};
+    }
+  }
+  out["complete"] = complete;
+  out["seconds_total"] = elapsed();
+  std::printf("llm_decode goodput: %.0f s in all\n", elapsed());
+  write_json(c.json, out);
+  return 0;
 }
 
 }  // namespace
@@ -799,37 +1076,37 @@ int main(int argc, char** argv) {
                    "another, on a second thread and stream")
       ->delimiter(',');
 
+  // The options `load` and `goodput` share: requests per point, the policies and their settings.
+  auto add_load_options = [](CLI::App* sub, LoadSettings& settings) {
+    sub->add_option("--requests", settings.requests, "requests per point, at least")->capture_default_str();
+    sub->add_option("--seconds", settings.seconds, "per point also at least rate x seconds requests")
+        ->capture_default_str();
+    sub->add_option("--steps-per-launch", settings.steps)->capture_default_str();
+    sub->add_option("--policies", settings.policies,
+                    "continuous (admit at every step, prompts prefilled separately), grouped (continuous, admissions "
+                    "grouped), chunked (continuous, chunked prefill: needs --kernels fused), chunked-grouped "
+                    "(chunked prefill, admissions grouped), static")
+        ->delimiter(',')
+        ->check(CLI::IsMember({"continuous", "grouped", "chunked", "chunked-grouped", "static"}))
+        ->capture_default_str();
+    sub->add_option("--min-admission", settings.min_admission, "grouped, chunked-grouped: requests admitted together")
+        ->capture_default_str();
+    sub->add_option("--chunk-tokens", settings.chunk_tokens, "chunked: prompt tokens per mixed launch")
+        ->capture_default_str();
+    sub->add_option("--grouped-chunk-tokens", settings.grouped_chunk_tokens,
+                    "chunked-grouped: prompt tokens per mixed launch (at most the largest prefill bucket less the "
+                    "largest batch bucket)")
+        ->capture_default_str();
+    sub->add_option("--admission-delay-us", settings.admission_delay_us,
+                    "grouped, chunked-grouped: the longest the scheduler goes without an admission while requests "
+                    "wait")
+        ->capture_default_str();
+  };
   LoadSettings load_settings{.rates = {50, 200, 800}};
   CLI::App* load_app = app.add_subcommand("load", "Poisson load test: continuous against static batching");
   add_common(load_app);
   load_app->add_option("--rates", load_settings.rates, "offered requests per second")->delimiter(',');
-  load_app->add_option("--requests", load_settings.requests, "requests per point, at least")->capture_default_str();
-  load_app->add_option("--seconds", load_settings.seconds, "per point also at least rate x seconds requests")
-      ->capture_default_str();
-  load_app->add_option("--steps-per-launch", load_settings.steps)->capture_default_str();
-  load_app
-      ->add_option("--policies", load_settings.policies,
-                   "continuous (admit at every step), grouped (continuous, admissions grouped), chunked "
-                   "(continuous, chunked prefill: needs --kernels fused), chunked-grouped (chunked prefill, "
-                   "admissions grouped), static")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"continuous", "grouped", "chunked", "chunked-grouped", "static"}));
-  load_app
-      ->add_option("--min-admission", load_settings.min_admission,
-                   "grouped, chunked-grouped: requests admitted together")
-      ->capture_default_str();
-  load_app->add_option("--chunk-tokens", load_settings.chunk_tokens, "chunked: prompt tokens per mixed launch")
-      ->capture_default_str();
-  load_app
-      ->add_option("--grouped-chunk-tokens", load_settings.grouped_chunk_tokens,
-                   "chunked-grouped: prompt tokens per mixed launch (at most the largest prefill bucket less the "
-                   "largest batch bucket)")
-      ->capture_default_str();
-  load_app
-      ->add_option("--admission-delay-us", load_settings.admission_delay_us,
-                   "grouped, chunked-grouped: the longest the scheduler goes without an admission while requests "
-                   "wait")
-      ->capture_default_str();
+  add_load_options(load_app, load_settings);
   load_app->add_option("--output-lengths", load_settings.lengths.shape, "new tokens per request: uniform or exponential")
       ->check(CLI::IsMember({"uniform", "exponential"}))
       ->capture_default_str();
@@ -837,6 +1114,48 @@ int main(int argc, char** argv) {
   load_app->add_option("--new-tokens-max", load_settings.lengths.max)->capture_default_str();
   load_app->add_option("--new-tokens-mean", load_settings.lengths.mean, "exponential: the mean")->capture_default_str();
 
+
+  GoodputSettings goodput_settings;
+  CLI::App* goodput_app = app.add_subcommand(
+      "goodput",
+      "goodput under an SLO: the highest offered rate at which TTFT p99 and TPOT p99 stay within limits, searched "
+      "per policy and output-length mix, continuous against static batching (default --kernels fused)");
+  add_common(goodput_app);
+  add_load_options(goodput_app, goodput_settings.load);
+  goodput_app->add_option("--mixes", goodput_settings.mixes, "output-length mixes: exponential, uniform")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"uniform", "exponential"}))
+      ->capture_default_str();
+  goodput_app->add_option("--repeats", goodput_settings.repeats, "the whole search this many times (the spread)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  goodput_app->add_option("--ttft-p99-ms", goodput_settings.ttft_p99_ms, "the SLO's TTFT p99 limit")
+      ->capture_default_str();
+  goodput_app
+      ->add_option("--tpot-factor", goodput_settings.tpot_factor,
+                   "the SLO's TPOT p99 limit: this times the batch-1 decode step measured first")
+      ->capture_default_str();
+  goodput_app->add_option("--target", goodput_settings.target, "continuous (best) / static goodput to reach")
+      ->capture_default_str();
+  goodput_app->add_option("--start-rate", goodput_settings.search.start_rate, "the search's first rate (req/s)")
+      ->capture_default_str();
+  goodput_app->add_option("--min-rate", goodput_settings.search.min_rate, "the lowest rate tried")
+      ->capture_default_str();
+  goodput_app->add_option("--max-rate", goodput_settings.search.max_rate, "the highest rate tried")
+      ->capture_default_str();
+  goodput_app->add_option("--growth", goodput_settings.search.growth, "the ramp's factor between rates")
+      ->capture_default_str();
+  goodput_app
+      ->add_option("--resolution", goodput_settings.search.resolution,
+                   "bisection stops when the lowest failing rate is within this fraction above the highest passing")
+      ->capture_default_str();
+  goodput_app->add_option("--max-points", goodput_settings.search.max_points, "points per search, at most")
+      ->capture_default_str();
+  goodput_app
+      ->add_option("--budget-s", goodput_settings.budget_s,
+                   "no point starts whose arrivals would end past this many seconds (0: no limit); the results so "
+                   "far are written")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (new_tokens < 2) {
     std::fprintf(stderr, "llm_decode: --new-tokens must be at least 2\n");
@@ -867,6 +1186,10 @@ int main(int argc, char** argv) {
         return 2;
       }
       return load(c, load_settings);
+    }
+    if (goodput_app->parsed()) {
+      if (goodput_app->count("--kernels") == 0) c.kernels = "fused";  // the chunked policies need them
+      return goodput(c, goodput_settings);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "llm_decode: %s\n", e.what());

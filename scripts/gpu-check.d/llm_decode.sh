@@ -18,25 +18,37 @@
 #            (bench/llm_decode/summarize.py); for "small" also the load test
 #            (continuous, grouped, chunked and static batching; uniform and exponential
 #            output lengths) and its plots.
-#   scripts/gpu-check.d/llm_decode.sh [all | check | measure]   (default: $REPLAY_LLM_MODE, else check)
+#   goodput: `llm_decode goodput` on the "small" preset with the fused kernels:
+#            the highest offered rate at which TTFT p99 <= 100 ms and TPOT p99 <=
+#            2x the batch-1 decode step (measured first, in the same run), for
+#            static batching and continuous batching (continuous, chunked,
+#            chunked-grouped), exponential and uniform output lengths, at least
+#            1,000 requests per point, the whole search 3 times (the spread);
+#            every point and its time printed. Not part of `all`: a run of its
+#            own, e.g. REPLAY_LLM_BUDGET_S=450 scripts/gpu-check.d/llm_decode.sh goodput
+#            (about 5 to 7 minutes; the program starts no point that would end
+#            past the budget less 60 s, and writes what it measured).
+#            REPLAY_LLM_GOODPUT_ARGS: more options for it (e.g. "--repeats 1").
+#   scripts/gpu-check.d/llm_decode.sh [all | check | measure | goodput]   (default: $REPLAY_LLM_MODE, else check)
 # gpu-check.sh runs the check (about 40 s); the measurement takes minutes
 # (the Python peers compile), so it is a run of its own, e.g.
 #   REPLAY_LLM_PRESETS="small 1b" REPLAY_LLM_BUDGET_S=540 scripts/gpu-check.d/llm_decode.sh measure
 # after a build of build/gpu (llm_decode's target).
-# Bounded by REPLAY_LLM_BUDGET_S (default 360 s; gpu-check.sh kills a step at
-# 420 s). REPLAY_LLM_PEERS: the Python peers to measure (default all:
+# Bounded by REPLAY_LLM_BUDGET_S (default 360 s, goodput 450 s; gpu-check.sh
+# kills a step at 420 s). REPLAY_LLM_PEERS: the Python peers to measure (default all:
 # eager,cuda_graphs,hf_eager,hf_static,compile). The load test:
 # REPLAY_LLM_LOAD_MIXES (default "uniform exponential"; "none" skips it),
 # REPLAY_LLM_LOAD_RATES (default 50,100,200,400,800 requests/s),
 # REPLAY_LLM_LOAD_KERNELS (default fused: the engine's fastest step; aten
 # for the plain operators). Files in $OUT: llm_*.txt,
-# llm_*.json, llm_load_small_{uniform,exponential}.png, llm_results.md.
+# llm_*.json, llm_load_small_{uniform,exponential}.png, llm_results.md;
+# goodput: llm_goodput_small.{txt,json}, llm_goodput.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-${REPLAY_LLM_MODE:-check}}
 case "$mode" in
-  all | check | measure) ;;
-  *) echo "llm_decode: unknown mode '$mode' (all, check or measure)"; exit 2 ;;
+  all | check | measure | goodput) ;;
+  *) echo "llm_decode: unknown mode '$mode' (all, check, measure or goodput)"; exit 2 ;;
 esac
 OUT=${OUT:-build/gpu-check}
 mkdir -p "$OUT"
@@ -44,7 +56,9 @@ build=${REPLAY_BUILD_DIR:-build/gpu}
 exe=$build/examples/llm_decode/llm_decode
 weights=$build/llm_weights
 presets=${REPLAY_LLM_PRESETS:-small}
-budget=${REPLAY_LLM_BUDGET_S:-360}
+default_budget=360
+[ "$mode" = goodput ] && default_budget=450
+budget=${REPLAY_LLM_BUDGET_S:-$default_budget}
 start=$SECONDS
 status=0
 step() { printf '[llm_decode %s +%ds] %s\n' "$(date +%T)" "$((SECONDS - start))" "$*"; }
@@ -73,6 +87,24 @@ weights_for() {  # weights_for PRESET: writes them once
   [ -f "$dir/weights.pt" ] || "$exe" write-weights --preset "$1" --seed 1 --out "$dir" >/dev/null || return 1
   echo "$dir"
 }
+
+if [ "$mode" = goodput ]; then
+  small=$(weights_for small) || { echo "llm_decode: writing the small weights FAILED"; exit 1; }
+  step "goodput under the SLO (small, fused kernels; within $(left) s)"
+  # shellcheck disable=SC2086 # REPLAY_LLM_GOODPUT_ARGS is a list of options
+  bounded "$(left)" "$exe" goodput --weights "$small" --kernels fused --budget-s "$(( $(left) - 60 ))" \
+    ${REPLAY_LLM_GOODPUT_ARGS:-} --json "$OUT/llm_goodput_small.json" 2>&1 | tee "$OUT/llm_goodput_small.txt"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || failed "goodput (rc=$rc)"
+  if [ -f "$OUT/llm_goodput_small.json" ]; then
+    python3 bench/llm_decode/summarize.py --name small --goodput "$OUT/llm_goodput_small.json" \
+      --markdown "$OUT/llm_goodput.md" >/dev/null || failed "goodput summary"
+  else
+    failed "goodput wrote no $OUT/llm_goodput_small.json"
+  fi
+  echo "llm_decode step: $((SECONDS - start)) s, $([ "$status" -eq 0 ] && echo ok || echo FAILED)"
+  exit "$status"
+fi
 
 if [ "$mode" != measure ]; then
   small=$(weights_for small) || failed "writing the small weights"
