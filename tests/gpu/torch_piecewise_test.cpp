@@ -17,6 +17,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -33,6 +34,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -538,6 +540,72 @@ TEST_CASE("a capture broken by a call that is not on the eager list still makes 
   CHECK(report.reason == reason);
   CHECK(contains(reason, "captur"));
   CHECK(torch::equal(graphed(x)[0], fn(x)));
+}
+
+// How many times aten::_local_scalar_dense ran on this thread while counted.
+thread_local int scalar_reads = 0;
+std::unique_ptr<at::ObserverContext> on_scalar_read(const at::RecordFunction& fn) {
+  if (std::string_view(fn.name()) == "aten::_local_scalar_dense") {
+    ++scalar_reads;
+  }
+  return nullptr;
+}
+
+TEST_CASE("a one-element read-back is copied by the segment before it: a replay runs no operator between the segments, and each dtype keys as the operator's value") {
+  for (const torch::Dtype dtype : {torch::kHalf, torch::kBFloat16, torch::kFloat, torch::kDouble, torch::kInt,
+                                   torch::kLong, torch::kBool}) {
+    CAPTURE(dtype);
+    // Reads back one element of `dtype` (bool: whether any is positive; else
+    // the sum, rounded to the dtype) and branches on it.
+    auto fn = [dtype](const at::Tensor& x) {
+      const at::Tensor one = dtype == torch::kBool ? x.gt(0.5).any() : x.sum().to(dtype);
+      const c10::Scalar value = one.item();  // aten::_local_scalar_dense
+      const bool high = dtype == torch::kBool ? value.toBool() : value.toDouble() > 8.0;
+      return high ? x * 2.0 + 1.0 : x - 3.0;
+    };
+    const at::Tensor low = torch::full({2, 8}, 0.25, cuda());  // sum 4, none above 0.5
+    const at::Tensor high = torch::full({2, 8}, 1.0, cuda());  // sum 16, all above 0.5
+    replay::GraphedCallable graphed(fn, {low}, {.breaks = replay::TorchBreaks::piecewise});
+    REQUIRE(graphed.capture_report(2).kind == replay::BucketCaptureKind::piecewise);
+    CHECK(torch::equal(graphed(high)[0], fn(high)));  // records the other path (the operator runs live)
+    REQUIRE(graphed.capture_report(2).paths == 2);
+
+    scalar_reads = 0;
+    const at::CallbackHandle handle =
+        at::addThreadLocalCallback(at::RecordFunctionCallback(&on_scalar_read).scopes({at::RecordScope::FUNCTION}));
+    std::vector<at::Tensor> outs;
+    for (int round = 0; round < 6; ++round) {
+      outs.push_back(graphed(round % 2 == 0 ? low : high)[0].clone());
+    }
+    at::removeCallback(handle);
+    CHECK(scalar_reads == 0);  // both paths known: the segments' copies were read, no operator re-run
+    for (int round = 0; round < 6; ++round) {
+      CAPTURE(round);
+      CHECK(torch::equal(outs[static_cast<std::size_t>(round)], fn(round % 2 == 0 ? low : high)));
+    }
+    const replay::BucketCaptureReport report = graphed.capture_report(2);
+    CHECK(report.kind == replay::BucketCaptureKind::piecewise);
+    CHECK(report.paths == 2);
+    CHECK(report.misses == 1);
+  }
+}
+
+TEST_CASE("the segments of a piecewise key are captured into the callable's one pool: a reference per segment, of every path") {
+  torch::jit::Module module = branchy_module(torch::kCUDA);
+  const at::Tensor small = torch::linspace(-1.0, 1.0, 4 * 64, cuda()).reshape({4, 64});
+  const c10::DeviceIndex device = small.device().index();
+  replay::GraphedCallable graphed(module, {small}, {.breaks = replay::TorchBreaks::piecewise});
+  const replay::BucketCaptureReport first = graphed.capture_report(4);
+  REQUIRE(first.kind == replay::BucketCaptureKind::piecewise);
+  REQUIRE(first.segments == 2);
+  // The callable's own reference and one per segment: no segment has a pool of its own.
+  CHECK(c10::cuda::CUDACachingAllocator::getPoolUseCount(device, graphed.pool()) == 3);
+  const std::size_t one_path = graphed.pool_reserved_bytes();
+  CHECK(one_path > 0);
+  (void)graphed(small * 10.0);  // the other branch: a second path, into the same pool
+  REQUIRE(graphed.capture_report(4).paths == 2);
+  CHECK(c10::cuda::CUDACachingAllocator::getPoolUseCount(device, graphed.pool()) == 5);
+  CHECK(graphed.pool_reserved_bytes() >= one_path);
 }
 
 TEST_CASE("a piecewise GraphedCallable called from two threads: every result equals eager") {
