@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "replay/detail/copy_kernel.hpp"
 #include "replay/detail/deferred_free.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
@@ -132,8 +133,9 @@ template <class T>
 
 // A read-back of one element of a device tensor (.item(), float(t), `if t:`)
 // made part of the segment before it: the segment copies the element into
-// pinned host memory kept here, so a replay waits for its stream and reads
-// the value, with no operator call, allocation or tensor between the two
+// pinned host memory kept here (replay's byte-copy kernel, through the
+// memory's device mapping), so a replay waits for its stream and reads the
+// value, with no operator call, allocation or tensor between the two
 // segments. Empty when the read-back does not qualify (more than one
 // element, a dtype without a reader): the operator is then re-run.
 class CapturedReadBack {
@@ -170,16 +172,33 @@ class CapturedReadBack {
     } catch (...) {
       return out;  // a dtype without a reader here (float8, ...): re-run the operator
     }
+    const ::std::source_location where = ::std::source_location::current();
+    void* mapped = nullptr;
+    ::cudaKernel_t copy = nullptr;
     {
-      // cudaMallocHost is refused while this thread captures in global or
-      // thread-local mode; relaxed for this call only, as torch's caching
-      // allocator does around cudaMalloc during a capture.
+      // cudaMallocHost (and loading the copy kernel) is refused while this
+      // thread captures in global or thread-local mode; relaxed for these
+      // calls only, as torch's caching allocator does around cudaMalloc
+      // during a capture.
       const RelaxedCaptureMode relaxed;
-      check(::cudaMallocHost(&out.host_, sizeof(::c10::complex<double>)), "cudaMallocHost");
+      check(::cudaMallocHost(&out.host_, sizeof(::c10::complex<double>)), "cudaMallocHost", where);
+      copy = copy_kernel_on(tensor.device().index(), where).kernel;
+      if (copy != nullptr) {
+        mapped = device_address_of_host(out.host_);
+      }
     }
-    check(::cudaMemcpyAsync(out.host_, tensor.const_data_ptr(), tensor.element_size(), ::cudaMemcpyDeviceToHost,
-                            capturing),
-          "cudaMemcpyAsync");
+    if (mapped != nullptr) {
+      // A kernel node writing through the memory's device mapping: a memcpy
+      // node would cost a couple of microseconds of host time at each launch.
+      CopyNodeArgs args(tensor.const_data_ptr(), mapped, tensor.element_size());
+      const ::cudaKernelNodeParams params = args.params(copy);
+      check(::cudaLaunchKernel(params.func, params.gridDim, params.blockDim, params.kernelParams, 0, capturing),
+            "cudaLaunchKernel", where);
+    } else {  // the copy kernel cannot run on this device (no PTX JIT)
+      check(::cudaMemcpyAsync(out.host_, tensor.const_data_ptr(), tensor.element_size(), ::cudaMemcpyDeviceToHost,
+                              capturing),
+            "cudaMemcpyAsync", where);
+    }
     out.read_ = read;
     return out;
   }
