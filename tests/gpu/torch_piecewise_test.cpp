@@ -29,8 +29,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -262,6 +264,43 @@ TEST_CASE("break values key segments: scalars by kind and value, tensors by size
   const std::vector<c10::IValue> host_only{c10::IValue(torch::ones({2})), c10::IValue(int64_t{1})};
   CHECK_FALSE(replay::detail::reads_device_memory(c10::ArrayRef<const c10::IValue>(host_only.data(), host_only.size())));
   CHECK_FALSE(replay::detail::reads_device_memory(c10::ArrayRef<const c10::IValue>()));
+}
+
+TEST_CASE("a captured one-element read-back builds the scalar _local_scalar_dense builds: same kind, same key, every dtype it reads") {
+  replay::detail::TorchRegion region;  // no decisions: keys by kind and exact bits
+  auto key_of = [&](const c10::IValue& value) {
+    std::string key;
+    REQUIRE(region.key_of(c10::ArrayRef<c10::IValue>(value), key));
+    return key;
+  };
+  int read = 0;
+  for (const torch::Dtype dtype : {torch::kUInt8, torch::kInt8, torch::kInt16, torch::kInt, torch::kLong, torch::kHalf,
+                                   torch::kBFloat16, torch::kFloat, torch::kDouble, torch::kComplexFloat,
+                                   torch::kComplexDouble, torch::kBool}) {
+    const replay::detail::ScalarReader reader = replay::detail::scalar_reader(dtype);
+    REQUIRE(static_cast<bool>(reader));
+    for (const double value : {0.0, -0.0, 1.0, 3.14159, -7.25, 250.0, 65504.0, 1e-3, std::nan("")}) {
+      CAPTURE(dtype);
+      CAPTURE(value);
+      const at::Tensor one = torch::tensor({value}, torch::dtype(torch::kDouble)).to(dtype);
+      const c10::IValue expected(at::_local_scalar_dense(one));
+      const c10::IValue got(reader(one.const_data_ptr()));
+      CHECK(got.tagKind() == expected.tagKind());
+      if (expected.isDouble() || expected.isInt() || expected.isBool()) {
+        CHECK(key_of(got) == key_of(expected));
+      } else {
+        REQUIRE(expected.isComplexDouble());
+        const c10::complex<double> a = got.toComplexDouble();
+        const c10::complex<double> b = expected.toComplexDouble();
+        CHECK(std::memcmp(&a, &b, sizeof a) == 0);  // bit for bit (NaN included)
+      }
+      ++read;
+    }
+  }
+  CHECK(read == 12 * 9);
+  // Dtypes without a reader: the operator is re-run through the dispatcher instead.
+  CHECK_FALSE(static_cast<bool>(replay::detail::scalar_reader(torch::kFloat8_e4m3fn)));
+  CHECK_FALSE(static_cast<bool>(replay::detail::scalar_reader(torch::kComplexHalf)));
 }
 
 TEST_CASE("a float read back that TorchScript only compares with constants and branches on keys by the comparisons") {

@@ -5,7 +5,6 @@
 #include <replay/detail/require_cxx20.hpp>
 
 #include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
@@ -131,6 +130,27 @@ template <class T>
 ::c10::Scalar scalar_of_element(const void* element) {
   return ::c10::Scalar(*static_cast<const T*>(element));
 }
+using ScalarReader = ::c10::Scalar (*)(const void*);
+
+// The reader of one element of `type`; null for a dtype without one here
+// (float8, complex half, the unsigned types beyond uint8).
+inline ScalarReader scalar_reader(::c10::ScalarType type) noexcept {
+  switch (type) {
+    case ::c10::ScalarType::Byte: return &scalar_of_element<::std::uint8_t>;
+    case ::c10::ScalarType::Char: return &scalar_of_element<::std::int8_t>;
+    case ::c10::ScalarType::Short: return &scalar_of_element<::std::int16_t>;
+    case ::c10::ScalarType::Int: return &scalar_of_element<::std::int32_t>;
+    case ::c10::ScalarType::Long: return &scalar_of_element<::std::int64_t>;
+    case ::c10::ScalarType::Half: return &scalar_of_element<::c10::Half>;
+    case ::c10::ScalarType::BFloat16: return &scalar_of_element<::c10::BFloat16>;
+    case ::c10::ScalarType::Float: return &scalar_of_element<float>;
+    case ::c10::ScalarType::Double: return &scalar_of_element<double>;
+    case ::c10::ScalarType::ComplexFloat: return &scalar_of_element<::c10::complex<float>>;
+    case ::c10::ScalarType::ComplexDouble: return &scalar_of_element<::c10::complex<double>>;
+    case ::c10::ScalarType::Bool: return &scalar_of_element<bool>;
+    default: return nullptr;
+  }
+}
 
 // A read-back of one element of a device tensor (.item(), float(t), `if t:`)
 // made part of the segment before it: the segment copies the element into
@@ -165,13 +185,9 @@ class CapturedReadBack {
     if (!tensor.defined() || !tensor.is_cuda() || tensor.numel() != 1) {
       return out;
     }
-    ::c10::Scalar (*read)(const void*) = nullptr;
-    try {
-      AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(::at::kHalf, ::at::kBFloat16, ::at::kBool, tensor.scalar_type(),
-                                             "replay_captured_read_back",
-                                             [&] { read = &scalar_of_element<scalar_t>; });
-    } catch (...) {
-      return out;  // a dtype without a reader here (float8, ...): re-run the operator
+    const ScalarReader read = scalar_reader(tensor.scalar_type());
+    if (read == nullptr) {
+      return out;
     }
     const ::std::source_location where = ::std::source_location::current();
     void* mapped = nullptr;
@@ -228,7 +244,7 @@ class CapturedReadBack {
   };
 
   void* host_ = nullptr;
-  ::c10::Scalar (*read_)(const void*) = nullptr;
+  ScalarReader read_ = nullptr;
 };
 
 // One eager operator between two segments, kept for replay.
