@@ -15,7 +15,8 @@
 #      bench/torch_bert_bench.py (eager, torch.compile reduce-overhead with
 #      dynamic=False), torch.compile last and within what is left of the budget,
 #   7. with time left, the piecewise benchmark (scripts/make_torchscript_piecewise.py's
-#      model, exported with the others): bench/torch_piecewise_bench.cpp, then its
+#      model, exported with the others, and BERT with a read-back after layer 6,
+#      make_torchscript_bert.py --readback): bench/torch_piecewise_bench.cpp, then its
 #      Python peer bench/torch_piecewise_bench.py (torch.compile reduce-overhead),
 #   8. prints a short results table last.
 #   scripts/gpu-check.d/torch.sh [all | export | measure | piecewise]
