@@ -8,8 +8,19 @@ times its peers (one call then torch.cuda.synchronize(), host clock, p50).
 
     python3 bench/torch_piecewise_bench.py [--batches 1,8,64] [--cpp-json CPP] [--json OUT]
 
-With --cpp-json (torch_piecewise_bench's --json output) it prints the target:
-C++ piecewise p50 <= torch.compile reduce-overhead p50 at every batch.
+torch.compile gets its best settings for this model: fullgraph=False (dynamo
+breaks the graph at the read-back and graphs each side: cudagraph trees),
+dynamic=False (one graph specialized per batch, as the C++ side has one per
+batch), 20 warm-up calls per batch after both branches were taken; the cuBLAS
+settings (torch.backends.cuda.matmul) are left at libtorch's defaults, which
+the C++ side uses too, and printed.
+
+With --cpp-json (torch_piecewise_bench's --json output) it prints a summary
+line per batch, each ratio with its target and PASS or MISS: torch.compile /
+C++ piecewise (>= 1.0), C++ piecewise / whole graph without the read-back
+(<= 1.10), C++ eager / piecewise (>= 3 at batch 1), the key's pool / the whole
+graph's pool (<= 1.10, one pool); and one per BERT shape when the C++ side
+measured BERT with a read-back (--bert).
 """
 import argparse
 import json
@@ -23,6 +34,38 @@ from torch_resnet_bench import measure  # noqa: E402  (the same timing loop)
 from make_torchscript_piecewise import make  # noqa: E402  (the same model and weights)
 
 
+def verdict(value, target, at_least):
+    ok = value >= target if at_least else value <= target
+    return f"{value:.2f}x ({'>=' if at_least else '<='} {target:.2f} {'PASS' if ok else 'MISS'})"
+
+
+def summary(rows, cpp, bert_rows):
+    for r in rows:
+        c = cpp.get(r["batch"])
+        if c is None:
+            print(f"  summary b={r['batch']}: n/a (no C++ row)")
+            continue
+        parts = [f"torch.compile / piecewise {verdict(r['py_compile_ms'] / c['cpp_piecewise_ms'], 1.0, True)}",
+                 f"piecewise / whole {verdict(c['cpp_piecewise_ms'] / c['cpp_whole_ms'], 1.10, False)}"]
+        eager = c["cpp_eager_ms"] / c["cpp_piecewise_ms"]
+        parts.append(f"eager / piecewise {verdict(eager, 3.0, True)}" if r["batch"] == 1 else
+                     f"eager / piecewise {eager:.2f}x")
+        parts.append(pool_part(c))
+        print(f"  summary b={r['batch']}: " + " | ".join(parts))
+    for c in bert_rows:
+        print(f"  summary BERT {c['shape']}: piecewise / whole {verdict(c['cpp_piecewise_ms'] / c['cpp_whole_ms'], 1.10, False)}"
+              f" | eager / piecewise {c['cpp_eager_ms'] / c['cpp_piecewise_ms']:.2f}x | {pool_part(c)}"
+              f" | bit for bit {'PASS' if c.get('equal') else 'MISS'}")
+
+
+def pool_part(c):
+    if not c.get("whole_pool_bytes"):
+        return "pool n/a"
+    ratio = c["piecewise_pool_bytes"] / c["whole_pool_bytes"]
+    one = "one pool" if c.get("one_pool") else "NOT one pool: MISS"
+    return f"pool / whole pool {verdict(ratio, 1.10, False)}, {one}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", default="1,8,64")
@@ -33,10 +76,15 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
+    matmul = torch.backends.cuda.matmul
+    print(f"  cuBLAS settings (libtorch's defaults, as on the C++ side): allow_tf32={matmul.allow_tf32} "
+          f"allow_fp16_reduced_precision_reduction={matmul.allow_fp16_reduced_precision_reduction} "
+          f"allow_bf16_reduced_precision_reduction={matmul.allow_bf16_reduced_precision_reduction}",
+          file=sys.stderr)
     batches = [int(b) for b in args.batches.split(",")]
     model, _ = make(args.seed)
     model = model.to("cuda", torch.float16)
-    compiled = torch.compile(model, mode="reduce-overhead")
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=False, dynamic=False)
     rows = []
     with torch.inference_mode():
         for b in batches:
@@ -44,7 +92,7 @@ def main() -> int:
             x = torch.randn(b, 1024, device="cuda", dtype=torch.float16)
             big = torch.randn(b, 1024, device="cuda", dtype=torch.float16) * 5e3
             # The compiled model takes both branches too (its guard on the read-back).
-            for probe in (x, big):
+            for probe in (x, big, x, big):
                 same = torch.equal(compiled(probe), model(probe))
                 print(f"  batch {b}: torch.compile equals eager bit for bit: {same}", file=sys.stderr)
             n = args.iterations
@@ -55,10 +103,13 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "torch": torch.__version__}, f, indent=1)
     cpp = {}
+    bert_rows = []
     if args.cpp_json:
         try:
             with open(args.cpp_json) as f:
-                cpp = {r["batch"]: r for r in json.load(f).get("rows", [])}
+                loaded = json.load(f)
+            cpp = {r["batch"]: r for r in loaded.get("rows", [])}
+            bert_rows = loaded.get("bert_rows", [])
         except (OSError, ValueError) as exc:
             print(f"torch_piecewise_bench.py: could not read {args.cpp_json}: {exc}", file=sys.stderr)
     print(f"Piecewise model (24 x 1024, fp16, a read-back halfway), torch {torch.__version__}: p50 ms")
@@ -76,6 +127,8 @@ def main() -> int:
         ratio = r["py_compile_ms"] / c["cpp_piecewise_ms"]
         print(f"  target C++ piecewise >= 1.0x torch.compile reduce-overhead, batch {r['batch']}: {ratio:.2f}x "
               f"{'met' if ratio >= 1.0 else 'MISSED'}")
+    if cpp or bert_rows:
+        summary(rows, cpp, bert_rows)
     return 0
 
 

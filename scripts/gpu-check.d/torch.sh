@@ -15,13 +15,18 @@
 #      bench/torch_bert_bench.py (eager, torch.compile reduce-overhead with
 #      dynamic=False), torch.compile last and within what is left of the budget,
 #   7. with time left, the piecewise benchmark (scripts/make_torchscript_piecewise.py's
-#      model, exported with the others): bench/torch_piecewise_bench.cpp, then its
+#      model, exported with the others, and BERT with a read-back after layer 6,
+#      make_torchscript_bert.py --readback): bench/torch_piecewise_bench.cpp, then its
 #      Python peer bench/torch_piecewise_bench.py (torch.compile reduce-overhead),
 #   8. prints a short results table last.
-#   scripts/gpu-check.d/torch.sh [all | export | measure]
+#   scripts/gpu-check.d/torch.sh [all | export | measure | piecewise]
 #     all (default): every step; export: steps 1 and 5's exports only (nothing
 #     timed: gpu-check.sh runs them beside its build); measure: the rest, with
-#     the exported files already in the build directory.
+#     the exported files already in the build directory; piecewise: step 7 on
+#     its own (a few minutes after the build): the piecewise model's export and
+#     BERT's with a read-back after layer 6 (into $build/bert_piecewise, shapes
+#     1x128 and 8x128) when missing, the C++ benchmark on both (--bert), the
+#     Python peer, and a summary line per batch and BERT shape.
 # Bounded by REPLAY_TORCH_BUDGET_S (default 350 s; gpu-check.sh kills a step
 # at 420 s): every step's timeout is capped by what is left, and torch.compile
 # gets what the other steps leave (ResNet's at most REPLAY_TORCH_COMPILE_BUDGET_S,
@@ -30,13 +35,14 @@
 # Files in $OUT: torch_example.txt, capture_audit_torchscript.txt, torch_call_bench.{txt,json}, torch_bench_cpp.{txt,json},
 # torch_bench_py.json, torch_bench.txt (ResNet table), torch_bert.{txt,json},
 # torch_bert_py.json, torch_bert_bench.txt (BERT table), torch_piecewise{,_py}.json,
-# torch_piecewise{,_bench}.txt, torch_*.err, torch_results.txt.
+# torch_piecewise{,_bench}.txt, torch_*.err, torch_results.txt (piecewise mode:
+# torch_piecewise{,_py}.json, torch_piecewise{,_bench}.txt, torch_piecewise_results.txt).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-all}
 case "$mode" in
-  all | export | measure) ;;
-  *) echo "torch: unknown mode '$mode' (all, export or measure)"; exit 2 ;;
+  all | export | measure | piecewise) ;;
+  *) echo "torch: unknown mode '$mode' (all, export, measure or piecewise)"; exit 2 ;;
 esac
 OUT=${OUT:-build/gpu-check}
 mkdir -p "$OUT"
@@ -52,7 +58,7 @@ bert=$build/examples/torch_bert/torch_bert
 bench=$build/bench/torch/torch_resnet_bench
 call_bench=$build/bench/torch/torch_call_bench
 for exe in "$example" "$bert" "$bench" "$call_bench" "$build/tests/test_torch"; do
-  if [ "$mode" != export ] && [ ! -x "$exe" ]; then
+  if [ "$mode" != export ] && [ "$mode" != piecewise ] && [ ! -x "$exe" ]; then
     echo "torch: FAILED: $exe was not built (was Torch found when configuring? see build.log)"
     exit 1
   fi
@@ -76,12 +82,51 @@ bounded() {
 torchscript=$build/resnet50_torchscript.pt
 bert_dir=$build/bert
 piecewise_dir=$build/piecewise_model
+piecewise_bench=$build/bench/torch/torch_piecewise_bench
+
+# piecewise_benchmark BERT_DIR: the C++ benchmark (with BERT when
+# BERT_DIR/bert_readback.pt exists), then its Python peer and the summary.
+piecewise_benchmark() {
+  local bert_args=()
+  [ -f "$1/bert_readback.pt" ] && bert_args=(--bert "$1")
+  step "piecewise benchmark (C++ eager, piecewise, whole graph${bert_args:+; BERT with a read-back}; then torch.compile reduce-overhead)"
+  bounded 120 "$piecewise_bench" "$piecewise_dir" "${bert_args[@]}" --json "$OUT/torch_piecewise.json" \
+    >"$OUT/torch_piecewise.txt" 2>&1 || failed "C++ piecewise benchmark (rc=$?)"
+  cat "$OUT/torch_piecewise.txt"
+  bounded 180 python3 bench/torch_piecewise_bench.py --cpp-json "$OUT/torch_piecewise.json" \
+    --json "$OUT/torch_piecewise_py.json" >"$OUT/torch_piecewise_bench.txt" 2>"$OUT/torch_piecewise_py.err" ||
+    { failed "Python piecewise benchmark"; tail -5 "$OUT/torch_piecewise_py.err"; }
+}
+
+if [ "$mode" = piecewise ]; then
+  [ -x "$piecewise_bench" ] || { echo "torch: FAILED: $piecewise_bench was not built"; exit 1; }
+  bert_pw_dir=$build/bert_piecewise
+  if [ ! -f "$piecewise_dir/readback.pt" ] || [ ! -f "$piecewise_dir/whole.pt" ]; then
+    step "TorchScript export (the piecewise benchmark's model, scripted)"
+    bounded 90 python3 scripts/make_torchscript_piecewise.py "$piecewise_dir" >"$OUT/torch_piecewise_export.txt" 2>&1 ||
+      failed "piecewise model export (rc=$?)"
+    grep -v Warning "$OUT/torch_piecewise_export.txt" | tail -1
+  fi
+  if [ ! -f "$bert_pw_dir/bert_readback.pt" ]; then
+    step "TorchScript export (BERT-base, fp16, and the same with a read-back after layer 6)"
+    bounded 150 python3 scripts/make_torchscript_bert.py "$bert_pw_dir" --readback --shapes 1x128,8x128 \
+      >"$OUT/torch_bert_piecewise_export.txt" 2>&1 || failed "BERT read-back export (rc=$?)"
+    grep -v Warning "$OUT/torch_bert_piecewise_export.txt" | tail -3
+  fi
+  piecewise_benchmark "$bert_pw_dir"
+  {
+    echo "torch piecewise: $((SECONDS - start)) s, $([ "$status" -eq 0 ] && echo ok || echo FAILED)"
+    cat "$OUT/torch_piecewise_bench.txt" 2>/dev/null
+    grep -hE "^  target" "$OUT/torch_piecewise.txt" 2>/dev/null
+  } | tee "$OUT/torch_piecewise_results.txt"
+  exit "$status"
+fi
 if [ "$mode" != measure ]; then
-  rm -f "$torchscript" "$bert_dir/bert_torchscript.pt" "$bert_dir/bert_reference.pt" "$piecewise_dir"/*.pt
+  rm -f "$torchscript" "$bert_dir"/bert_*.pt "$piecewise_dir"/*.pt
   step "TorchScript export (ResNet-50)"
   bounded 120 python3 scripts/make_torchscript_resnet.py "$torchscript" || failed "TorchScript export"
   step "TorchScript export (BERT-base, fp16, traced on the GPU)"
-  bounded 150 python3 scripts/make_torchscript_bert.py "$bert_dir" >"$OUT/torch_bert_export.txt" 2>&1 ||
+  bounded 150 python3 scripts/make_torchscript_bert.py "$bert_dir" --readback >"$OUT/torch_bert_export.txt" 2>&1 ||
     failed "BERT export (rc=$?)"
   grep -v Warning "$OUT/torch_bert_export.txt" | tail -3
   step "TorchScript export (the piecewise benchmark's model, scripted)"
@@ -172,15 +217,8 @@ grep -E "torch.compile (failed|: budget)" "$OUT/torch_bert_py.err" || true
 # read-back (bench/torch_piecewise_bench.cpp), then torch.compile
 # reduce-overhead with its graph break (bench/torch_piecewise_bench.py). Last,
 # and only with time left, so that it never takes the other steps' budget.
-piecewise_bench=$build/bench/torch/torch_piecewise_bench
 if [ -x "$piecewise_bench" ] && [ -f "$piecewise_dir/readback.pt" ] && [ "$(left)" -gt 60 ]; then
-  step "piecewise benchmark (C++ eager, piecewise, whole graph; then torch.compile reduce-overhead)"
-  bounded 90 "$piecewise_bench" "$piecewise_dir" --json "$OUT/torch_piecewise.json" >"$OUT/torch_piecewise.txt" 2>&1 ||
-    failed "C++ piecewise benchmark (rc=$?)"
-  cat "$OUT/torch_piecewise.txt"
-  bounded 150 python3 bench/torch_piecewise_bench.py --cpp-json "$OUT/torch_piecewise.json" \
-    --json "$OUT/torch_piecewise_py.json" >"$OUT/torch_piecewise_bench.txt" 2>"$OUT/torch_piecewise_py.err" ||
-    { failed "Python piecewise benchmark"; tail -5 "$OUT/torch_piecewise_py.err"; }
+  piecewise_benchmark "$bert_dir"
 else
   echo "torch: piecewise benchmark skipped ($(left) s of the budget left, or not built / not exported)"
 fi

@@ -17,6 +17,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -28,11 +29,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -260,6 +264,43 @@ TEST_CASE("break values key segments: scalars by kind and value, tensors by size
   const std::vector<c10::IValue> host_only{c10::IValue(torch::ones({2})), c10::IValue(int64_t{1})};
   CHECK_FALSE(replay::detail::reads_device_memory(c10::ArrayRef<const c10::IValue>(host_only.data(), host_only.size())));
   CHECK_FALSE(replay::detail::reads_device_memory(c10::ArrayRef<const c10::IValue>()));
+}
+
+TEST_CASE("a captured one-element read-back builds the scalar _local_scalar_dense builds: same kind, same key, every dtype it reads") {
+  replay::detail::TorchRegion region;  // no decisions: keys by kind and exact bits
+  auto key_of = [&](const c10::IValue& value) {
+    std::string key;
+    REQUIRE(region.key_of(c10::ArrayRef<c10::IValue>(value), key));
+    return key;
+  };
+  int read = 0;
+  for (const torch::Dtype dtype : {torch::kUInt8, torch::kInt8, torch::kInt16, torch::kInt, torch::kLong, torch::kHalf,
+                                   torch::kBFloat16, torch::kFloat, torch::kDouble, torch::kComplexFloat,
+                                   torch::kComplexDouble, torch::kBool}) {
+    const replay::detail::ScalarReader reader = replay::detail::scalar_reader(dtype);
+    REQUIRE(static_cast<bool>(reader));
+    for (const double value : {0.0, -0.0, 1.0, 3.14159, -7.25, 250.0, 65504.0, 1e-3, std::nan("")}) {
+      CAPTURE(dtype);
+      CAPTURE(value);
+      const at::Tensor one = torch::tensor({value}, torch::dtype(torch::kDouble)).to(dtype);
+      const c10::IValue expected(at::_local_scalar_dense(one));
+      const c10::IValue got(reader(one.const_data_ptr()));
+      CHECK(got.tagKind() == expected.tagKind());
+      if (expected.isDouble() || expected.isInt() || expected.isBool()) {
+        CHECK(key_of(got) == key_of(expected));
+      } else {
+        REQUIRE(expected.isComplexDouble());
+        const c10::complex<double> a = got.toComplexDouble();
+        const c10::complex<double> b = expected.toComplexDouble();
+        CHECK(std::memcmp(&a, &b, sizeof a) == 0);  // bit for bit (NaN included)
+      }
+      ++read;
+    }
+  }
+  CHECK(read == 12 * 9);
+  // Dtypes without a reader: the operator is re-run through the dispatcher instead.
+  CHECK_FALSE(static_cast<bool>(replay::detail::scalar_reader(torch::kFloat8_e4m3fn)));
+  CHECK_FALSE(static_cast<bool>(replay::detail::scalar_reader(torch::kComplexHalf)));
 }
 
 TEST_CASE("a float read back that TorchScript only compares with constants and branches on keys by the comparisons") {
@@ -538,6 +579,72 @@ TEST_CASE("a capture broken by a call that is not on the eager list still makes 
   CHECK(report.reason == reason);
   CHECK(contains(reason, "captur"));
   CHECK(torch::equal(graphed(x)[0], fn(x)));
+}
+
+// How many times aten::_local_scalar_dense ran on this thread while counted.
+thread_local int scalar_reads = 0;
+std::unique_ptr<at::ObserverContext> on_scalar_read(const at::RecordFunction& fn) {
+  if (std::string_view(fn.name()) == "aten::_local_scalar_dense") {
+    ++scalar_reads;
+  }
+  return nullptr;
+}
+
+TEST_CASE("a one-element read-back is copied by the segment before it: a replay runs no operator between the segments, and each dtype keys as the operator's value") {
+  for (const torch::Dtype dtype : {torch::kHalf, torch::kBFloat16, torch::kFloat, torch::kDouble, torch::kInt,
+                                   torch::kLong, torch::kBool}) {
+    CAPTURE(dtype);
+    // Reads back one element of `dtype` (bool: whether any is positive; else
+    // the sum, rounded to the dtype) and branches on it.
+    auto fn = [dtype](const at::Tensor& x) {
+      const at::Tensor one = dtype == torch::kBool ? x.gt(0.5).any() : x.sum().to(dtype);
+      const c10::Scalar value = one.item();  // aten::_local_scalar_dense
+      const bool high = dtype == torch::kBool ? value.toBool() : value.toDouble() > 8.0;
+      return high ? x * 2.0 + 1.0 : x - 3.0;
+    };
+    const at::Tensor low = torch::full({2, 8}, 0.25, cuda());  // sum 4, none above 0.5
+    const at::Tensor high = torch::full({2, 8}, 1.0, cuda());  // sum 16, all above 0.5
+    replay::GraphedCallable graphed(fn, {low}, {.breaks = replay::TorchBreaks::piecewise});
+    REQUIRE(graphed.capture_report(2).kind == replay::BucketCaptureKind::piecewise);
+    CHECK(torch::equal(graphed(high)[0], fn(high)));  // records the other path (the operator runs live)
+    REQUIRE(graphed.capture_report(2).paths == 2);
+
+    scalar_reads = 0;
+    const at::CallbackHandle handle =
+        at::addThreadLocalCallback(at::RecordFunctionCallback(&on_scalar_read).scopes({at::RecordScope::FUNCTION}));
+    std::vector<at::Tensor> outs;
+    for (int round = 0; round < 6; ++round) {
+      outs.push_back(graphed(round % 2 == 0 ? low : high)[0].clone());
+    }
+    at::removeCallback(handle);
+    CHECK(scalar_reads == 0);  // both paths known: the segments' copies were read, no operator re-run
+    for (int round = 0; round < 6; ++round) {
+      CAPTURE(round);
+      CHECK(torch::equal(outs[static_cast<std::size_t>(round)], fn(round % 2 == 0 ? low : high)));
+    }
+    const replay::BucketCaptureReport report = graphed.capture_report(2);
+    CHECK(report.kind == replay::BucketCaptureKind::piecewise);
+    CHECK(report.paths == 2);
+    CHECK(report.misses == 1);
+  }
+}
+
+TEST_CASE("the segments of a piecewise key are captured into the callable's one pool: a reference per segment, of every path") {
+  torch::jit::Module module = branchy_module(torch::kCUDA);
+  const at::Tensor small = torch::linspace(-1.0, 1.0, 4 * 64, cuda()).reshape({4, 64});
+  const c10::DeviceIndex device = small.device().index();
+  replay::GraphedCallable graphed(module, {small}, {.breaks = replay::TorchBreaks::piecewise});
+  const replay::BucketCaptureReport first = graphed.capture_report(4);
+  REQUIRE(first.kind == replay::BucketCaptureKind::piecewise);
+  REQUIRE(first.segments == 2);
+  // The callable's own reference and one per segment: no segment has a pool of its own.
+  CHECK(c10::cuda::CUDACachingAllocator::getPoolUseCount(device, graphed.pool()) == 3);
+  const std::size_t one_path = graphed.pool_reserved_bytes();
+  CHECK(one_path > 0);
+  (void)graphed(small * 10.0);  // the other branch: a second path, into the same pool
+  REQUIRE(graphed.capture_report(4).paths == 2);
+  CHECK(c10::cuda::CUDACachingAllocator::getPoolUseCount(device, graphed.pool()) == 5);
+  CHECK(graphed.pool_reserved_bytes() >= one_path);
 }
 
 TEST_CASE("a piecewise GraphedCallable called from two threads: every result equals eager") {

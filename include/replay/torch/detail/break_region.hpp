@@ -26,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include "replay/detail/copy_kernel.hpp"
+#include "replay/detail/deferred_free.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/event.hpp"
@@ -122,6 +124,129 @@ inline void copy_into_static(const ::c10::IValue& into, const ::c10::IValue& fro
   }
 }
 
+// The scalar a read-back of one element of type T returns, as
+// _local_scalar_dense builds it from the element's bytes.
+template <class T>
+::c10::Scalar scalar_of_element(const void* element) {
+  return ::c10::Scalar(*static_cast<const T*>(element));
+}
+using ScalarReader = ::c10::Scalar (*)(const void*);
+
+// The reader of one element of `type`; null for a dtype without one here
+// (float8, complex half, the unsigned types beyond uint8).
+inline ScalarReader scalar_reader(::c10::ScalarType type) noexcept {
+  switch (type) {
+    case ::c10::ScalarType::Byte: return &scalar_of_element<::std::uint8_t>;
+    case ::c10::ScalarType::Char: return &scalar_of_element<::std::int8_t>;
+    case ::c10::ScalarType::Short: return &scalar_of_element<::std::int16_t>;
+    case ::c10::ScalarType::Int: return &scalar_of_element<::std::int32_t>;
+    case ::c10::ScalarType::Long: return &scalar_of_element<::std::int64_t>;
+    case ::c10::ScalarType::Half: return &scalar_of_element<::c10::Half>;
+    case ::c10::ScalarType::BFloat16: return &scalar_of_element<::c10::BFloat16>;
+    case ::c10::ScalarType::Float: return &scalar_of_element<float>;
+    case ::c10::ScalarType::Double: return &scalar_of_element<double>;
+    case ::c10::ScalarType::ComplexFloat: return &scalar_of_element<::c10::complex<float>>;
+    case ::c10::ScalarType::ComplexDouble: return &scalar_of_element<::c10::complex<double>>;
+    case ::c10::ScalarType::Bool: return &scalar_of_element<bool>;
+    default: return nullptr;
+  }
+}
+
+// A read-back of one element of a device tensor (.item(), float(t), `if t:`)
+// made part of the segment before it: the segment copies the element into
+// pinned host memory kept here (replay's byte-copy kernel, through the
+// memory's device mapping), so a replay waits for its stream and reads the
+// value, with no operator call, allocation or tensor between the two
+// segments. Empty when the read-back does not qualify (more than one
+// element, a dtype without a reader): the operator is then re-run.
+class CapturedReadBack {
+ public:
+  CapturedReadBack() = default;
+  CapturedReadBack(CapturedReadBack&& other) noexcept
+      : host_(::std::exchange(other.host_, nullptr)), read_(::std::exchange(other.read_, nullptr)) {}
+  CapturedReadBack& operator=(CapturedReadBack&& other) noexcept {
+    if (this != &other) {
+      free_or_defer(host_, FreeKind::pinned_host);
+      host_ = ::std::exchange(other.host_, nullptr);
+      read_ = ::std::exchange(other.read_, nullptr);
+    }
+    return *this;
+  }
+  ~CapturedReadBack() { free_or_defer(host_, FreeKind::pinned_host); }
+
+  // Called while `capturing` is being captured, before the segment ends: adds
+  // the copy of `inputs`' one element to the segment when it qualifies.
+  static CapturedReadBack capture(const ::std::vector<::c10::IValue>& inputs, ::cudaStream_t capturing) {
+    CapturedReadBack out;
+    if (inputs.size() != 1 || !inputs[0].isTensor()) {
+      return out;
+    }
+    const ::at::Tensor& tensor = inputs[0].toTensor();
+    if (!tensor.defined() || !tensor.is_cuda() || tensor.numel() != 1) {
+      return out;
+    }
+    const ScalarReader read = scalar_reader(tensor.scalar_type());
+    if (read == nullptr) {
+      return out;
+    }
+    const ::std::source_location where = ::std::source_location::current();
+    void* mapped = nullptr;
+    ::cudaKernel_t copy = nullptr;
+    {
+      // cudaMallocHost (and loading the copy kernel) is refused while this
+      // thread captures in global or thread-local mode; relaxed for these
+      // calls only, as torch's caching allocator does around cudaMalloc
+      // during a capture.
+      const RelaxedCaptureMode relaxed;
+      check(::cudaMallocHost(&out.host_, sizeof(::c10::complex<double>)), "cudaMallocHost", where);
+      copy = copy_kernel_on(tensor.device().index(), where).kernel;
+      if (copy != nullptr) {
+        mapped = device_address_of_host(out.host_);
+      }
+    }
+    if (mapped != nullptr) {
+      // A kernel node writing through the memory's device mapping: a memcpy
+      // node would cost a couple of microseconds of host time at each launch.
+      CopyNodeArgs args(tensor.const_data_ptr(), mapped, tensor.element_size());
+      const ::cudaKernelNodeParams params = args.params(copy);
+      check(::cudaLaunchKernel(params.func, params.gridDim, params.blockDim, params.kernelParams, 0, capturing),
+            "cudaLaunchKernel", where);
+    } else {  // the copy kernel cannot run on this device (no PTX JIT)
+      check(::cudaMemcpyAsync(out.host_, tensor.const_data_ptr(), tensor.element_size(), ::cudaMemcpyDeviceToHost,
+                              capturing),
+            "cudaMemcpyAsync", where);
+    }
+    out.read_ = read;
+    return out;
+  }
+
+  explicit operator bool() const noexcept { return read_ != nullptr; }
+
+  // After the segment was launched on `stream`: waits for it (the copy is its
+  // last node on the read's path) and returns the value as the operator would.
+  ::c10::IValue read(::cudaStream_t stream, const ::std::source_location& where) const {
+    check(::cudaStreamSynchronize(stream), "cudaStreamSynchronize", where);
+    return ::c10::IValue(read_(host_));
+  }
+
+ private:
+  class RelaxedCaptureMode {
+   public:
+    RelaxedCaptureMode() {
+      check(::cudaThreadExchangeStreamCaptureMode(&mode_), "cudaThreadExchangeStreamCaptureMode");
+    }
+    RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+    RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+    ~RelaxedCaptureMode() { (void)::cudaThreadExchangeStreamCaptureMode(&mode_); }
+
+   private:
+    ::cudaStreamCaptureMode mode_ = ::cudaStreamCaptureModeRelaxed;
+  };
+
+  void* host_ = nullptr;
+  ScalarReader read_ = nullptr;
+};
+
 // One eager operator between two segments, kept for replay.
 struct TorchRegion {
   ::std::optional<::c10::OperatorHandle> op;
@@ -136,9 +261,11 @@ struct TorchRegion {
   // A float read back that TorchScript only compares with constants and
   // branches on: the outcomes of these comparisons are its key.
   ::std::vector<ScalarDecision> decisions;
+  // A one-element read-back copied by the segment before it (else empty).
+  CapturedReadBack read_back;
 
   // The key of `values` (this operator's outputs); false when one cannot key.
-  bool key_of(const ::std::vector<::c10::IValue>& values, ::std::string& out) const {
+  bool key_of(::c10::ArrayRef<::c10::IValue> values, ::std::string& out) const {
     out.clear();
     if (!decisions.empty() && values.size() == 1 && values[0].isDouble()) {
       out += 'D';
@@ -156,10 +283,17 @@ struct TorchRegion {
     return true;
   }
 
-  // Runs the operator again on its inputs, on torch's current stream, and
-  // returns its key; when the key is this region's, its outputs are copied
-  // into the static ones.
-  ::std::string replay() const {
+  // After the segment before it was launched on `stream` (torch's current
+  // stream): reads the value its segment copied, or runs the operator again
+  // on its inputs; returns its key. When the key is this region's, a re-run's
+  // outputs are copied into the static ones.
+  ::std::string replay(::cudaStream_t stream, const ::std::source_location& where) const {
+    if (read_back) {
+      const ::c10::IValue value = read_back.read(stream, where);
+      ::std::string out;
+      (void)key_of(::c10::ArrayRef<::c10::IValue>(value), out);
+      return out;
+    }
     ::std::optional<::c10::InferenceMode> inference_mode;
     ::std::optional<::at::AutoGradMode> grad_mode;
     if (inference) {

@@ -161,6 +161,9 @@ class TorchPathRecorder {
       region.inference = ::c10::InferenceMode::is_enabled();
       region.grad = ::c10::GradMode::is_enabled();
       if (error_.empty()) {
+        if (region.info.op == "aten::_local_scalar_dense") {
+          region.read_back = CapturedReadBack::capture(region.inputs, side_.get());
+        }
         end_segment();
       }
       if (config_.audit) {

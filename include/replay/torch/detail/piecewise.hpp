@@ -96,7 +96,7 @@ class TorchPiecewise {
       if (i == path->regions.size()) {
         break;
       }
-      const ::std::string key = path->regions[i].replay();
+      const ::std::string key = path->regions[i].replay(stream.get(), where);
       if (key == path->regions[i].key) {
         ++i;
         continue;
