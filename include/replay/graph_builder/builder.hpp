@@ -7,7 +7,8 @@
 // ways: a captured Graph as a child node (add_child), or capture straight
 // into this graph or body (capture(), cudaStreamBeginCaptureToGraph; in
 // graph_builder/detail/capture.hpp). add_host, add_child and add_mem_alloc are defined
-// in graph_builder/detail/builder_nodes.hpp; ConditionalNode is in
+// in graph_builder/detail/builder_nodes.hpp, add_programmatic_dependency in
+// graph_builder/detail/edges.hpp; ConditionalNode is in
 // graph_builder/conditional_node.hpp.
 //
 //   replay::Graph graph = replay::make_graph();
@@ -90,6 +91,12 @@ class GraphBuilder {
   void write_dot(const ::std::filesystem::path& path, DotFlags flags = DotFlags::verbose,
                  ::std::source_location where = ::std::source_location::current()) const {
     view(where).write_dot(path, flags, where);
+  }
+  ::std::vector<GraphEdge> edges(::std::source_location where = ::std::source_location::current()) const {
+    return view(where).edges(where);
+  }
+  ::std::string to_dot(::std::source_location where = ::std::source_location::current()) const {
+    return view(where).to_dot(where);
   }
 
   // ---- nodes ----
@@ -231,6 +238,25 @@ class GraphBuilder {
 #endif
   }
 
+#if CUDART_VERSION >= 12030
+  // A programmatic edge from kernel node `from` to kernel node `to` (CUDA's
+  // edge data): with EdgeKind::programmatic, `to` may start once every block
+  // of `from` has called replay::release_dependent_grids() or exited, and must
+  // call replay::wait_for_prerequisite_grid() before it reads what `from`
+  // writes (pdl.hpp); with EdgeKind::launch_completion, once every block of
+  // `from` has begun. usage_error when either node is not a kernel node, for
+  // another kind (add_dependency makes plain edges), or when the current
+  // device, where the graph will be instantiated, is older than compute
+  // capability 9.0.
+  void add_programmatic_dependency(const Node& from, const Node& to, EdgeKind kind = EdgeKind::programmatic,
+                                   ::std::source_location where = ::std::source_location::current());
+#else
+  template <class N = Node>
+  void add_programmatic_dependency(const N&, const N&, EdgeKind = EdgeKind::programmatic) {
+    static_assert(sizeof(N) == 0, "replay: programmatic edges need CUDA 12.3 or newer (cudaGraphEdgeData)");
+  }
+#endif
+
   // Captures what `work(stream)` issues on `stream` straight into this graph
   // (or body), after `deps` (cudaStreamBeginCaptureToGraph). Returns the new
   // nodes that nothing else among them depends on: depend on those to run
@@ -345,4 +371,5 @@ class GraphBuilder {
 // into the graph, conditional nodes.
 #include "replay/graph_builder/detail/builder_nodes.hpp"
 #include "replay/graph_builder/detail/capture.hpp"
+#include "replay/graph_builder/detail/edges.hpp"
 #include "replay/graph_builder/conditional_node.hpp"

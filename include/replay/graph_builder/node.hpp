@@ -3,8 +3,8 @@
 // Node: a non-owning handle to one node of a graph, valid for as long as the
 // graph holds the node, and usable on every executable graph instantiated from
 // that graph (the node names its counterpart there). Deps: the explicit
-// dependencies of a node being added. LaunchConfig: grid, block and dynamic
-// shared memory of a kernel node.
+// dependencies of a node being added. LaunchConfig (launch_config.hpp): grid,
+// block and dynamic shared memory of a kernel node.
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -18,14 +18,9 @@
 #include "replay/error.hpp"
 #include "replay/graph.hpp"
 #include "replay/graph_exec.hpp"
+#include "replay/launch_config.hpp"
 
 namespace replay {
-
-struct LaunchConfig {
-  ::dim3 grid{1, 1, 1};
-  ::dim3 block{1, 1, 1};
-  unsigned int shared_bytes = 0;
-};
 
 namespace detail {
 
