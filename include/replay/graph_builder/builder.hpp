@@ -92,9 +92,11 @@ class GraphBuilder {
                  ::std::source_location where = ::std::source_location::current()) const {
     view(where).write_dot(path, flags, where);
   }
+  // Every edge with its kind (GraphRef::edges()).
   ::std::vector<GraphEdge> edges(::std::source_location where = ::std::source_location::current()) const {
     return view(where).edges(where);
   }
+  // The graph in DOT, programmatic edges marked (GraphRef::to_dot()).
   ::std::string to_dot(::std::source_location where = ::std::source_location::current()) const {
     return view(where).to_dot(where);
   }
@@ -251,6 +253,7 @@ class GraphBuilder {
   void add_programmatic_dependency(const Node& from, const Node& to, EdgeKind kind = EdgeKind::programmatic,
                                    ::std::source_location where = ::std::source_location::current());
 #else
+  // Programmatic edges need CUDA 12.3's edge data: refused at compile time here.
   template <class N = Node>
   void add_programmatic_dependency(const N&, const N&, EdgeKind = EdgeKind::programmatic) {
     static_assert(sizeof(N) == 0, "replay: programmatic edges need CUDA 12.3 or newer (cudaGraphEdgeData)");
