@@ -77,14 +77,19 @@ struct Chain {
                      n, shift(k), step(k, base));
     }
   }
-  // Built: kernel nodes joined by programmatic or plain edges.
+  // Built: kernel nodes joined by plain edges, by programmatic edges added
+  // after each node (add_programmatic_dependency), or by Deps::programmatic.
+  enum class Edges { plain, programmatic, programmatic_deps };
   std::vector<replay::KernelNode<const float*, const float*, float*, int, int, float>> build(replay::Graph& graph,
                                                                                               float base,
-                                                                                              bool programmatic) {
+                                                                                              Edges edges) {
+    const bool programmatic = edges == Edges::programmatic;
     replay::GraphBuilder builder(graph);
     std::vector<replay::KernelNode<const float*, const float*, float*, int, int, float>> nodes;
     for (int k = 0; k < kStages; ++k) {
-      const replay::Deps deps = (programmatic || k == 0) ? replay::Deps{} : replay::Deps{nodes.back()};
+      const replay::Deps deps = (programmatic || k == 0)          ? replay::Deps{}
+                                : edges == Edges::programmatic_deps ? replay::Deps::programmatic(nodes.back())
+                                                                    : replay::Deps{nodes.back()};
       nodes.push_back(builder.add_kernel(stage_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, deps,
                                          weights.data(), buffers[k].data(), buffers[k + 1].data(), n, shift(k),
                                          step(k, base)));
@@ -183,9 +188,11 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     replay::Graph captured_pdl = replay::capture(
         s, [&](replay::StreamRef c) { chain.launched(c, 1.0F, replay::LaunchAttributes::programmatic()); });
     replay::Graph built_plain = replay::make_graph();
-    (void)chain.build(built_plain, 1.0F, false);
+    (void)chain.build(built_plain, 1.0F, Chain::Edges::plain);
     replay::Graph built_pdl = replay::make_graph();
-    (void)chain.build(built_pdl, 1.0F, true);
+    (void)chain.build(built_pdl, 1.0F, Chain::Edges::programmatic);
+    replay::Graph built_pdl_deps = replay::make_graph();
+    (void)chain.build(built_pdl_deps, 1.0F, Chain::Edges::programmatic_deps);
 
     CHECK(captured_plain.count_edges(replay::EdgeKind::programmatic) == 0);
     CHECK(captured_pdl.count_edges(replay::EdgeKind::programmatic) == kStages - 1);
@@ -193,11 +200,14 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(built_plain.count_edges(replay::EdgeKind::plain) == kStages - 1);
     CHECK(built_pdl.count_edges(replay::EdgeKind::programmatic) == kStages - 1);
     CHECK(built_pdl.edges().size() == static_cast<std::size_t>(kStages - 1));
+    CHECK(built_pdl_deps.count_edges(replay::EdgeKind::programmatic) == kStages - 1);
+    CHECK(built_pdl_deps.edges().size() == static_cast<std::size_t>(kStages - 1));
 
     CHECK(run(captured_plain) == want);
     CHECK(run(captured_pdl) == want);
     CHECK(run(built_plain) == want);
     CHECK(run(built_pdl) == want);
+    CHECK(run(built_pdl_deps) == want);
   }
 
   TEST_CASE("a launch-completion edge is built, listed and drawn") {
@@ -239,12 +249,12 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
                replay_test::random_floats(static_cast<std::size_t>(n)), s);
 
     replay::Graph first = replay::make_graph();
-    auto nodes = chain.build(first, 1.0F, true);
+    auto nodes = chain.build(first, 1.0F, Chain::Edges::programmatic);
     replay::GraphExec exec(first);
 
     // The same topology, programmatic edges and all, with other steps: in place.
     replay::Graph second = replay::make_graph();
-    (void)chain.build(second, 5.0F, true);
+    (void)chain.build(second, 5.0F, Chain::Edges::programmatic_deps);
     const replay::UpdateResult result = exec.update(second);
     CHECK(result.in_place());
     CHECK(second.count_edges(replay::EdgeKind::programmatic) == kStages - 1);
@@ -291,7 +301,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     replay::Graph captured = replay::capture(
         s, [&](replay::StreamRef c) { chain.launched(c, 0.5F, replay::LaunchAttributes::programmatic()); });
     replay::Graph built = replay::make_graph();
-    (void)chain.build(built, 0.5F, true);
+    (void)chain.build(built, 0.5F, Chain::Edges::programmatic);
     replay::GraphExec captured_exec(captured);
     replay::GraphExec built_exec(built);
     int mismatches = 0;
@@ -333,6 +343,17 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
               .find("add_dependency") != std::string::npos);
     CHECK(message([&] { builder.add_programmatic_dependency(replay::Node{}, other); }).find("empty node handle") !=
           std::string::npos);
+    // Deps::programmatic: only from kernel nodes, only to a kernel node.
+    const std::size_t nodes_before = builder.node_count();
+    CHECK(message([&] {
+            (void)builder.add_kernel(fill_kernel, dim3(1), dim3(32), 0, replay::Deps::programmatic(memset), x.data(), 32,
+                                     3.0F);
+          }).find("upstream node (memset node)") != std::string::npos);
+    CHECK(builder.node_count() == nodes_before);  // refused before the node was added
+    CHECK(message([&] { (void)builder.add_fill(std::span<float>(x.data(), 32), 1.0F, replay::Deps::programmatic(kernel)); })
+              .find("lead only to a kernel node") != std::string::npos);
+    CHECK(message([&] { (void)builder.capture(s, [](replay::StreamRef) {}, replay::Deps::programmatic(kernel)); })
+              .find("lead only to a kernel node") != std::string::npos);
     CHECK(builder.edges().empty());  // nothing was added
     // A cluster that does not divide the grid, before CUDA sees it.
     CHECK(message([&] {
@@ -356,7 +377,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     s.synchronize();
   }
 
-  TEST_CASE("launch with priority and no attributes runs the kernel") {
+  TEST_CASE("launch with a priority, with clusters and with no attributes runs the kernel") {
     replay::Stream s;
     replay::DeviceBuffer<float> x(100);
     replay::launch(s, {dim3(1), dim3(128), 0, replay::LaunchAttributes{}.with_priority(-1)}, fill_kernel, x.data(),
@@ -369,5 +390,12 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     x.copy_to(std::span<float>(out), s);
     s.synchronize();
     CHECK(out == std::vector<float>(100, 6.0F));
+    if (device_has_pdl()) {  // clusters of 2 blocks over a grid of 4
+      replay::launch(s, {dim3(4), dim3(32), 0, replay::LaunchAttributes{}.with_cluster_dims(dim3(2))}, fill_kernel,
+                     x.data(), 100, 8.0F);
+      x.copy_to(std::span<float>(out), s);
+      s.synchronize();
+      CHECK(out == std::vector<float>(100, 8.0F));
+    }
   }
 }

@@ -111,7 +111,8 @@ class GraphBuilder {
 
   // A kernel node launching kernel<<<grid, block, shared_bytes>>>(args...).
   // The arguments are checked against the kernel's parameters at compile time
-  // and copied into the node.
+  // and copied into the node. With Deps::programmatic(...) the edges from the
+  // dependencies are programmatic (see add_programmatic_dependency).
   template <class... Params, class... Args>
   KernelNode<Params...> add_kernel(void (*kernel)(Params...), ::dim3 grid, ::dim3 block, unsigned int shared_bytes,
                                    const Deps& deps, Args&&... args) {
@@ -127,11 +128,19 @@ class GraphBuilder {
     }
     detail::validate_launch(config, "add_kernel", where);
     prepare(NodeType::kernel, deps, "add_kernel", where);
+    const bool programmatic = deps.kind() != EdgeKind::plain;
+    if (programmatic) {
+      refuse_programmatic(deps, "add_kernel", where);
+    }
     detail::KernelArgPack<Params...> pack(::std::forward<Args>(args)...);
     const ::cudaKernelNodeParams params = detail::kernel_node_params(kernel, config, pack);
     ::cudaGraphNode_t node = nullptr;
-    check(::cudaGraphAddKernelNode(&node, graph_, deps.data(), deps.size(), &params), "cudaGraphAddKernelNode",
-          where);
+    check(::cudaGraphAddKernelNode(&node, graph_, programmatic ? nullptr : deps.data(), programmatic ? 0 : deps.size(),
+                                   &params),
+          "cudaGraphAddKernelNode", where);
+    if (programmatic) {
+      add_edges_or_remove(deps, node, where);
+    }
     return KernelNode<Params...>(node, kernel, config);
   }
 
@@ -249,7 +258,8 @@ class GraphBuilder {
   // `from` has begun. usage_error when either node is not a kernel node, for
   // another kind (add_dependency makes plain edges), or when the current
   // device, where the graph will be instantiated, is older than compute
-  // capability 9.0.
+  // capability 9.0. add_kernel(..., Deps::programmatic(from), ...) adds the
+  // kernel and its programmatic edges in one call.
   void add_programmatic_dependency(const Node& from, const Node& to, EdgeKind kind = EdgeKind::programmatic,
                                    ::std::source_location where = ::std::source_location::current());
 #else
@@ -324,7 +334,7 @@ class GraphBuilder {
 
   void prepare(NodeType type, const Deps& deps, const char* adding, const ::std::source_location& where) const {
     (void)handle(where);
-    deps.validate(adding, where);
+    deps.validate(adding, where, type == NodeType::kernel);
     if (body_ && !detail::allowed_in_conditional_body(type)) {
       throw usage_error(::std::string(adding) + ": " + detail::conditional_body_rule + "; cannot add a " +
                             ::std::string(to_string(type)) + " node",
@@ -358,6 +368,12 @@ class GraphBuilder {
       (void)::cudaGetLastError();
     }
   }
+
+  // Programmatic dependencies of a new kernel node (graph_builder/detail/edges.hpp):
+  // refused for non-kernel nodes and older devices, before the node is added;
+  // the edges, the node removed again when CUDA refuses one.
+  void refuse_programmatic(const Deps& deps, const char* adding, const ::std::source_location& where) const;
+  void add_edges_or_remove(const Deps& deps, ::cudaGraphNode_t node, const ::std::source_location& where) const;
 
 #if CUDART_VERSION >= 12040
   ConditionalNode add_conditional(ConditionalKind kind, ConditionalHandle condition, unsigned int bodies,
