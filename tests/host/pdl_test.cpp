@@ -7,8 +7,9 @@
 #include <source_location>
 #include <string>
 
-#include "replay/launch.hpp"
 #include "replay/graph.hpp"
+#include "replay/graph_builder.hpp"
+#include "replay/launch.hpp"
 #include "replay/pdl.hpp"
 
 namespace {
@@ -119,6 +120,24 @@ TEST_SUITE("host") {
   }
 
 #if CUDART_VERSION >= 12030
+  TEST_CASE("Deps::programmatic carries its kind and leads only to a kernel node") {
+    // A node handle that is never passed to CUDA: validate() looks only at the handles and the kind.
+    const replay::Node node = replay::Node::from_native_handle(reinterpret_cast<cudaGraphNode_t>(0x1000));
+    const replay::Deps plain{node};
+    CHECK(plain.kind() == replay::EdgeKind::plain);
+    const replay::Deps programmatic = replay::Deps::programmatic(node);
+    CHECK(programmatic.kind() == replay::EdgeKind::programmatic);
+    CHECK(programmatic.size() == 1);
+    CHECK(replay::Deps::programmatic({node, node}, replay::EdgeKind::launch_completion).kind() ==
+          replay::EdgeKind::launch_completion);
+    const auto here = std::source_location::current();
+    CHECK_NOTHROW(programmatic.validate("add_kernel", here, true));
+    CHECK(contains(usage_message([&] { programmatic.validate("add_fill", here); }), "lead only to a kernel node"));
+    CHECK(contains(usage_message([&] { replay::Deps::programmatic(replay::Node{}).validate("add_kernel", here, true); }),
+                   "empty node handle"));
+    CHECK_NOTHROW(plain.validate("add_fill", here));
+  }
+
   TEST_CASE("edge kinds map to CUDA's edge data and back") {
     for (const replay::EdgeKind kind :
          {replay::EdgeKind::plain, replay::EdgeKind::programmatic, replay::EdgeKind::launch_completion}) {
