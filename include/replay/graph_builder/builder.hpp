@@ -123,9 +123,7 @@ class GraphBuilder {
                                    Args&&... args) {
     detail::kernel_arguments_check<Params...>::template check<Args...>();  // names a mismatched argument
     const ::std::source_location& where = deps.where();
-    if (kernel == nullptr) {
-      throw usage_error("add_kernel: the kernel is a null function pointer", where);
-    }
+    detail::refuse_null_kernel(kernel, "add_kernel", where);
     detail::validate_launch(config, "add_kernel", where);
     prepare(NodeType::kernel, deps, "add_kernel", where);
     const bool programmatic = deps.kind() != EdgeKind::plain;
