@@ -1,7 +1,7 @@
 #pragma once
 // GraphRef: a view of a cudaGraph_t, with the inspection a user needs to trust
-// a capture: node counts by type, the names of the kernels inside, a DOT dump,
-// and clone(). Graph: the owning, move-only form, empty until made.
+// a capture: node counts by type, the names of the kernels inside, the edges
+// with their kinds (graph_edge.hpp), DOT dumps, and clone(). Graph: the owning, move-only form, empty until made.
 #include <replay/detail/require_cxx20.hpp>
 
 #include <cuda_runtime_api.h>
@@ -27,6 +27,7 @@
 #include "replay/detail/unique_handle.hpp"
 #include "replay/error.hpp"
 #include "replay/flags.hpp"
+#include "replay/graph_edge.hpp"
 
 namespace replay {
 
@@ -208,6 +209,66 @@ class GraphRef {
     return n;
   }
 
+  // Every edge, with its kind (programmatic edges included; before CUDA 12.3,
+  // which has no edge data, every edge is plain).
+  ::std::vector<GraphEdge> edges(::std::source_location where = ::std::source_location::current()) const {
+    ::std::size_t count = 0;
+    check(get_edges(handle(where), nullptr, nullptr, nullptr, &count), "cudaGraphGetEdges", where);
+    ::std::vector<::cudaGraphNode_t> from(count);
+    ::std::vector<::cudaGraphNode_t> to(count);
+    ::std::vector<GraphEdge> out;
+    if (count == 0) {
+      return out;
+    }
+#if CUDART_VERSION >= 12030
+    ::std::vector<::cudaGraphEdgeData> data(count);
+    check(get_edges(graph_, from.data(), to.data(), data.data(), &count), "cudaGraphGetEdges", where);
+#else
+    check(get_edges(graph_, from.data(), to.data(), nullptr, &count), "cudaGraphGetEdges", where);
+#endif
+    out.reserve(count);
+    for (::std::size_t i = 0; i < count; ++i) {
+#if CUDART_VERSION >= 12030
+      out.push_back(GraphEdge{from[i], to[i], detail::edge_kind(data[i])});
+#else
+      out.push_back(GraphEdge{from[i], to[i], EdgeKind::plain});
+#endif
+    }
+    return out;
+  }
+  // The edges of one kind.
+  ::std::size_t count_edges(EdgeKind kind, ::std::source_location where = ::std::source_location::current()) const {
+    ::std::size_t n = 0;
+    for (const GraphEdge& edge : edges(where)) {
+      n += edge.kind == kind ? 1 : 0;
+    }
+    return n;
+  }
+
+  // The graph in Graphviz DOT, as replay draws it: one box per node (its type,
+  // and a kernel's name), one arrow per edge; programmatic and
+  // launch-completion edges dashed and labelled. write_dot() is CUDA's own
+  // printer, with every node's parameters, which does not mark edge kinds.
+  ::std::string to_dot(::std::source_location where = ::std::source_location::current()) const {
+    const ::std::vector<::cudaGraphNode_t> all = nodes(where);
+    const auto id = [&](::cudaGraphNode_t node) {
+      for (::std::size_t i = 0; i < all.size(); ++i) {
+        if (all[i] == node) {
+          return i;
+        }
+      }
+      return all.size();
+    };
+    ::std::string out = "digraph replay_graph {\n  node [shape=box];\n";
+    for (::std::size_t i = 0; i < all.size(); ++i) {
+      out += detail::concat("  n", i, " [label=\"", detail::dot_escaped(describe_node(all[i])), "\"];\n");
+    }
+    for (const GraphEdge& edge : edges(where)) {
+      out += detail::concat("  n", id(edge.from), " -> n", id(edge.to), detail::dot_edge_style(edge.kind), ";\n");
+    }
+    return out + "}\n";
+  }
+
   // Writes the graph in Graphviz DOT (cudaGraphDebugDotPrint).
   void write_dot(const ::std::filesystem::path& path, DotFlags flags = DotFlags::verbose,
                  ::std::source_location where = ::std::source_location::current()) const {
@@ -221,6 +282,18 @@ class GraphRef {
   friend constexpr bool operator==(GraphRef a, GraphRef b) noexcept { return a.graph_ == b.graph_; }
 
  private:
+  // cudaGraphGetEdges with edge data where the runtime has it (CUDA 13's
+  // signature; cudaGraphGetEdges_v2 in CUDA 12.3 to 12.9).
+  static ::cudaError_t get_edges(::cudaGraph_t graph, ::cudaGraphNode_t* from, ::cudaGraphNode_t* to,
+                                 [[maybe_unused]] void* data, ::std::size_t* count) noexcept {
+#if CUDART_VERSION >= 13000
+    return ::cudaGraphGetEdges(graph, from, to, static_cast<::cudaGraphEdgeData*>(data), count);
+#elif CUDART_VERSION >= 12030
+    return ::cudaGraphGetEdges_v2(graph, from, to, static_cast<::cudaGraphEdgeData*>(data), count);
+#else
+    return ::cudaGraphGetEdges(graph, from, to, count);
+#endif
+  }
   [[noreturn, gnu::cold, gnu::noinline]] static void throw_empty(const ::std::source_location& where) {
     throw usage_error("Graph used after move (or after release()), or empty (default-constructed); make one with "
                       "Graph::create() or replay::capture()",

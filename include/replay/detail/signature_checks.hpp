@@ -102,12 +102,12 @@ consteval void check_pipeline_compute() {
   }
 }
 
-// GraphBuilder::add_kernel's arguments against the kernel's parameters, one
-// at a time, so that the failing one is named (Index counts from 0).
+// The kernel arguments of GraphBuilder::add_kernel and replay::launch against
+// the kernel's parameters, one at a time, so that the failing one is named (Index counts from 0).
 template <::std::size_t Index, class Param, class Arg>
 consteval void check_kernel_argument() {
   static_assert(::std::convertible_to<Arg, ::std::decay_t<Param>>,
-                "replay: add_kernel: a kernel argument does not convert to the kernel's parameter type (the "
+                "replay: launch, add_kernel: a kernel argument does not convert to the kernel's parameter type (the "
                 "instantiation context names Index, Param and Arg; a pointer to const, or to another type, does "
                 "not convert to a pointer parameter)");
 }
@@ -116,7 +116,7 @@ struct kernel_arguments_check {
   template <class... Args>
   static consteval void check() {
     static_assert(sizeof...(Args) == sizeof...(Params),
-                  "replay: add_kernel: the number of kernel arguments differs from the number of the kernel's "
+                  "replay: launch, add_kernel: the number of kernel arguments differs from the number of the kernel's "
                   "parameters (the instantiation context names Params and Args)");
     if constexpr (sizeof...(Args) == sizeof...(Params)) {
       []<::std::size_t... I>(::std::index_sequence<I...>) {

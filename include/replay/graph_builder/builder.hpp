@@ -7,7 +7,8 @@
 // ways: a captured Graph as a child node (add_child), or capture straight
 // into this graph or body (capture(), cudaStreamBeginCaptureToGraph; in
 // graph_builder/detail/capture.hpp). add_host, add_child and add_mem_alloc are defined
-// in graph_builder/detail/builder_nodes.hpp; ConditionalNode is in
+// in graph_builder/detail/builder_nodes.hpp, add_programmatic_dependency in
+// graph_builder/detail/edges.hpp; ConditionalNode is in
 // graph_builder/conditional_node.hpp.
 //
 //   replay::Graph graph = replay::make_graph();
@@ -91,6 +92,14 @@ class GraphBuilder {
                  ::std::source_location where = ::std::source_location::current()) const {
     view(where).write_dot(path, flags, where);
   }
+  // Every edge with its kind (GraphRef::edges()).
+  ::std::vector<GraphEdge> edges(::std::source_location where = ::std::source_location::current()) const {
+    return view(where).edges(where);
+  }
+  // The graph in DOT, programmatic edges marked (GraphRef::to_dot()).
+  ::std::string to_dot(::std::source_location where = ::std::source_location::current()) const {
+    return view(where).to_dot(where);
+  }
 
   // ---- nodes ----
   Node add_empty(const Deps& deps = {}, ::std::source_location where = ::std::source_location::current()) {
@@ -102,7 +111,8 @@ class GraphBuilder {
 
   // A kernel node launching kernel<<<grid, block, shared_bytes>>>(args...).
   // The arguments are checked against the kernel's parameters at compile time
-  // and copied into the node.
+  // and copied into the node. With Deps::programmatic(...) the edges from the
+  // dependencies are programmatic (see add_programmatic_dependency).
   template <class... Params, class... Args>
   KernelNode<Params...> add_kernel(void (*kernel)(Params...), ::dim3 grid, ::dim3 block, unsigned int shared_bytes,
                                    const Deps& deps, Args&&... args) {
@@ -113,16 +123,22 @@ class GraphBuilder {
                                    Args&&... args) {
     detail::kernel_arguments_check<Params...>::template check<Args...>();  // names a mismatched argument
     const ::std::source_location& where = deps.where();
-    if (kernel == nullptr) {
-      throw usage_error("add_kernel: the kernel is a null function pointer", where);
-    }
+    detail::refuse_null_kernel(kernel, "add_kernel", where);
     detail::validate_launch(config, "add_kernel", where);
     prepare(NodeType::kernel, deps, "add_kernel", where);
+    const bool programmatic = deps.kind() != EdgeKind::plain;
+    if (programmatic) {
+      refuse_programmatic(deps, "add_kernel", where);
+    }
     detail::KernelArgPack<Params...> pack(::std::forward<Args>(args)...);
     const ::cudaKernelNodeParams params = detail::kernel_node_params(kernel, config, pack);
     ::cudaGraphNode_t node = nullptr;
-    check(::cudaGraphAddKernelNode(&node, graph_, deps.data(), deps.size(), &params), "cudaGraphAddKernelNode",
-          where);
+    check(::cudaGraphAddKernelNode(&node, graph_, programmatic ? nullptr : deps.data(), programmatic ? 0 : deps.size(),
+                                   &params),
+          "cudaGraphAddKernelNode", where);
+    if (programmatic) {
+      add_edges_or_remove(deps, node, where);
+    }
     return KernelNode<Params...>(node, kernel, config);
   }
 
@@ -231,6 +247,27 @@ class GraphBuilder {
 #endif
   }
 
+#if CUDART_VERSION >= 12030
+  // A programmatic edge from kernel node `from` to kernel node `to` (CUDA's
+  // edge data): with EdgeKind::programmatic, `to` may start once every block
+  // of `from` has called replay::release_dependent_grids() or exited, and must
+  // call replay::wait_for_prerequisite_grid() before it reads what `from`
+  // writes (pdl.hpp); with EdgeKind::launch_completion, once every block of
+  // `from` has begun. usage_error when either node is not a kernel node, for
+  // another kind (add_dependency makes plain edges), or when the current
+  // device, where the graph will be instantiated, is older than compute
+  // capability 9.0. add_kernel(..., Deps::programmatic(from), ...) adds the
+  // kernel and its programmatic edges in one call.
+  void add_programmatic_dependency(const Node& from, const Node& to, EdgeKind kind = EdgeKind::programmatic,
+                                   ::std::source_location where = ::std::source_location::current());
+#else
+  // Programmatic edges need CUDA 12.3's edge data: refused at compile time here.
+  template <class N = Node>
+  void add_programmatic_dependency(const N&, const N&, EdgeKind = EdgeKind::programmatic) {
+    static_assert(sizeof(N) == 0, "replay: programmatic edges need CUDA 12.3 or newer (cudaGraphEdgeData)");
+  }
+#endif
+
   // Captures what `work(stream)` issues on `stream` straight into this graph
   // (or body), after `deps` (cudaStreamBeginCaptureToGraph). Returns the new
   // nodes that nothing else among them depends on: depend on those to run
@@ -295,7 +332,7 @@ class GraphBuilder {
 
   void prepare(NodeType type, const Deps& deps, const char* adding, const ::std::source_location& where) const {
     (void)handle(where);
-    deps.validate(adding, where);
+    deps.validate(adding, where, type == NodeType::kernel);
     if (body_ && !detail::allowed_in_conditional_body(type)) {
       throw usage_error(::std::string(adding) + ": " + detail::conditional_body_rule + "; cannot add a " +
                             ::std::string(to_string(type)) + " node",
@@ -330,6 +367,12 @@ class GraphBuilder {
     }
   }
 
+  // Programmatic dependencies of a new kernel node (graph_builder/detail/edges.hpp):
+  // refused for non-kernel nodes and older devices, before the node is added;
+  // the edges, the node removed again when CUDA refuses one.
+  void refuse_programmatic(const Deps& deps, const char* adding, const ::std::source_location& where) const;
+  void add_edges_or_remove(const Deps& deps, ::cudaGraphNode_t node, const ::std::source_location& where) const;
+
 #if CUDART_VERSION >= 12040
   ConditionalNode add_conditional(ConditionalKind kind, ConditionalHandle condition, unsigned int bodies,
                                   const Deps& deps, const ::std::source_location& where);
@@ -345,4 +388,5 @@ class GraphBuilder {
 // into the graph, conditional nodes.
 #include "replay/graph_builder/detail/builder_nodes.hpp"
 #include "replay/graph_builder/detail/capture.hpp"
+#include "replay/graph_builder/detail/edges.hpp"
 #include "replay/graph_builder/conditional_node.hpp"

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "replay/detail/kernel_args.hpp"
 #include "replay/error.hpp"
 #include "replay/graph.hpp"
 #include "replay/graph_builder/node.hpp"
@@ -22,58 +23,7 @@
 
 namespace replay {
 
-// True when `Args...` can be passed to a kernel taking `Params...`.
-template <class... Params>
-struct kernel_signature {
- private:
-  template <class... Args>
-  static constexpr bool convertible() noexcept {
-    if constexpr (sizeof...(Args) != sizeof...(Params)) {
-      return false;
-    } else {
-      return (::std::convertible_to<Args, ::std::decay_t<Params>> && ...);
-    }
-  }
-
- public:
-  template <class... Args>
-  static constexpr bool accepts = convertible<Args...>();
-};
 namespace detail {
-template <class Kernel, class... Args>
-struct kernel_accepts : ::std::false_type {};
-template <class... Params, class... Args>
-struct kernel_accepts<void (*)(Params...), Args...>
-    : ::std::bool_constant<kernel_signature<Params...>::template accepts<Args...>> {};
-}  // namespace detail
-// A kernel pointer `Kernel` (void(*)(Params...)) accepts arguments `Args...`.
-template <class Kernel, class... Args>
-concept kernel_arguments_for = detail::kernel_accepts<::std::decay_t<Kernel>, Args...>::value;
-
-namespace detail {
-
-// The arguments converted to the kernel's parameter types, and the array of
-// pointers to them that CUDA copies from. Lives for one call.
-template <class... Params>
-struct KernelArgPack {
-  ::std::tuple<::std::decay_t<Params>...> values;
-  void* pointers[sizeof...(Params) == 0 ? 1 : sizeof...(Params)];
-
-  template <class... Args>
-  explicit KernelArgPack(Args&&... args) : values(static_cast<::std::decay_t<Params>>(::std::forward<Args>(args))...) {
-    fill(::std::index_sequence_for<Params...>{});
-  }
-  KernelArgPack(const KernelArgPack&) = delete;
-  KernelArgPack& operator=(const KernelArgPack&) = delete;
-
-  void** data() noexcept { return sizeof...(Params) == 0 ? nullptr : pointers; }
-
- private:
-  template <::std::size_t... I>
-  void fill(::std::index_sequence<I...>) noexcept {
-    ((pointers[I] = static_cast<void*>(&::std::get<I>(values))), ...);
-  }
-};
 
 template <class... Params>
 ::cudaKernelNodeParams kernel_node_params(void (*kernel)(Params...), const LaunchConfig& config,
@@ -89,10 +39,7 @@ template <class... Params>
 }
 
 inline void validate_launch(const LaunchConfig& config, const char* what, const ::std::source_location& where) {
-  const auto zero = [](const ::dim3& d) { return d.x == 0 || d.y == 0 || d.z == 0; };
-  if (zero(config.grid) || zero(config.block)) {
-    throw usage_error(::std::string(what) + ": grid and block dimensions must all be at least 1", where);
-  }
+  validate_dimensions(config.grid, config.block, what, where);
 }
 
 }  // namespace detail

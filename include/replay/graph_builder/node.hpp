@@ -3,8 +3,8 @@
 // Node: a non-owning handle to one node of a graph, valid for as long as the
 // graph holds the node, and usable on every executable graph instantiated from
 // that graph (the node names its counterpart there). Deps: the explicit
-// dependencies of a node being added. LaunchConfig: grid, block and dynamic
-// shared memory of a kernel node.
+// dependencies of a node being added. LaunchConfig (launch_config.hpp): grid,
+// block and dynamic shared memory of a kernel node.
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -18,14 +18,9 @@
 #include "replay/error.hpp"
 #include "replay/graph.hpp"
 #include "replay/graph_exec.hpp"
+#include "replay/launch_config.hpp"
 
 namespace replay {
-
-struct LaunchConfig {
-  ::dim3 grid{1, 1, 1};
-  ::dim3 block{1, 1, 1};
-  unsigned int shared_bytes = 0;
-};
 
 namespace detail {
 
@@ -131,18 +126,48 @@ class Deps {
     append(::std::span<const Node>(nodes));
   }
 
+#if CUDART_VERSION >= 12030
+  // Dependencies by programmatic edges (`kind`: EdgeKind::programmatic or
+  // EdgeKind::launch_completion), for GraphBuilder::add_kernel only: the new
+  // kernel may start before these kernel nodes finish, and waits for them with
+  // replay::wait_for_prerequisite_grid() (pdl.hpp). As
+  // GraphBuilder::add_programmatic_dependency from each of them.
+  [[nodiscard]] static Deps programmatic(const Node& node, EdgeKind kind = EdgeKind::programmatic,
+                                         ::std::source_location where = ::std::source_location::current()) {
+    Deps deps(node, where);
+    deps.kind_ = kind;
+    return deps;
+  }
+  // The same from several kernel nodes.
+  [[nodiscard]] static Deps programmatic(::std::initializer_list<Node> nodes, EdgeKind kind = EdgeKind::programmatic,
+                                         ::std::source_location where = ::std::source_location::current()) {
+    Deps deps(nodes, where);
+    deps.kind_ = kind;
+    return deps;
+  }
+#endif
+
   const ::std::source_location& where() const noexcept { return where_; }
+  // What the edges from these nodes wait for: EdgeKind::plain unless made by Deps::programmatic().
+  EdgeKind kind() const noexcept { return kind_; }
 
   const ::cudaGraphNode_t* data() const noexcept { return nodes_.empty() ? nullptr : nodes_.data(); }
   ::std::size_t size() const noexcept { return nodes_.size(); }
   bool empty() const noexcept { return nodes_.empty(); }
 
-  // usage_error for an empty handle in the list, before CUDA sees it.
-  void validate(const char* adding, const ::std::source_location& where) const {
+  // usage_error for an empty handle in the list, and for programmatic
+  // dependencies of anything but a kernel node (`to_kernel`), before CUDA sees them.
+  void validate(const char* adding, const ::std::source_location& where, bool to_kernel = false) const {
     for (::cudaGraphNode_t node : nodes_) {
       if (node == nullptr) {
         throw usage_error(::std::string(adding) + ": a dependency is an empty node handle", where);
       }
+    }
+    if (kind_ != EdgeKind::plain && !to_kernel) {
+      throw usage_error(::std::string(adding) +
+                            ": programmatic dependencies (Deps::programmatic) lead only to a kernel node "
+                            "(add_kernel); give plain dependencies here",
+                        where);
     }
   }
 
@@ -156,6 +181,7 @@ class Deps {
   }
   ::std::vector<::cudaGraphNode_t> nodes_;
   ::std::source_location where_;
+  EdgeKind kind_ = EdgeKind::plain;
 };
 
 }  // namespace replay

@@ -36,17 +36,6 @@ inline ::std::string region_value_text(::std::string_view bytes) {
   return out;
 }
 
-inline ::std::string dot_escaped(::std::string_view text) {
-  ::std::string out;
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-    }
-    out += c;
-  }
-  return out;
-}
-
 inline void append_dot(const PiecewiseNode& node, ::std::size_t& next_id, ::std::string& out) {
   const ::std::size_t id = next_id++;
   ::std::size_t nodes = 0;

@@ -1,0 +1,401 @@
+// Programmatic dependent launch: replay::launch with attributes, captured into
+// programmatic edges; GraphBuilder's programmatic edges; edge inspection and
+// DOT; updates that keep the edges; a chain whose kernels read their
+// predecessor's output only after the wait, against eager over many replays;
+// and the refusals.
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "gpu_suite.hpp"
+#include "replay/replay.hpp"
+
+namespace {
+
+constexpr int kStages = 8;
+constexpr int kThreads = 256;
+
+// out[i] = in[(i + shift) % n] * weights[i] + step. The weights are no
+// kernel's output, so they are read before the wait; `in` is the previous
+// stage's output, read after it, from another block's part (shift).
+__global__ void stage_kernel(const float* weights, const float* in, float* out, int n, int shift, float step) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  const float w = i < n ? weights[i] : 0.0F;
+  replay::wait_for_prerequisite_grid();
+  replay::release_dependent_grids();
+  if (i < n) {
+    out[i] = in[(i + shift) % n] * w + step;
+  }
+}
+
+__global__ void fill_kernel(float* out, int n, float value) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) {
+    out[i] = value;
+  }
+}
+
+int blocks_for(int n) { return (n + kThreads - 1) / kThreads; }
+
+bool device_has_pdl() {
+  int device = 0;
+  int major = 0;
+  replay::check(cudaGetDevice(&device), "cudaGetDevice");
+  replay::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  return major >= 9;
+}
+
+// A chain of kStages stage kernels over buffers[0] (input) .. buffers[kStages] (output).
+struct Chain {
+  explicit Chain(int elements) : n(elements), weights(static_cast<std::size_t>(elements)) {
+    for (int b = 0; b <= kStages; ++b) {
+      buffers.emplace_back(static_cast<std::size_t>(elements));
+    }
+  }
+  int n;
+  replay::DeviceBuffer<float> weights;
+  std::vector<replay::DeviceBuffer<float>> buffers;
+
+  float step(int stage, float base) const { return base + 0.25F * static_cast<float>(stage); }
+  int shift(int stage) const { return (stage * 97 + 31) % n; }
+
+  // Eager: plain <<<>>> launches, no attribute.
+  void eager(replay::StreamRef s, float base) {
+    for (int k = 0; k < kStages; ++k) {
+      stage_kernel<<<blocks_for(n), kThreads, 0, s.get()>>>(weights.data(), buffers[k].data(), buffers[k + 1].data(),
+                                                            n, shift(k), step(k, base));
+    }
+    replay::check_last_launch();
+  }
+  // Through replay::launch, with or without programmatic serialization.
+  void launched(replay::StreamRef s, float base, const replay::LaunchAttributes& attributes) {
+    const replay::LaunchConfig config{dim3(blocks_for(n)), dim3(kThreads), 0};
+    for (int k = 0; k < kStages; ++k) {
+      replay::launch(s, {config, attributes}, stage_kernel, weights.data(), buffers[k].data(), buffers[k + 1].data(),
+                     n, shift(k), step(k, base));
+    }
+  }
+  // Built: kernel nodes joined by plain edges, by programmatic edges added
+  // after each node (add_programmatic_dependency), or by Deps::programmatic.
+  enum class Edges { plain, programmatic, programmatic_deps };
+  std::vector<replay::KernelNode<const float*, const float*, float*, int, int, float>> build(replay::Graph& graph,
+                                                                                              float base,
+                                                                                              Edges edges) {
+    const bool programmatic = edges == Edges::programmatic;
+    replay::GraphBuilder builder(graph);
+    std::vector<replay::KernelNode<const float*, const float*, float*, int, int, float>> nodes;
+    for (int k = 0; k < kStages; ++k) {
+      const replay::Deps deps = (programmatic || k == 0)          ? replay::Deps{}
+                                : edges == Edges::programmatic_deps ? replay::Deps::programmatic(nodes.back())
+                                                                    : replay::Deps{nodes.back()};
+      nodes.push_back(builder.add_kernel(stage_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, deps,
+                                         weights.data(), buffers[k].data(), buffers[k + 1].data(), n, shift(k),
+                                         step(k, base)));
+      if (programmatic && k > 0) {
+        builder.add_programmatic_dependency(nodes[nodes.size() - 2], nodes.back());
+      }
+    }
+    return nodes;
+  }
+
+  void load(const std::vector<float>& input, const std::vector<float>& w, replay::StreamRef s) {
+    buffers[0].copy_from(std::span<const float>(input), s);
+    weights.copy_from(std::span<const float>(w), s);
+  }
+  // Every stage's output set to a value no stage computes, so that a stage
+  // reading its input before the previous stage wrote it is seen.
+  void poison(replay::StreamRef s) {
+    for (int b = 1; b <= kStages; ++b) {
+      buffers[b].fill(-3.0e30F, s);
+    }
+  }
+  std::vector<float> output(replay::StreamRef s) const {
+    std::vector<float> out(static_cast<std::size_t>(n), -1.0F);
+    buffers[kStages].copy_to(std::span<float>(out), s);
+    s.synchronize();
+    return out;
+  }
+};
+
+// The eager chain's output for `input`.
+std::vector<float> eager_output(Chain& chain, replay::StreamRef s, float base) {
+  chain.eager(s, base);
+  return chain.output(s);
+}
+
+}  // namespace
+
+TEST_SUITE("gpu" * replay_test::needs_device()) {
+  TEST_CASE("two programmatic launches captured make one programmatic edge") {
+    if (!device_has_pdl()) {
+      replay::Stream s;
+      replay::DeviceBuffer<float> x(16);
+      CHECK_THROWS_AS(replay::launch(s, {{dim3(1), dim3(16)}, replay::LaunchAttributes::programmatic()}, fill_kernel,
+                                     x.data(), 16, 1.0F),
+                      replay::usage_error);
+      return;
+    }
+    replay::Stream s;
+    replay::DeviceBuffer<float> x(64);
+    replay::DeviceBuffer<float> y(64);
+    const auto pdl = replay::LaunchAttributes::programmatic();
+    replay::Graph graph = replay::capture(s, [&](replay::StreamRef c) {
+      replay::launch(c, {dim3(1), dim3(64), 0, pdl}, fill_kernel, x.data(), 64, 2.0F);
+      replay::launch(c, {dim3(1), dim3(64), 0, pdl}, fill_kernel, y.data(), 64, 3.0F);
+    });
+    const std::vector<replay::GraphEdge> edges = graph.edges();
+    REQUIRE(edges.size() == 1);
+    CHECK(edges[0].kind == replay::EdgeKind::programmatic);
+    CHECK(edges[0].from != edges[0].to);
+    CHECK(replay::describe_node(edges[0].from).find("fill_kernel") != std::string::npos);
+    CHECK(graph.count_edges(replay::EdgeKind::programmatic) == 1);
+    const std::string dot = graph.to_dot();
+    CHECK(dot.find("style=dashed") != std::string::npos);
+    CHECK(dot.find("programmatic") != std::string::npos);
+
+    // Without the attribute the same capture has a plain edge.
+    replay::Graph plain = replay::capture(s, [&](replay::StreamRef c) {
+      replay::launch(c, {dim3(1), dim3(64)}, fill_kernel, x.data(), 64, 2.0F);
+      replay::launch(c, {dim3(1), dim3(64)}, fill_kernel, y.data(), 64, 3.0F);
+    });
+    REQUIRE(plain.edges().size() == 1);
+    CHECK(plain.edges()[0].kind == replay::EdgeKind::plain);
+    CHECK(plain.to_dot().find("dashed") == std::string::npos);
+  }
+
+  TEST_CASE("programmatic chains captured and built give the eager results") {
+    if (!device_has_pdl()) {
+      CHECK_FALSE(device_has_pdl());  // the programmatic forms are refused there (the refusal case checks it)
+      return;
+    }
+    const int n = 3 * kThreads + 17;
+    replay::Stream s;
+    Chain chain(n);
+    chain.load(replay_test::random_floats(static_cast<std::size_t>(n)),
+               replay_test::random_floats(static_cast<std::size_t>(n)), s);
+    const std::vector<float> want = eager_output(chain, s, 1.0F);
+
+    const auto run = [&](replay::Graph& graph) {
+      chain.poison(s);
+      replay::GraphExec exec(graph);
+      exec.launch(s);
+      return chain.output(s);
+    };
+    replay::Graph captured_plain =
+        replay::capture(s, [&](replay::StreamRef c) { chain.launched(c, 1.0F, replay::LaunchAttributes{}); });
+    replay::Graph captured_pdl = replay::capture(
+        s, [&](replay::StreamRef c) { chain.launched(c, 1.0F, replay::LaunchAttributes::programmatic()); });
+    replay::Graph built_plain = replay::make_graph();
+    (void)chain.build(built_plain, 1.0F, Chain::Edges::plain);
+    replay::Graph built_pdl = replay::make_graph();
+    (void)chain.build(built_pdl, 1.0F, Chain::Edges::programmatic);
+    replay::Graph built_pdl_deps = replay::make_graph();
+    (void)chain.build(built_pdl_deps, 1.0F, Chain::Edges::programmatic_deps);
+
+    CHECK(captured_plain.count_edges(replay::EdgeKind::programmatic) == 0);
+    CHECK(captured_pdl.count_edges(replay::EdgeKind::programmatic) == kStages - 1);
+    CHECK(captured_pdl.count_edges(replay::EdgeKind::plain) == 0);
+    CHECK(built_plain.count_edges(replay::EdgeKind::plain) == kStages - 1);
+    CHECK(built_pdl.count_edges(replay::EdgeKind::programmatic) == kStages - 1);
+    CHECK(built_pdl.edges().size() == static_cast<std::size_t>(kStages - 1));
+    CHECK(built_pdl_deps.count_edges(replay::EdgeKind::programmatic) == kStages - 1);
+    CHECK(built_pdl_deps.edges().size() == static_cast<std::size_t>(kStages - 1));
+
+    CHECK(run(captured_plain) == want);
+    CHECK(run(captured_pdl) == want);
+    CHECK(run(built_plain) == want);
+    CHECK(run(built_pdl) == want);
+    CHECK(run(built_pdl_deps) == want);
+  }
+
+  TEST_CASE("a launch-completion edge is built, listed and drawn") {
+    if (!device_has_pdl()) {
+      CHECK_FALSE(device_has_pdl());
+      return;
+    }
+    replay::DeviceBuffer<float> x(32);
+    replay::DeviceBuffer<float> y(32);
+    replay::Graph graph = replay::make_graph();
+    replay::GraphBuilder builder(graph);
+    auto first = builder.add_kernel(fill_kernel, dim3(1), dim3(32), 0, {}, x.data(), 32, 1.0F);
+    auto second = builder.add_kernel(fill_kernel, dim3(1), dim3(32), 0, {}, y.data(), 32, 2.0F);
+    builder.add_programmatic_dependency(first, second, replay::EdgeKind::launch_completion);
+    const auto edges = builder.edges();
+    REQUIRE(edges.size() == 1);
+    CHECK(edges[0].kind == replay::EdgeKind::launch_completion);
+    CHECK(edges[0].from == first.get());
+    CHECK(edges[0].to == second.get());
+    CHECK(builder.to_dot().find("launch completion") != std::string::npos);
+    replay::Stream s;
+    replay::GraphExec exec(graph);
+    exec.launch(s);
+    std::vector<float> out(32);
+    y.copy_to(std::span<float>(out), s);
+    s.synchronize();
+    CHECK(out == std::vector<float>(32, 2.0F));
+  }
+
+  TEST_CASE("an exec update keeps the programmatic edges") {
+    if (!device_has_pdl()) {
+      CHECK_FALSE(device_has_pdl());
+      return;
+    }
+    const int n = 2 * kThreads;
+    replay::Stream s;
+    Chain chain(n);
+    chain.load(replay_test::random_floats(static_cast<std::size_t>(n)),
+               replay_test::random_floats(static_cast<std::size_t>(n)), s);
+
+    replay::Graph first = replay::make_graph();
+    auto nodes = chain.build(first, 1.0F, Chain::Edges::programmatic);
+    replay::GraphExec exec(first);
+
+    // The same topology, programmatic edges and all, with other steps: in place.
+    replay::Graph second = replay::make_graph();
+    (void)chain.build(second, 5.0F, Chain::Edges::programmatic_deps);
+    const replay::UpdateResult result = exec.update(second);
+    CHECK(result.in_place());
+    CHECK(second.count_edges(replay::EdgeKind::programmatic) == kStages - 1);
+    chain.poison(s);
+    exec.launch(s);
+    const std::vector<float> updated = chain.output(s);
+    CHECK(updated == eager_output(chain, s, 5.0F));
+
+    // Captured programmatic chains update one another in place too.
+    replay::Graph captured_a = replay::capture(
+        s, [&](replay::StreamRef c) { chain.launched(c, 2.0F, replay::LaunchAttributes::programmatic()); });
+    replay::Graph captured_b = replay::capture(
+        s, [&](replay::StreamRef c) { chain.launched(c, 3.0F, replay::LaunchAttributes::programmatic()); });
+    replay::GraphExec captured_exec(captured_a);
+    CHECK(captured_exec.update(captured_b).in_place());
+    chain.poison(s);
+    captured_exec.launch(s);
+    const std::vector<float> captured_updated = chain.output(s);
+    CHECK(captured_updated == eager_output(chain, s, 3.0F));
+
+    // A node's arguments set in place on the executable graph keep the edges working.
+    for (int k = 0; k < kStages; ++k) {
+      nodes[static_cast<std::size_t>(k)].set_args(exec, chain.weights.data(), chain.buffers[k].data(),
+                                                  chain.buffers[k + 1].data(), n, chain.shift(k),
+                                                  chain.step(k, 9.0F));
+    }
+    chain.poison(s);
+    exec.launch(s);
+    const std::vector<float> set = chain.output(s);
+    CHECK(set == eager_output(chain, s, 9.0F));
+  }
+
+  TEST_CASE("kernels reading their predecessor's output after the wait match eager over many replays") {
+    if (!device_has_pdl()) {
+      CHECK_FALSE(device_has_pdl());
+      return;
+    }
+    const int n = 64 * kThreads;
+    const int replays = replay_test::scaled(200, 4);
+    replay::Stream s;
+    Chain chain(n);
+    chain.load(replay_test::random_floats(static_cast<std::size_t>(n)),
+               replay_test::random_floats(static_cast<std::size_t>(n)), s);
+    replay::Graph captured = replay::capture(
+        s, [&](replay::StreamRef c) { chain.launched(c, 0.5F, replay::LaunchAttributes::programmatic()); });
+    replay::Graph built = replay::make_graph();
+    (void)chain.build(built, 0.5F, Chain::Edges::programmatic);
+    replay::GraphExec captured_exec(captured);
+    replay::GraphExec built_exec(built);
+    int mismatches = 0;
+    for (int r = 0; r < replays; ++r) {
+      // New input each replay, in stream order before the graph.
+      const std::vector<float> input = replay_test::random_floats(static_cast<std::size_t>(n));
+      chain.buffers[0].copy_from(std::span<const float>(input), s);
+      const std::vector<float> want = eager_output(chain, s, 0.5F);
+      chain.poison(s);
+      (r % 2 == 0 ? captured_exec : built_exec).launch(s);
+      mismatches += chain.output(s) == want ? 0 : 1;
+    }
+    CHECK(mismatches == 0);
+  }
+
+  TEST_CASE("programmatic edges and attributes are refused where they cannot work") {
+    replay::Stream s;
+    replay::DeviceBuffer<float> x(32);
+    replay::Graph graph = replay::make_graph();
+    replay::GraphBuilder builder(graph);
+    auto kernel = builder.add_kernel(fill_kernel, dim3(1), dim3(32), 0, {}, x.data(), 32, 1.0F);
+    auto other = builder.add_kernel(fill_kernel, dim3(1), dim3(32), 0, {}, x.data(), 32, 2.0F);
+    auto memset = builder.add_fill(std::span<float>(x.data(), 32), 0.0F, {});
+    auto empty = builder.add_empty();
+    const auto message = [](auto&& call) {
+      try {
+        call();
+      } catch (const replay::usage_error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no usage_error");
+    };
+    // Not kernel nodes: refused whatever the device.
+    CHECK(message([&] { builder.add_programmatic_dependency(memset, kernel); }).find("upstream node (memset node)") !=
+          std::string::npos);
+    CHECK(message([&] { builder.add_programmatic_dependency(kernel, empty); }).find("downstream node (empty node)") !=
+          std::string::npos);
+    CHECK(message([&] { builder.add_programmatic_dependency(kernel, other, replay::EdgeKind::plain); })
+              .find("add_dependency") != std::string::npos);
+    CHECK(message([&] { builder.add_programmatic_dependency(replay::Node{}, other); }).find("empty node handle") !=
+          std::string::npos);
+    // Deps::programmatic: only from kernel nodes, only to a kernel node.
+    const std::size_t nodes_before = builder.node_count();
+    CHECK(message([&] {
+            (void)builder.add_kernel(fill_kernel, dim3(1), dim3(32), 0, replay::Deps::programmatic(memset), x.data(), 32,
+                                     3.0F);
+          }).find("upstream node (memset node)") != std::string::npos);
+    CHECK(builder.node_count() == nodes_before);  // refused before the node was added
+    CHECK(message([&] { (void)builder.add_fill(std::span<float>(x.data(), 32), 1.0F, replay::Deps::programmatic(kernel)); })
+              .find("lead only to a kernel node") != std::string::npos);
+    CHECK(message([&] { (void)builder.capture(s, [](replay::StreamRef) {}, replay::Deps::programmatic(kernel)); })
+              .find("lead only to a kernel node") != std::string::npos);
+    CHECK(builder.edges().empty());  // nothing was added
+    // A cluster that does not divide the grid, before CUDA sees it.
+    CHECK(message([&] {
+            replay::launch(s, {dim3(3), dim3(32), 0, replay::LaunchAttributes{}.with_cluster_dims(dim3(2))},
+                           fill_kernel, x.data(), 32, 1.0F);
+          }).find("whole number of clusters") != std::string::npos);
+    // The device's compute capability decides the rest.
+    const auto pdl_launch = [&] {
+      replay::launch(s, {dim3(1), dim3(32), 0, replay::LaunchAttributes::programmatic()}, fill_kernel, x.data(), 32,
+                     1.0F);
+    };
+    if (device_has_pdl()) {
+      CHECK_NOTHROW(pdl_launch());
+      CHECK_NOTHROW(builder.add_programmatic_dependency(kernel, other));
+      CHECK(builder.edges().size() == 1);
+    } else {
+      CHECK(message(pdl_launch).find("compute capability 9.0") != std::string::npos);
+      CHECK(message([&] { builder.add_programmatic_dependency(kernel, other); }).find("compute capability 9.0") !=
+            std::string::npos);
+    }
+    s.synchronize();
+  }
+
+  TEST_CASE("launch with a priority, with clusters and with no attributes runs the kernel") {
+    replay::Stream s;
+    replay::DeviceBuffer<float> x(100);
+    replay::launch(s, {dim3(1), dim3(128), 0, replay::LaunchAttributes{}.with_priority(-1)}, fill_kernel, x.data(),
+                   100, 4.0F);
+    std::vector<float> out(100);
+    x.copy_to(std::span<float>(out), s);
+    s.synchronize();
+    CHECK(out == std::vector<float>(100, 4.0F));
+    replay::launch(s, {1, 128}, fill_kernel, x.data(), 100, 6.0F);
+    x.copy_to(std::span<float>(out), s);
+    s.synchronize();
+    CHECK(out == std::vector<float>(100, 6.0F));
+    if (device_has_pdl()) {  // clusters of 2 blocks over a grid of 4
+      replay::launch(s, {dim3(4), dim3(32), 0, replay::LaunchAttributes{}.with_cluster_dims(dim3(2))}, fill_kernel,
+                     x.data(), 100, 8.0F);
+      x.copy_to(std::span<float>(out), s);
+      s.synchronize();
+      CHECK(out == std::vector<float>(100, 8.0F));
+    }
+  }
+}
