@@ -21,7 +21,6 @@
 #include <source_location>
 #include <utility>
 
-#include "replay/detail/capture_coordinator.hpp"
 #include "replay/detail/device_caps.hpp"
 #include "replay/detail/kernel_args.hpp"
 #include "replay/detail/message.hpp"
@@ -106,7 +105,7 @@ void validate_launch_options(Kernel kernel, const LaunchOptions& options, const 
 // against the kernel's parameters at compile time (count and convertibility)
 // and converted to the parameter types. Attributes that need compute
 // capability 9.0 (programmatic serialization, clusters) are checked against
-// the stream's device (queried once per device) and refused with a
+// the current device, the one the kernel runs on (queried once per device), and refused with a
 // usage_error where it is older. Works under stream capture.
 template <class... Params, class... Args>
 void launch(StreamRef stream, const LaunchOptions& options, void (*kernel)(Params...), Args&&... args) {
@@ -115,7 +114,11 @@ void launch(StreamRef stream, const LaunchOptions& options, void (*kernel)(Param
   detail::validate_launch_options(kernel, options, "launch");
   const LaunchAttributes& attributes = options.attributes();
   if (attributes.needs_sm90()) {
-    const int device = detail::device_of(stream.get(), where);
+    // A kernel runs on the current device (a launch into another device's
+    // stream fails), so that is the device to ask; cudaStreamGetDevice would
+    // also be refused, invalidating the capture, while the stream captures.
+    int device = 0;
+    check(::cudaGetDevice(&device), "cudaGetDevice", where);
     detail::refuse_unsupported_attributes(attributes, detail::compute_capability_major(device, where), device,
                                           "launch", where);
   }
