@@ -135,6 +135,28 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     }
   }
 
+  TEST_CASE("the fused products (GEMV, tensor-core skinny GEMM, split over blocks) agree with a float32 linear, the same bits twice") {
+    at::manual_seed(replay_test::case_seed());
+    std::vector<llm_decode_test::ProductShape> shapes = llm_decode_test::product_shapes();
+    // The presets' products at batch 1, 8, 16 and 64 (1b: qkv, o, gate_up, down, lm_head).
+    for (const int rows : {1, 8, 16, 64}) {
+      for (const auto& [in, out] : {std::pair{2048, 3072}, std::pair{2048, 2048}, std::pair{2048, 16384},
+                                    std::pair{8192, 2048}, std::pair{2048, 32000}, std::pair{768, 1280}}) {
+        shapes.push_back({rows, in, out});
+      }
+    }
+    for (const llm_decode_test::ProductShape s : shapes) {
+      INFO(s.rows << " rows of " << s.in << " halves into " << s.out << " outputs");
+      const llm_decode_test::ProductErrors errors =
+          llm_decode_test::fused_product_errors(llm_decode::fused::kernels(), gpu, s);
+      CHECK(errors.linear < 2e-3);
+      CHECK(errors.gated < 2e-3);
+      CHECK(errors.repeatable);
+      CHECK(errors.counters_left_zero);
+    }
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  }
+
   TEST_CASE("the fused step bookkeeping kernels write what the ATen bookkeeping writes, bit for bit") {
     const llm_decode_test::BookkeepingComparison result =
         llm_decode_test::compare_step_bookkeeping(llm_decode::fused::kernels(), gpu, 200);
