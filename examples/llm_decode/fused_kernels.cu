@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -1045,11 +1046,20 @@ __global__ void step_update_kernel(StepRows state, const std::int64_t* next) {
 // Whether the current device takes programmatic launches (sm_90 and later);
 // below, the kernels are launched plainly (their wait and release compile to
 // nothing there).
+// Asked once per device (0: not yet, 1: no, 2: yes).
 bool programmatic_launches_supported() {
   int device = 0;
   replay::check(cudaGetDevice(&device), "cudaGetDevice");
+  static std::array<std::atomic<int>, 64> known{};
+  std::atomic<int>* answer = device >= 0 && device < static_cast<int>(known.size())
+                                 ? &known[static_cast<std::size_t>(device)]
+                                 : nullptr;
+  if (answer != nullptr && answer->load(std::memory_order_relaxed) != 0) {
+    return answer->load(std::memory_order_relaxed) == 2;
+  }
   int major = 0;
   replay::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  if (answer != nullptr) answer->store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
   return major >= 9;
 }
 
