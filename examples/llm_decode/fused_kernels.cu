@@ -1063,8 +1063,11 @@ bool programmatic_launches_supported() {
   return major >= 9;
 }
 
+std::atomic<bool> programmatic_launches_on{true};  // set_programmatic_launches()
+
 // The one place the fused kernels are launched: on `stream`, with
-// programmatic stream serialization where the device has it, checked.
+// programmatic stream serialization where the device has it (and it is on),
+// checked.
 template <typename... Params, typename... Args>
 void launch_programmatic(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared,
                          cudaStream_t stream, Args&&... args) {
@@ -1077,7 +1080,7 @@ void launch_programmatic(const char* what, void (*kernel)(Params...), dim3 grid,
   config.dynamicSmemBytes = shared;
   config.stream = stream;
   config.attrs = &attribute;
-  config.numAttrs = programmatic_launches_supported() ? 1 : 0;
+  config.numAttrs = programmatic_launches_on.load(std::memory_order_relaxed) && programmatic_launches_supported() ? 1 : 0;
   replay::check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
 }
 
@@ -1591,6 +1594,10 @@ void check_norm_width(int width) {
                                 std::to_string(kKeyVector) + " up to " + std::to_string(kNormVectors * kKeyVector * kThreads));
   }
 }
+
+void set_programmatic_launches(bool enabled) { programmatic_launches_on.store(enabled, std::memory_order_relaxed); }
+
+bool programmatic_launches() { return programmatic_launches_on.load(std::memory_order_relaxed); }
 
 bool linear_fits(int rows, int in, int out) {
   if (in < kVectorHalves || in % kVectorHalves != 0 || out < 1) return false;

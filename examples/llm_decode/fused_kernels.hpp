@@ -129,6 +129,15 @@ struct StepRows {
   std::int64_t spare_slot = 0;       // where done rows read and write
 };
 
+// Whether the CUDA kernels are launched with programmatic stream
+// serialization (default on, where the device has it: compute capability
+// 9.0 and later). Off: plain launches, the same results bit for bit (a
+// kernel's wait and release then do nothing): to measure what the
+// programmatic edges gain. Read at each launch, so a graph keeps what was
+// set when it was captured.
+void set_programmatic_launches(bool enabled);
+bool programmatic_launches();
+
 // The kernels, as one table: kernels() launches them on `stream` (each
 // launch checked), host_kernels() runs the same code over host memory as one
 // thread (the stream is not used). fp16 data, contiguous rows.

@@ -81,6 +81,7 @@ struct Common {
   std::vector<std::int64_t> prefill_buckets;   // empty: the executor's default
   std::size_t prefill_chunk = 0;               // generate: > 0: chunked prefill of this many prompt tokens per launch
   std::string json;
+  bool no_programmatic_launches = false;  // --no-pdl: the fused kernels' (fused::set_programmatic_launches)
 
   // Chunked prefill runs on the fused kernels' bucketed prefill only
   // (LlamaExecutor::prefill_and_decode): refused here rather than in every launch.
@@ -112,6 +113,7 @@ ExecutorOptions executor_options(const Common& c, StepMode mode, std::size_t ste
 }
 
 LlamaModel load_model(const Common& c) {
+  llm_decode::fused::set_programmatic_launches(!c.no_programmatic_launches);
   const at::Device device(at::kCUDA, 0);
   if (!c.weights.empty()) return LlamaModel::load(c.weights, device);
   llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset(c.preset);
@@ -377,7 +379,8 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
           const std::vector<std::size_t>& beside_prefill, double peak_tbps) {
   const LlamaModel model = load_model(c);
   const PeakBandwidth peak = peak_bandwidth(model.device().index(), peak_tbps);
-  std::printf("llm_decode bench: HBM peak %.2f TB/s, from %s\n", peak.bytes_per_s / 1e12, peak.source.c_str());
+  std::printf("llm_decode bench: HBM peak %.2f TB/s, from %s; fused kernels' programmatic launches %s\n",
+              peak.bytes_per_s / 1e12, peak.source.c_str(), c.no_programmatic_launches ? "off (--no-pdl)" : "on");
   // Refused before any measurement, not after minutes of them.
   for (const std::size_t tokens : beside_prefill) {
     if (tokens == 0 || static_cast<std::int64_t>(tokens) > model.config().max_len) {
@@ -390,6 +393,7 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
            {"rows", Json::array()},     {"batch_buckets", c.batch_buckets}, {"context_buckets", c.context_buckets}};
   out["peak_bytes_per_s"] = peak.bytes_per_s;
   out["peak_source"] = peak.source;
+  out["programmatic_launches"] = !c.no_programmatic_launches;
   std::vector<BenchRow> rows;
   struct Method {
     std::string name;
@@ -836,6 +840,8 @@ int main(int argc, char** argv) {
     sub->add_option("--prefill-buckets", c.prefill_buckets, "packed prompt tokens a prefill is padded to")
         ->delimiter(',');
     sub->add_option("--json", c.json, "write the results to this file");
+    sub->add_flag("--no-pdl", c.no_programmatic_launches,
+                  "launch the fused kernels plainly, without programmatic dependent launch (to measure its gain)");
   };
   std::string out_dir;
   CLI::App* write = app.add_subcommand("write-weights", "write random weights (config.json, weights.pt)");

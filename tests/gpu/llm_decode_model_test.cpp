@@ -197,6 +197,49 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(at::stack({cache.k, cache.v}).equal(cache_after_eager));
   }
 
+  TEST_CASE("the fused step with programmatic launches, graphed and replayed 50 times, gives the plain launches' logits, bit for bit") {
+    const LlamaConfig config = LlamaConfig::preset("tiny");
+    const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
+    const auto fused = llm_decode::DecodeKernels::fused;
+    const std::int64_t context = 32;
+    // 4 rows: the GEMV products; 16: the tensor-core ones.
+    for (const std::int64_t rows : {4, 16}) {
+      INFO(rows << " rows");
+      KvCache cache(config, rows, gpu, at::kHalf);
+      cache.k.normal_();
+      cache.v.normal_();
+      const at::Tensor cache_before = at::stack({cache.k, cache.v}).clone();
+      const at::Tensor slots = at::arange(rows, at::TensorOptions().device(gpu).dtype(at::kLong));
+      const at::Tensor positions = at::randint(0, context, {rows}, slots.options());
+      const at::Tensor tokens = at::randint(0, config.vocab_size, {rows}, slots.options());
+      const auto restore = [&] {
+        cache.k.copy_(cache_before.select(0, 0));
+        cache.v.copy_(cache_before.select(0, 1));
+      };
+      llm_decode::fused::set_programmatic_launches(false);
+      const at::Tensor plain = model.decode(cache, slots, positions, tokens, context, fused).clone();
+      const at::Tensor plain_cache = at::stack({cache.k, cache.v}).clone();
+      llm_decode::fused::set_programmatic_launches(true);
+      restore();
+      CHECK(model.decode(cache, slots, positions, tokens, context, fused).equal(plain));
+
+      auto capture_context = std::make_shared<replay::TorchCaptureContext>(gpu);
+      replay::TorchGraphBackend backend(capture_context);
+      const replay::StreamRef stream(at::cuda::getCurrentCUDAStream().stream());
+      at::Tensor graphed;
+      replay::CapturedGraph<replay::TorchGraphExec> captured = backend.capture(
+          stream, [&](replay::StreamRef) { graphed = model.decode(cache, slots, positions, tokens, context, fused); });
+      REQUIRE(graphed.defined());
+      int differing = 0;
+      for (int replay_index = 0; replay_index < 50; ++replay_index) {
+        restore();
+        backend.launch(captured.exec, stream);
+        differing += graphed.equal(plain) && at::stack({cache.k, cache.v}).equal(plain_cache) ? 0 : 1;
+      }
+      CHECK(differing == 0);
+    }
+  }
+
   TEST_CASE("decode captured in a CUDA graph replays to the eager logits and cache writes, bit for bit") {
     const LlamaConfig config = LlamaConfig::preset("tiny");
     const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
