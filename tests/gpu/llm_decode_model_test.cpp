@@ -39,6 +39,24 @@ const at::Device gpu(at::kCUDA, 0);
 // the layers, relative to the largest logit.
 constexpr double kFp16Tolerance = 2e-2;
 
+// decode() with the fused kernels captured in a CUDA graph (TorchGraphBackend:
+// torch's CUDAGraph on a private pool), then `replays(launch, logits)`:
+// launch() replays the graph, which writes `logits`.
+template <typename Replays>
+void with_captured_fused_decode(const LlamaModel& model, KvCache& cache, const at::Tensor& slots,
+                                const at::Tensor& positions, const at::Tensor& tokens, std::int64_t context,
+                                Replays&& replays) {
+  auto capture_context = std::make_shared<replay::TorchCaptureContext>(gpu);
+  replay::TorchGraphBackend backend(capture_context);
+  const replay::StreamRef stream(at::cuda::getCurrentCUDAStream().stream());
+  at::Tensor graphed;
+  replay::CapturedGraph<replay::TorchGraphExec> captured = backend.capture(stream, [&](replay::StreamRef) {
+    graphed = model.decode(cache, slots, positions, tokens, context, llm_decode::DecodeKernels::fused);
+  });
+  REQUIRE(graphed.defined());
+  replays([&] { backend.launch(captured.exec, stream); }, graphed);
+}
+
 // A prompt of 17 tokens decoded to 30, among short ones.
 std::vector<Sequence> three_sequences(std::int64_t vocab) { return llm_decode_test::three_sequences(vocab, 30, 17); }
 
@@ -183,18 +201,14 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     const at::Tensor eager = model.decode(cache, slots, positions, tokens, context, fused).clone();
     const at::Tensor cache_after_eager = at::stack({cache.k, cache.v}).clone();
 
-    auto capture_context = std::make_shared<replay::TorchCaptureContext>(gpu);
-    replay::TorchGraphBackend backend(capture_context);
-    const replay::StreamRef stream(at::cuda::getCurrentCUDAStream().stream());
-    at::Tensor graphed;
-    replay::CapturedGraph<replay::TorchGraphExec> captured = backend.capture(
-        stream, [&](replay::StreamRef) { graphed = model.decode(cache, slots, positions, tokens, context, fused); });
-    REQUIRE(graphed.defined());
-    cache.k.copy_(cache_before.select(0, 0));
-    cache.v.copy_(cache_before.select(0, 1));
-    backend.launch(captured.exec, stream);
-    CHECK(graphed.equal(eager));
-    CHECK(at::stack({cache.k, cache.v}).equal(cache_after_eager));
+    with_captured_fused_decode(model, cache, slots, positions, tokens, context,
+                               [&](const auto& launch, const at::Tensor& graphed) {
+                                 cache.k.copy_(cache_before.select(0, 0));
+                                 cache.v.copy_(cache_before.select(0, 1));
+                                 launch();
+                                 CHECK(graphed.equal(eager));
+                                 CHECK(at::stack({cache.k, cache.v}).equal(cache_after_eager));
+                               });
   }
 
   TEST_CASE("the fused step with programmatic launches, graphed and replayed 50 times, gives the plain launches' logits, bit for bit") {
@@ -223,19 +237,16 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       restore();
       CHECK(model.decode(cache, slots, positions, tokens, context, fused).equal(plain));
 
-      auto capture_context = std::make_shared<replay::TorchCaptureContext>(gpu);
-      replay::TorchGraphBackend backend(capture_context);
-      const replay::StreamRef stream(at::cuda::getCurrentCUDAStream().stream());
-      at::Tensor graphed;
-      replay::CapturedGraph<replay::TorchGraphExec> captured = backend.capture(
-          stream, [&](replay::StreamRef) { graphed = model.decode(cache, slots, positions, tokens, context, fused); });
-      REQUIRE(graphed.defined());
       int differing = 0;
-      for (int replay_index = 0; replay_index < 50; ++replay_index) {
-        restore();
-        backend.launch(captured.exec, stream);
-        differing += graphed.equal(plain) && at::stack({cache.k, cache.v}).equal(plain_cache) ? 0 : 1;
-      }
+      with_captured_fused_decode(model, cache, slots, positions, tokens, context,
+                                 [&](const auto& launch, const at::Tensor& graphed) {
+                                   for (int replay_index = 0; replay_index < 50; ++replay_index) {
+                                     restore();
+                                     launch();
+                                     differing +=
+                                         graphed.equal(plain) && at::stack({cache.k, cache.v}).equal(plain_cache) ? 0 : 1;
+                                   }
+                                 });
       CHECK(differing == 0);
     }
   }
