@@ -9,7 +9,9 @@
 // passing through arrays what the kernels pass between lanes.
 #include "fused_kernels.hpp"
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -17,6 +19,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <mma.h>
 
 #include <replay/error.hpp>
 
@@ -467,7 +471,162 @@ __host__ __device__ inline __half silu_times(__half gate, __half up) {
   return __float2half(g / (1.0F + expf(-g)) * __half2float(up));
 }
 
+// ---- the products (linear, gated_linear) ----
+//
+// A block takes kLinearOutputs weight rows and every row of the input; its
+// linear_threads(in) threads split the input width, thread t summing the
+// 16-byte vectors t, t + threads, ... of each weight row in order, then the
+// warps' sums (a butterfly of shuffles) and the block's (warp by warp, in
+// order, through shared memory). No atomics: the same sums in the same order
+// at every launch. A thread's first kLinearPreload vectors of each of its
+// weight rows are loaded before the kernel waits for its predecessor (the
+// weights are never written), so a graph's programmatic edge overlaps them
+// with the predecessor's tail.
+constexpr int kLinearOutputs = 4;
+constexpr int kLinearPreload = 2;
+constexpr int kLinearUnroll = 2;  // the vectors per weight row each thread has in flight after the preload
+constexpr int kLinearWarps = 8;   // linear_threads() / 32 at most
+constexpr int kVectorHalves = 8;
+
+struct HalfVector {
+  __half2 h[kVectorHalves / 2];
+};
+
+__host__ __device__ inline HalfVector load_half_vector(const __half* p) {
+  HalfVector v{};
+  load_key_vector(p, v.h);
+  return v;
+}
+
+// A weight vector: through the read-only path on the device (the weights
+// are never written while a step runs).
+__host__ __device__ inline HalfVector load_weight_vector(const __half* p) {
+#ifdef __CUDA_ARCH__
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+  HalfVector v;
+  v.h[0] = *reinterpret_cast<const __half2*>(&raw.x);
+  v.h[1] = *reinterpret_cast<const __half2*>(&raw.y);
+  v.h[2] = *reinterpret_cast<const __half2*>(&raw.z);
+  v.h[3] = *reinterpret_cast<const __half2*>(&raw.w);
+  return v;
+#else
+  return load_half_vector(p);
+#endif
+}
+
+// silu(gate) * up in float32, rounded to fp16 as silu_mul() stores it, and
+// returned as a float (exact).
+__host__ __device__ inline float silu_times_value(float gate, float up) {
+  return __half2float(silu_times(__float2half(gate), __float2half(up)));
+}
+
+// Input vector k / 8 of row r: x's, or (Gated) silu_mul()'s from the row's
+// gate and up halves, `in` wide each.
+template <bool Gated>
+__host__ __device__ inline HalfVector linear_input(const __half* x, int in, int r, int k) {
+  if constexpr (Gated) {
+    const __half* row = x + static_cast<std::int64_t>(r) * 2 * in;
+    const HalfVector gate = load_half_vector(row + k);
+    const HalfVector up = load_half_vector(row + in + k);
+    HalfVector out;
+    for (int j = 0; j < kVectorHalves / 2; ++j) {
+      const float2 g = __half22float2(gate.h[j]);
+      const float2 u = __half22float2(up.h[j]);
+      out.h[j] = __floats2half2_rn(silu_times_value(g.x, u.x), silu_times_value(g.y, u.y));
+    }
+    return out;
+  } else {
+    return load_half_vector(x + static_cast<std::int64_t>(r) * in + k);
+  }
+}
+
+// acc + w . x over one vector, element by element in order.
+__host__ __device__ inline float dot_vector(float acc, const HalfVector& w, const HalfVector& x) {
+  for (int j = 0; j < kVectorHalves / 2; ++j) {
+    const float2 a = __half22float2(w.h[j]);
+    const float2 b = __half22float2(x.h[j]);
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+  }
+  return acc;
+}
+
+__host__ __device__ inline const __half* weight_row(const __half* weight, int in, int o) {
+  return weight + static_cast<std::int64_t>(o) * in;
+}
+
+// The skinny GEMM: a block takes kSkinnyOutputs outputs (two 16-wide tiles)
+// of every row (Rows / 16 tiles of 16) over a range of the input width, in
+// 16-wide steps: its kSkinnyWarps warps take the range's steps in turn (warp
+// w steps w, w + kSkinnyWarps, ...: neighbouring warps read neighbouring
+// 32 bytes of each weight row), then the block sums its warps in order. A
+// width split over blocks (blockIdx.y) leaves the blocks' sums in the
+// workspace; the last of an output tile to count in sums them in split
+// order. The splits depend on the shape alone (skinny_split()).
+constexpr int kSkinnyWarps = 4;
+constexpr int kSkinnyStep = 16;           // WMMA's k
+constexpr int kSkinnyTargetBlocks = 512;  // enough warps to keep every SM's loads in flight
+constexpr int kSkinnyMinSteps = 4;        // per warp and split, at least
+
+struct SkinnySplit {
+  int splits;
+  int steps_per_split;
+};
+
+__host__ __device__ inline SkinnySplit skinny_split(int in, int out) {
+  const int steps = in / kSkinnyStep;
+  const int tiles = out / kSkinnyOutputs;
+  int splits = (kSkinnyTargetBlocks + tiles - 1) / tiles;
+  const int most = steps / (kSkinnyMinSteps * kSkinnyWarps);
+  if (splits > most) splits = most;
+  if (splits < 1) splits = 1;
+  const int per = (steps + splits - 1) / splits;
+  return {(steps + per - 1) / per, per};
+}
+
+// Element i (row i / kSkinnyOutputs, output i % kSkinnyOutputs) of a skinny
+// block's sum: its warps' sums, [kSkinnyWarps][rows][kSkinnyOutputs] from
+// `warp_sums`, in order.
+template <int Rows>
+__host__ __device__ inline float skinny_warps_sum(const float* warp_sums, int i) {
+  float total = 0.0F;
+  for (int w = 0; w < kSkinnyWarps; ++w) total += warp_sums[w * Rows * kSkinnyOutputs + i];
+  return total;
+}
+
+// Where split `split` leaves row r's sum of output o: [splits][rows][out].
+__host__ __device__ inline std::int64_t skinny_partial_index(int split, int rows, int r, int out, int o) {
+  return (static_cast<std::int64_t>(split) * rows + r) * out + o;
+}
+
 // ---- the kernels ----
+
+// ---- programmatic dependent launch ----
+//
+// Every kernel here is launched with programmatic stream serialization
+// (launch_programmatic()); captured, consecutive launches become programmatic
+// edges. A kernel may start while its predecessor finishes: before
+// wait_for_prerequisite_grid() it reads only what no kernel writes (weights),
+// and it writes nothing. Each kernel waits unconditionally at its start (a
+// block that returned early without waiting would break the chain's
+// transitivity: a kernel's completion must imply its predecessor's), and
+// releases its dependents right after, so at most two grids overlap.
+__device__ __forceinline__ void wait_for_prerequisite_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void release_dependent_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void start_after_prerequisite_grid() {
+  wait_for_prerequisite_grid();
+  release_dependent_grids();
+}
 
 __device__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffU, v, offset);
@@ -498,6 +657,7 @@ __global__ void rotary_and_cache_write_kernel(const __half* qkv, std::int64_t qk
                                               const std::int64_t* slots, __half* q_out, __half* cache_k,
                                               __half* cache_v, int heads, int kv_heads, int head_dim,
                                               std::int64_t max_len) {
+  start_after_prerequisite_grid();
   const int r = static_cast<int>(blockIdx.x);
   const int total = (heads + 2 * kv_heads) * head_dim;
   for (int i = static_cast<int>(threadIdx.x); i < total; i += static_cast<int>(blockDim.x)) {
@@ -586,6 +746,7 @@ __global__ void __launch_bounds__(kAttentionWarps * kLanes)
     decode_attention_kernel(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
                             const std::int64_t* positions, __half* out, int heads, int kv_heads, int head_dim,
                             std::int64_t max_len, int context, float scale, AttentionWorkspace workspace) {
+  start_after_prerequisite_grid();
   extern __shared__ float shared[];
   const int r = static_cast<int>(blockIdx.x);
   const int kv = static_cast<int>(blockIdx.y);
@@ -615,6 +776,7 @@ __global__ void __launch_bounds__(kAttentionWarps * kLanes)
                             const std::int64_t* positions, const std::int64_t* slots, __half* cache_k,
                             __half* cache_v, __half* out, int heads, int kv_heads, int head_dim, std::int64_t max_len,
                             int context, float scale, AttentionWorkspace workspace) {
+  start_after_prerequisite_grid();
   extern __shared__ float shared[];
   const int r = static_cast<int>(blockIdx.x);
   const int kv = static_cast<int>(blockIdx.y);
@@ -643,6 +805,7 @@ __global__ void __launch_bounds__(kAttentionWarps * kLanes)
 
 __global__ void add_rms_norm_kernel(__half* x, const __half* delta, const __half* weight, __half* out, int width,
                                     float eps) {
+  start_after_prerequisite_grid();
   __shared__ float scratch[kThreads / 32];
   const std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * width;
   const int tid = static_cast<int>(threadIdx.x);
@@ -654,19 +817,222 @@ __global__ void add_rms_norm_kernel(__half* x, const __half* delta, const __half
 }
 
 __global__ void silu_mul_kernel(const __half* gate_up, __half* out, int width) {
+  start_after_prerequisite_grid();
   const std::int64_t r = blockIdx.y;
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (i >= width) return;
   out[r * width + i] = silu_times(gate_up[r * 2 * width + i], gate_up[r * 2 * width + width + i]);
 }
 
+// A GEMV thread's vectors v0, v0 + threads, ... (Passes of them) of the
+// block's `outputs` weight rows from `first`; past the width, left as they are.
+template <int Passes>
+__device__ __forceinline__ void load_weight_vectors(HalfVector (&w)[Passes][kLinearOutputs], const __half* weight,
+                                                    int in, int first, int outputs, int v0, int threads) {
+  const int vectors = in / kVectorHalves;
+#pragma unroll
+  for (int p = 0; p < Passes; ++p) {
+    const int v = v0 + p * threads;
+#pragma unroll
+    for (int j = 0; j < kLinearOutputs; ++j) {
+      if (v < vectors && j < outputs) w[p][j] = load_weight_vector(weight_row(weight, in, first + j) + v * kVectorHalves);
+    }
+  }
+}
+
+// Those vectors' products with every input row added to the thread's sums, in order.
+template <bool Gated, int Rows, int Passes>
+__device__ __forceinline__ void add_products(float (&acc)[kLinearOutputs][Rows],
+                                             const HalfVector (&w)[Passes][kLinearOutputs], const __half* x, int in,
+                                             int outputs, int v0, int threads) {
+  const int vectors = in / kVectorHalves;
+#pragma unroll
+  for (int p = 0; p < Passes; ++p) {
+    const int v = v0 + p * threads;
+    if (v >= vectors) continue;
+#pragma unroll
+    for (int r = 0; r < Rows; ++r) {
+      const HalfVector input = linear_input<Gated>(x, in, r, v * kVectorHalves);
+#pragma unroll
+      for (int j = 0; j < kLinearOutputs; ++j) {
+        if (j < outputs) acc[j][r] = dot_vector(acc[j][r], w[p][j], input);
+      }
+    }
+  }
+}
+
+// linear() and gated_linear(): kLinearOutputs weight rows per block, Rows
+// input rows.
+template <int Rows, bool Gated>
+__global__ void __launch_bounds__(kLinearWarps * 32)
+    linear_kernel(const __half* x, const __half* weight, __half* y, int in, int out) {
+  __shared__ float warp_sums[kLinearWarps][kLinearOutputs * Rows];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int threads = static_cast<int>(blockDim.x);
+  const int vectors = in / kVectorHalves;
+  const int first = static_cast<int>(blockIdx.x) * kLinearOutputs;
+  int outputs = out - first;
+  outputs = outputs < kLinearOutputs ? outputs : kLinearOutputs;
+  // The weights first: nothing writes them.
+  HalfVector preloaded[kLinearPreload][kLinearOutputs]{};
+  load_weight_vectors(preloaded, weight, in, first, outputs, tid, threads);
+  start_after_prerequisite_grid();
+  float acc[kLinearOutputs][Rows] = {};
+  add_products<Gated>(acc, preloaded, x, in, outputs, tid, threads);
+  for (int v0 = tid + kLinearPreload * threads; v0 < vectors; v0 += kLinearUnroll * threads) {
+    HalfVector w[kLinearUnroll][kLinearOutputs]{};
+    load_weight_vectors(w, weight, in, first, outputs, v0, threads);
+    add_products<Gated>(acc, w, x, in, outputs, v0, threads);
+  }
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+#pragma unroll
+  for (int j = 0; j < kLinearOutputs; ++j) {
+#pragma unroll
+    for (int r = 0; r < Rows; ++r) {
+      const float sum = warp_sum(acc[j][r]);
+      if (lane == 0) warp_sums[warp][j * Rows + r] = sum;
+    }
+  }
+  __syncthreads();
+  if (tid < kLinearOutputs * Rows) {
+    const int j = tid / Rows;
+    const int r = tid % Rows;
+    if (j < outputs) {
+      float total = 0.0F;
+      for (int w = 0; w < threads / 32; ++w) total += warp_sums[w][tid];
+      y[static_cast<std::int64_t>(r) * out + first + j] = __float2half(total);
+    }
+  }
+}
+
+// linear() and gated_linear() for Rows = 16, 32, 48 or 64 rows: the tensor
+// cores' 16x16x16 products. A's fragment is x's rows (row major, or for
+// Gated silu(gate) * up computed element by element from the gate's and the
+// up's fragments of the same layout); B's is the weight as a column-major
+// [in, out] matrix (its rows are torch's [out, in] rows).
+template <int Rows, bool Gated>
+__global__ void __launch_bounds__(kSkinnyWarps * 32)
+    skinny_linear_kernel(const __half* x, const __half* weight, __half* y, int in, int out, int steps_per_split,
+                         LinearWorkspace workspace) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  namespace wmma = nvcuda::wmma;
+  using InputFragment = wmma::fragment<wmma::matrix_a, 16, 16, kSkinnyStep, __half, wmma::row_major>;
+  using WeightFragment = wmma::fragment<wmma::matrix_b, 16, 16, kSkinnyStep, __half, wmma::col_major>;
+  using SumFragment = wmma::fragment<wmma::accumulator, 16, 16, kSkinnyStep, float>;
+  constexpr int kTiles = Rows / 16;
+  constexpr int kOutputTiles = kSkinnyOutputs / 16;
+  __shared__ __align__(32) float sums[kSkinnyWarps][Rows][kSkinnyOutputs];
+  __shared__ bool last;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int tile = static_cast<int>(blockIdx.x);
+  const int split = static_cast<int>(blockIdx.y);
+  const int splits = static_cast<int>(gridDim.y);
+  const int first_output = tile * kSkinnyOutputs;
+  const int steps = in / kSkinnyStep;
+  const int end = min((split + 1) * steps_per_split, steps);
+  const int x_stride = Gated ? 2 * in : in;
+  const auto load_weights = [&](WeightFragment (&b)[kOutputTiles], int step) {
+#pragma unroll
+    for (int n = 0; n < kOutputTiles; ++n) {
+      wmma::load_matrix_sync(b[n], weight_row(weight, in, first_output + n * 16) + step * kSkinnyStep, in);
+    }
+  };
+  SumFragment acc[kTiles][kOutputTiles];
+  const auto multiply = [&](const WeightFragment (&b)[kOutputTiles], int step) {
+#pragma unroll
+    for (int m = 0; m < kTiles; ++m) {
+      InputFragment a;
+      const __half* row = x + static_cast<std::int64_t>(m) * 16 * x_stride + step * kSkinnyStep;
+      wmma::load_matrix_sync(a, row, x_stride);
+      if constexpr (Gated) {
+        InputFragment up;
+        wmma::load_matrix_sync(up, row + in, x_stride);
+#pragma unroll
+        for (int i = 0; i < a.num_elements; ++i) a.x[i] = silu_times(a.x[i], up.x[i]);
+      }
+#pragma unroll
+      for (int n = 0; n < kOutputTiles; ++n) wmma::mma_sync(acc[m][n], a, b[n], acc[m][n]);
+    }
+  };
+  // The weights first: nothing writes them.
+  int step = split * steps_per_split + warp;
+  WeightFragment preloaded[kOutputTiles];
+  if (step < end) load_weights(preloaded, step);
+  start_after_prerequisite_grid();
+#pragma unroll
+  for (int m = 0; m < kTiles; ++m) {
+#pragma unroll
+    for (int n = 0; n < kOutputTiles; ++n) wmma::fill_fragment(acc[m][n], 0.0F);
+  }
+  if (step < end) multiply(preloaded, step);
+  step += kSkinnyWarps;
+  for (; step + kSkinnyWarps < end; step += 2 * kSkinnyWarps) {
+    WeightFragment b0[kOutputTiles];
+    WeightFragment b1[kOutputTiles];
+    load_weights(b0, step);
+    load_weights(b1, step + kSkinnyWarps);
+    multiply(b0, step);
+    multiply(b1, step + kSkinnyWarps);
+  }
+  if (step < end) {
+    WeightFragment b[kOutputTiles];
+    load_weights(b, step);
+    multiply(b, step);
+  }
+#pragma unroll
+  for (int m = 0; m < kTiles; ++m) {
+#pragma unroll
+    for (int n = 0; n < kOutputTiles; ++n) {
+      wmma::store_matrix_sync(&sums[warp][m * 16][n * 16], acc[m][n], kSkinnyOutputs, wmma::mem_row_major);
+    }
+  }
+  __syncthreads();
+  const int threads = static_cast<int>(blockDim.x);
+  constexpr int kElements = Rows * kSkinnyOutputs;
+  if (splits == 1) {
+    for (int i = tid; i < kElements; i += threads) {
+      const int r = i / kSkinnyOutputs;
+      const int n = i % kSkinnyOutputs;
+      y[static_cast<std::int64_t>(r) * out + first_output + n] = __float2half(skinny_warps_sum<Rows>(&sums[0][0][0], i));
+    }
+    return;
+  }
+  for (int i = tid; i < kElements; i += threads) {
+    const int r = i / kSkinnyOutputs;
+    const int n = i % kSkinnyOutputs;
+    workspace.partials[skinny_partial_index(split, Rows, r, out, first_output + n)] =
+        skinny_warps_sum<Rows>(&sums[0][0][0], i);
+  }
+  __threadfence();  // this thread's stores reach the device before the count does
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(workspace.counters + tile, 1U) == static_cast<unsigned>(splits - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = tid; i < kElements; i += threads) {
+    const int r = i / kSkinnyOutputs;
+    const int n = i % kSkinnyOutputs;
+    float total = 0.0F;
+    for (int s = 0; s < splits; ++s) {
+      total += load_partial(workspace.partials + skinny_partial_index(s, Rows, r, out, first_output + n));
+    }
+    y[static_cast<std::int64_t>(r) * out + first_output + n] = __float2half(total);
+  }
+  if (tid == 0) workspace.counters[tile] = 0;
+#endif
+}
+
 __global__ void step_inputs_kernel(StepRows state, std::int64_t* live_slots, std::int64_t* live_positions) {
+  start_after_prerequisite_grid();
   const int r = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (r < state.rows) step_inputs_row(state, live_slots, live_positions, r);
 }
 
 // One block: the loop row needs every row's answer.
 __global__ void step_update_kernel(StepRows state, const std::int64_t* next) {
+  start_after_prerequisite_grid();
   const std::int64_t step = state.loop[0];
   bool live = false;
   for (int r = static_cast<int>(threadIdx.x); r < state.rows; r += static_cast<int>(blockDim.x)) {
@@ -675,6 +1041,47 @@ __global__ void step_update_kernel(StepRows state, const std::int64_t* next) {
   // Every thread read loop[0] before any writes it.
   const bool any_live = __syncthreads_or(live ? 1 : 0) != 0;
   if (threadIdx.x == 0) step_update_loop(state, any_live);
+}
+
+// Whether the current device takes programmatic launches (sm_90 and later);
+// below, the kernels are launched plainly (their wait and release compile to
+// nothing there).
+// Asked once per device (0: not yet, 1: no, 2: yes).
+bool programmatic_launches_supported() {
+  int device = 0;
+  replay::check(cudaGetDevice(&device), "cudaGetDevice");
+  static std::array<std::atomic<int>, 64> known{};
+  std::atomic<int>* answer = device >= 0 && device < static_cast<int>(known.size())
+                                 ? &known[static_cast<std::size_t>(device)]
+                                 : nullptr;
+  if (answer != nullptr && answer->load(std::memory_order_relaxed) != 0) {
+    return answer->load(std::memory_order_relaxed) == 2;
+  }
+  int major = 0;
+  replay::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  if (answer != nullptr) answer->store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
+  return major >= 9;
+}
+
+std::atomic<bool> programmatic_launches_on{true};  // set_programmatic_launches()
+
+// The one place the fused kernels are launched: on `stream`, with
+// programmatic stream serialization where the device has it (and it is on),
+// checked.
+template <typename... Params, typename... Args>
+void launch_programmatic(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared,
+                         cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = programmatic_launches_on.load(std::memory_order_relaxed) && programmatic_launches_supported() ? 1 : 0;
+  replay::check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
 }
 
 // The kernels read and write 16 bytes at a time where these point; a
@@ -710,9 +1117,9 @@ void rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, const __
                             __half* cache_v, int rows, int heads, int kv_heads, int head_dim, std::int64_t max_len,
                             cudaStream_t stream) {
   if (head_dim % 2 != 0) throw std::invalid_argument("fused rotary: head_dim must be even");
-  rotary_and_cache_write_kernel<<<rows, kThreads, 0, stream>>>(qkv, qkv_stride, cos, sin, positions, slots, q_out,
-                                                               cache_k, cache_v, heads, kv_heads, head_dim, max_len);
-  replay::check_last_launch("fused rotary_and_cache_write");
+  launch_programmatic("cudaLaunchKernelEx (fused rotary_and_cache_write)", rotary_and_cache_write_kernel,
+                      dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, qkv, qkv_stride, cos, sin,
+                      positions, slots, q_out, cache_k, cache_v, heads, kv_heads, head_dim, max_len);
 }
 
 // Calls f(Group) with the group as a constant (integral_constant), 1 to kMaxQueryGroup.
@@ -734,10 +1141,10 @@ void decode_attention(const __half* q, const __half* cache_k, const __half* cach
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads),
                   static_cast<unsigned>(attention_splits(context)));
   with_query_group(heads / kv_heads, [&](auto group) {
-    decode_attention_kernel<group()><<<grid, kAttentionWarps * kLanes, shared, stream>>>(
-        q, cache_k, cache_v, slots, positions, out, heads, kv_heads, head_dim, max_len, context, scale, workspace);
+    launch_programmatic("cudaLaunchKernelEx (fused decode_attention)", decode_attention_kernel<group()>, grid,
+                        dim3(kAttentionWarps * kLanes), shared, stream, q, cache_k, cache_v, slots, positions, out,
+                        heads, kv_heads, head_dim, max_len, context, scale, workspace);
   });
-  replay::check_last_launch("fused decode_attention");
 }
 
 void rotary_attention(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
@@ -750,11 +1157,10 @@ void rotary_attention(const __half* qkv, std::int64_t qkv_stride, const __half* 
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads),
                   static_cast<unsigned>(attention_splits(context)));
   with_query_group(heads / kv_heads, [&](auto group) {
-    rotary_attention_kernel<group()><<<grid, kAttentionWarps * kLanes, shared, stream>>>(
-        qkv, qkv_stride, cos, sin, positions, slots, cache_k, cache_v, out, heads, kv_heads, head_dim, max_len,
-        context, scale, workspace);
+    launch_programmatic("cudaLaunchKernelEx (fused rotary_attention)", rotary_attention_kernel<group()>, grid,
+                        dim3(kAttentionWarps * kLanes), shared, stream, qkv, qkv_stride, cos, sin, positions, slots,
+                        cache_k, cache_v, out, heads, kv_heads, head_dim, max_len, context, scale, workspace);
   });
-  replay::check_last_launch("fused rotary_attention");
 }
 
 void add_rms_norm(__half* x, const __half* delta, const __half* weight, __half* out, int rows, int width, float eps,
@@ -764,14 +1170,81 @@ void add_rms_norm(__half* x, const __half* delta, const __half* weight, __half* 
   if (delta != nullptr) check_aligned(delta, "delta", "add_rms_norm");
   check_aligned(weight, "the weight", "add_rms_norm");
   check_aligned(out, "out", "add_rms_norm");
-  add_rms_norm_kernel<<<rows, kThreads, 0, stream>>>(x, delta, weight, out, width, eps);
-  replay::check_last_launch("fused add_rms_norm");
+  launch_programmatic("cudaLaunchKernelEx (fused add_rms_norm)", add_rms_norm_kernel, dim3(static_cast<unsigned>(rows)),
+                      dim3(kThreads), 0, stream, x, delta, weight, out, width, eps);
 }
 
 void silu_mul(const __half* gate_up, __half* out, int rows, int width, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((width + kThreads - 1) / kThreads), static_cast<unsigned>(rows));
-  silu_mul_kernel<<<grid, kThreads, 0, stream>>>(gate_up, out, width);
-  replay::check_last_launch("fused silu_mul");
+  launch_programmatic("cudaLaunchKernelEx (fused silu_mul)", silu_mul_kernel, grid, dim3(kThreads), 0, stream, gate_up,
+                      out, width);
+}
+
+// Calls f(Rows) with the rows as a constant (integral_constant), 1 to kMaxGemvRows.
+template <int Rows = 1, typename F>
+void with_linear_rows(int rows, F&& f) {
+  if constexpr (Rows <= kMaxGemvRows) {
+    if (rows != Rows) return with_linear_rows<Rows + 1>(rows, std::forward<F>(f));
+    return f(std::integral_constant<int, Rows>{});
+  }
+}
+
+// What a product (kernel or host version) checks before it runs.
+void check_linear_call(const char* kernel, const __half* x, const __half* weight, int rows, int in, int out,
+                       const LinearWorkspace& workspace) {
+  check_linear_shape(rows, in, out);
+  // 32 bytes: WMMA's loads need it; the GEMV's 16-byte loads are served too.
+  for (const auto& [p, what] : {std::pair{static_cast<const void*>(x), "the input"},
+                                std::pair{static_cast<const void*>(weight), "the weight"}}) {
+    if (reinterpret_cast<std::uintptr_t>(p) % 32 != 0) {
+      throw std::invalid_argument(std::string("fused ") + kernel + ": " + what +
+                                  " must be 32-byte aligned (a tensor of its own, not a view at an odd offset)");
+    }
+  }
+  if (linear_partial_floats(rows, in, out) > 0 && (workspace.partials == nullptr || workspace.counters == nullptr)) {
+    throw std::invalid_argument(std::string("fused ") + kernel + ": " + std::to_string(rows) + " rows of " +
+                                std::to_string(in) + " halves into " + std::to_string(out) +
+                                " outputs split the width over blocks, which need a workspace: "
+                                "linear_partial_floats() floats and linear_counters() counters at zero");
+  }
+}
+
+template <bool Gated>
+void launch_linear(const char* what, const __half* x, const __half* weight, __half* y, int rows, int in, int out,
+                   const LinearWorkspace& workspace, cudaStream_t stream) {
+  if (rows <= kMaxGemvRows) {
+    const dim3 grid(static_cast<unsigned>((out + kLinearOutputs - 1) / kLinearOutputs));
+    with_linear_rows(rows, [&](auto r) {
+      launch_programmatic(what, linear_kernel<r(), Gated>, grid, dim3(static_cast<unsigned>(linear_threads(in))), 0,
+                          stream, x, weight, y, in, out);
+    });
+    return;
+  }
+  const SkinnySplit split = skinny_split(in, out);
+  const dim3 grid(static_cast<unsigned>(out / kSkinnyOutputs), static_cast<unsigned>(split.splits));
+  const auto launch = [&](auto kernel) {
+    launch_programmatic(what, kernel, grid, dim3(kSkinnyWarps * 32), 0, stream, x, weight, y, in, out,
+                        split.steps_per_split, workspace);
+  };
+  switch (rows) {
+    case 16: return launch(skinny_linear_kernel<16, Gated>);
+    case 32: return launch(skinny_linear_kernel<32, Gated>);
+    case 48: return launch(skinny_linear_kernel<48, Gated>);
+    default: return launch(skinny_linear_kernel<64, Gated>);  // check_linear_shape() left 64
+  }
+}
+
+void linear(const __half* x, const __half* weight, __half* y, int rows, int in, int out,
+            const LinearWorkspace& workspace, cudaStream_t stream) {
+  check_linear_call("linear", x, weight, rows, in, out, workspace);
+  launch_linear<false>("cudaLaunchKernelEx (fused linear)", x, weight, y, rows, in, out, workspace, stream);
+}
+
+void gated_linear(const __half* gate_up, const __half* weight, __half* y, int rows, int in, int out,
+                  const LinearWorkspace& workspace, cudaStream_t stream) {
+  check_linear_call("gated_linear", gate_up, weight, rows, in, out, workspace);
+  launch_linear<true>("cudaLaunchKernelEx (fused gated_linear)", gate_up, weight, y, rows, in, out, workspace,
+                      stream);
 }
 
 void check_step_rows(const StepRows& state) {
@@ -788,15 +1261,15 @@ void check_step_rows(const StepRows& state) {
 
 void step_inputs(const StepRows& state, std::int64_t* live_slots, std::int64_t* live_positions, cudaStream_t stream) {
   check_step_rows(state);
-  step_inputs_kernel<<<(state.rows + kThreads - 1) / kThreads, kThreads, 0, stream>>>(state, live_slots,
-                                                                                     live_positions);
-  replay::check_last_launch("fused step_inputs");
+  launch_programmatic("cudaLaunchKernelEx (fused step_inputs)", step_inputs_kernel,
+                      dim3(static_cast<unsigned>((state.rows + kThreads - 1) / kThreads)), dim3(kThreads), 0, stream,
+                      state, live_slots, live_positions);
 }
 
 void step_update(const StepRows& state, const std::int64_t* next, cudaStream_t stream) {
   check_step_rows(state);
-  step_update_kernel<<<1, kThreads, 0, stream>>>(state, next);
-  replay::check_last_launch("fused step_update");
+  launch_programmatic("cudaLaunchKernelEx (fused step_update)", step_update_kernel, dim3(1), dim3(kThreads), 0, stream,
+                      state, next);
 }
 
 void host_rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
@@ -979,6 +1452,126 @@ void host_silu_mul(const __half* gate_up, __half* out, int rows, int width, cuda
   }
 }
 
+// The kernel's block as one thread: each thread's sums in turn (its vectors
+// in order), then each warp's butterfly of shuffles over its lanes' sums,
+// then the warps' sums in order.
+template <bool Gated>
+void host_linear_product(const __half* x, const __half* weight, __half* y, int rows, int in, int out) {
+  const int threads = linear_threads(in);
+  const int vectors = in / kVectorHalves;
+  std::vector<float> lanes(static_cast<std::size_t>(threads));
+  for (int o = 0; o < out; ++o) {
+    const __half* w = weight_row(weight, in, o);
+    for (int r = 0; r < rows; ++r) {
+      for (int tid = 0; tid < threads; ++tid) {
+        float acc = 0.0F;
+        for (int v = tid; v < vectors; v += threads) {
+          acc = dot_vector(acc, load_weight_vector(w + v * kVectorHalves), linear_input<Gated>(x, in, r, v * kVectorHalves));
+        }
+        lanes[static_cast<std::size_t>(tid)] = acc;
+      }
+      float total = 0.0F;
+      for (int warp = 0; warp < threads / 32; ++warp) {
+        float* lane = lanes.data() + warp * 32;
+        for (int offset = 16; offset > 0; offset /= 2) {
+          float next[32];
+          for (int l = 0; l < 32; ++l) next[l] = lane[l] + lane[l ^ offset];
+          std::memcpy(lane, next, sizeof(next));
+        }
+        total += lane[0];
+      }
+      y[static_cast<std::int64_t>(r) * out + o] = __float2half(total);
+    }
+  }
+}
+
+// The skinny kernel's blocks as one thread, in split order (so the last to
+// count is the last split): each warp's 16x16x16 products over its steps
+// (the tensor cores' sums within a product are in an order of their own;
+// this proves the tiling and indexing), the warps summed in order, the
+// splits through the workspace.
+template <bool Gated>
+void host_skinny_product(const __half* x, const __half* weight, __half* y, int rows, int in, int out,
+                         const LinearWorkspace& workspace) {
+  const SkinnySplit split = skinny_split(in, out);
+  const int steps = in / kSkinnyStep;
+  const auto input = [&](int r, int k) {
+    if constexpr (Gated) {
+      const __half* row = x + static_cast<std::int64_t>(r) * 2 * in;
+      return __half2float(silu_times(row[k], row[in + k]));
+    } else {
+      return __half2float(x[static_cast<std::int64_t>(r) * in + k]);
+    }
+  };
+  std::vector<float> sums(static_cast<std::size_t>(kSkinnyWarps * rows * kSkinnyOutputs));
+  for (int tile = 0; tile < out / kSkinnyOutputs; ++tile) {
+    const int first_output = tile * kSkinnyOutputs;
+    for (int s = 0; s < split.splits; ++s) {
+      const int end = std::min((s + 1) * split.steps_per_split, steps);
+      std::fill(sums.begin(), sums.end(), 0.0F);
+      for (int warp = 0; warp < kSkinnyWarps; ++warp) {
+        float* mine = sums.data() + static_cast<std::ptrdiff_t>(warp) * rows * kSkinnyOutputs;
+        for (int step = s * split.steps_per_split + warp; step < end; step += kSkinnyWarps) {
+          for (int r = 0; r < rows; ++r) {
+            for (int n = 0; n < kSkinnyOutputs; ++n) {
+              const __half* w = weight_row(weight, in, first_output + n) + step * kSkinnyStep;
+              float product = 0.0F;
+              for (int k = 0; k < kSkinnyStep; ++k) {
+                product = fmaf(input(r, step * kSkinnyStep + k), __half2float(w[k]), product);
+              }
+              mine[r * kSkinnyOutputs + n] += product;
+            }
+          }
+        }
+      }
+      const int elements = rows * kSkinnyOutputs;
+      for (int i = 0; i < elements; ++i) {
+        const int r = i / kSkinnyOutputs;
+        const int n = i % kSkinnyOutputs;
+        float total = 0.0F;
+        for (int w = 0; w < kSkinnyWarps; ++w) total += sums[static_cast<std::size_t>(w * elements + i)];
+        if (split.splits == 1) {
+          y[static_cast<std::int64_t>(r) * out + first_output + n] = __float2half(total);
+        } else {
+          workspace.partials[skinny_partial_index(s, rows, r, out, first_output + n)] = total;
+        }
+      }
+      if (split.splits == 1) continue;
+      if (workspace.counters[tile]++ != static_cast<unsigned>(split.splits - 1)) continue;
+      for (int i = 0; i < elements; ++i) {
+        const int r = i / kSkinnyOutputs;
+        const int n = i % kSkinnyOutputs;
+        float total = 0.0F;
+        for (int p = 0; p < split.splits; ++p) {
+          total += workspace.partials[skinny_partial_index(p, rows, r, out, first_output + n)];
+        }
+        y[static_cast<std::int64_t>(r) * out + first_output + n] = __float2half(total);
+      }
+      workspace.counters[tile] = 0;
+    }
+  }
+}
+
+void host_linear(const __half* x, const __half* weight, __half* y, int rows, int in, int out,
+                 const LinearWorkspace& workspace, cudaStream_t /*stream*/) {
+  check_linear_call("linear", x, weight, rows, in, out, workspace);
+  if (rows <= kMaxGemvRows) {
+    host_linear_product<false>(x, weight, y, rows, in, out);
+  } else {
+    host_skinny_product<false>(x, weight, y, rows, in, out, workspace);
+  }
+}
+
+void host_gated_linear(const __half* gate_up, const __half* weight, __half* y, int rows, int in, int out,
+                       const LinearWorkspace& workspace, cudaStream_t /*stream*/) {
+  check_linear_call("gated_linear", gate_up, weight, rows, in, out, workspace);
+  if (rows <= kMaxGemvRows) {
+    host_linear_product<true>(gate_up, weight, y, rows, in, out);
+  } else {
+    host_skinny_product<true>(gate_up, weight, y, rows, in, out, workspace);
+  }
+}
+
 void host_step_inputs(const StepRows& state, std::int64_t* live_slots, std::int64_t* live_positions,
                       cudaStream_t /*stream*/) {
   check_step_rows(state);
@@ -1000,6 +1593,40 @@ void check_norm_width(int width) {
     throw std::invalid_argument("fused add_rms_norm: a row of " + std::to_string(width) + " halves; it takes a multiple of " +
                                 std::to_string(kKeyVector) + " up to " + std::to_string(kNormVectors * kKeyVector * kThreads));
   }
+}
+
+void set_programmatic_launches(bool enabled) { programmatic_launches_on.store(enabled, std::memory_order_relaxed); }
+
+bool programmatic_launches() { return programmatic_launches_on.load(std::memory_order_relaxed); }
+
+bool linear_fits(int rows, int in, int out) {
+  if (in < kVectorHalves || in % kVectorHalves != 0 || out < 1) return false;
+  if (rows >= 1 && rows <= kMaxGemvRows) return true;
+  return rows >= 16 && rows <= kMaxSkinnyRows && rows % 16 == 0 && in % kSkinnyStep == 0 &&
+         out % kSkinnyOutputs == 0;
+}
+
+void check_linear_shape(int rows, int in, int out) {
+  if (!linear_fits(rows, in, out)) {
+    throw std::invalid_argument("fused linear: " + std::to_string(rows) + " rows of " + std::to_string(in) +
+                                " halves into " + std::to_string(out) + " outputs; it takes 1 to " +
+                                std::to_string(kMaxGemvRows) + " rows of a positive multiple of " +
+                                std::to_string(kVectorHalves) + " halves into at least one output, or 16, 32, 48 or " +
+                                std::to_string(kMaxSkinnyRows) + " rows of a multiple of " +
+                                std::to_string(kSkinnyStep) + " halves into a multiple of " +
+                                std::to_string(kSkinnyOutputs) + " outputs");
+  }
+}
+
+std::size_t linear_partial_floats(int rows, int in, int out) {
+  if (!linear_fits(rows, in, out) || rows <= kMaxGemvRows) return 0;
+  const SkinnySplit split = skinny_split(in, out);
+  if (split.splits <= 1) return 0;
+  return static_cast<std::size_t>(split.splits) * static_cast<std::size_t>(rows) * static_cast<std::size_t>(out);
+}
+
+std::size_t linear_counters(int out) {
+  return out < kSkinnyOutputs ? 0 : static_cast<std::size_t>(out / kSkinnyOutputs);
 }
 
 void check_attention_shape(int heads, int kv_heads, int head_dim) {
@@ -1031,14 +1658,15 @@ std::size_t attention_partial_floats(int rows, int heads, int kv_heads, int head
 
 const Kernels& kernels() {
   static constexpr Kernels table{rotary_and_cache_write, decode_attention, rotary_attention, add_rms_norm,
-                                 silu_mul,               step_inputs,      step_update};
+                                 linear,                 gated_linear,     silu_mul,         step_inputs,
+                                 step_update};
   return table;
 }
 
 const Kernels& host_kernels() {
   static constexpr Kernels table{host_rotary_and_cache_write, host_decode_attention, host_rotary_attention,
-                                 host_add_rms_norm,           host_silu_mul,         host_step_inputs,
-                                 host_step_update};
+                                 host_add_rms_norm,           host_linear,           host_gated_linear,
+                                 host_silu_mul,               host_step_inputs,      host_step_update};
   return table;
 }
 

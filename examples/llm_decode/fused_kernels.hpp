@@ -59,6 +59,53 @@ std::size_t attention_partial_floats(int rows, int heads, int kv_heads, int head
 // (groups 6 to 8 at width 256, 8 at 192). Any context length is fine.
 void check_attention_shape(int heads, int kv_heads, int head_dim);
 
+// The products of the step (Kernels::linear, Kernels::gated_linear), chosen
+// by rows: a GEMV for 1 to kMaxGemvRows rows (16-byte loads of each weight
+// row, fp32 sums on the CUDA cores); a skinny GEMM on the tensor cores (WMMA
+// 16x16x16, fp16 in, fp32 sums) for 16, 32, 48 or 64 rows, each weight read
+// once, its input width split over blocks (split-K) where the outputs alone
+// would give too few. Other row counts are refused: the caller uses a
+// library GEMM (cuBLAS through at::linear) there.
+inline constexpr int kMaxGemvRows = 8;
+inline constexpr int kMaxSkinnyRows = 64;
+inline constexpr int kSkinnyOutputs = 32;  // a skinny block's outputs (two 16-wide tiles)
+
+// Whether linear() and gated_linear() take this product: 1..kMaxGemvRows
+// rows, or a multiple of 16 up to kMaxSkinnyRows rows with `out` a multiple
+// of kSkinnyOutputs and `in` a multiple of 16; `in` a positive multiple of 8.
+bool linear_fits(int rows, int in, int out);
+
+// Throws std::invalid_argument, naming the sizes, where linear_fits() is false.
+void check_linear_shape(int rows, int in, int out);
+
+// Threads per block of a GEMV over `in` input halves: one 16-byte vector of
+// each weight row per thread per pass, 32 to 256 threads. Each thread sums
+// its vectors in order, then the block in a fixed order: the result depends
+// on the shape alone, never on the launch.
+__host__ __device__ inline constexpr int linear_threads(int in) {
+  const int vectors = in / 8;
+  const int warps = (vectors + 31) / 32;
+  return warps < 1 ? 32 : (warps > 8 ? 256 : warps * 32);
+}
+
+// Where a skinny GEMM's blocks leave their partial sums when its input width
+// is split over blocks, and count themselves in (the last of an output tile
+// sums the splits in order: no atomics on the sums). `partials`:
+// linear_partial_floats() floats, any contents; `counters`:
+// linear_counters() at zero before a call and left at zero after it, so one
+// set serves every product of a step in stream order. Unused (may be null)
+// where linear_partial_floats() is 0.
+struct LinearWorkspace {
+  float* partials = nullptr;
+  unsigned int* counters = nullptr;
+};
+
+// Floats of LinearWorkspace::partials for a product: 0 unless a skinny GEMM
+// splits its input width.
+std::size_t linear_partial_floats(int rows, int in, int out);
+// Counters of LinearWorkspace::counters for a product of `out` outputs.
+std::size_t linear_counters(int out);
+
 // Throws std::invalid_argument, naming the width, for a row add_rms_norm()
 // cannot take: not a multiple of 8 halves, or over 8192.
 void check_norm_width(int width);
@@ -81,6 +128,15 @@ struct StepRows {
   int eos_count = 0;
   std::int64_t spare_slot = 0;       // where done rows read and write
 };
+
+// Whether the CUDA kernels are launched with programmatic stream
+// serialization (default on, where the device has it: compute capability
+// 9.0 and later). Off: plain launches, the same results bit for bit (a
+// kernel's wait and release then do nothing): to measure what the
+// programmatic edges gain. Read at each launch, so a graph keeps what was
+// set when it was captured.
+void set_programmatic_launches(bool enabled);
+bool programmatic_launches();
 
 // The kernels, as one table: kernels() launches them on `stream` (each
 // launch checked), host_kernels() runs the same code over host memory as one
@@ -128,6 +184,22 @@ struct Kernels {
   //   x, delta, out: [rows, width]; weight: [width]
   void (*add_rms_norm)(__half* x, const __half* delta, const __half* weight, __half* out, int rows, int width,
                        float eps, cudaStream_t stream);
+  // A product as torch's linear without bias: y = x weight^T, float32 sums
+  // rounded once. Every kernel of the table is launched with programmatic
+  // stream serialization (a captured step gets programmatic edges between
+  // them): each reads what no kernel writes (its weights) before it waits
+  // for its predecessor.
+  //   x: [rows, in]; weight: [out, in]; y: [rows, out]
+  // Throws std::invalid_argument for shapes it cannot take (check_linear_shape),
+  // for a split product without a workspace, and for x or weight not
+  // 32-byte aligned (a tensor of its own is).
+  void (*linear)(const __half* x, const __half* weight, __half* y, int rows, int in, int out,
+                 const LinearWorkspace& workspace, cudaStream_t stream);
+  // The same product over silu_mul()'s output computed as it is loaded (the
+  // same fp16 values, never stored): y = (silu(gate) * up) weight^T.
+  //   gate_up: [rows, 2 * in] (gate, then up); weight: [out, in]; y: [rows, out]
+  void (*gated_linear)(const __half* gate_up, const __half* weight, __half* y, int rows, int in, int out,
+                       const LinearWorkspace& workspace, cudaStream_t stream);
   // SwiGLU's product: out = silu(gate) * up in float32, rounded once.
   //   gate_up: [rows, 2 * width] (gate, then up); out: [rows, width]
   void (*silu_mul)(const __half* gate_up, __half* out, int rows, int width, cudaStream_t stream);

@@ -86,6 +86,7 @@ struct Common {
   std::vector<std::int64_t> prefill_buckets;   // empty: the executor's default
   std::size_t prefill_chunk = 0;               // generate: > 0: chunked prefill of this many prompt tokens per launch
   std::string json;
+  bool no_programmatic_launches = false;  // --no-pdl: the fused kernels' (fused::set_programmatic_launches)
 
   // Chunked prefill runs on the fused kernels' bucketed prefill only
   // (LlamaExecutor::prefill_and_decode): refused here rather than in every launch.
@@ -117,6 +118,7 @@ ExecutorOptions executor_options(const Common& c, StepMode mode, std::size_t ste
 }
 
 LlamaModel load_model(const Common& c) {
+  llm_decode::fused::set_programmatic_launches(!c.no_programmatic_launches);
   const at::Device device(at::kCUDA, 0);
   if (!c.weights.empty()) return LlamaModel::load(c.weights, device);
   llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset(c.preset);
@@ -318,10 +320,72 @@ std::pair<double, double> time_decode_beside_prefill(LlamaExecutor& decoder, Lla
   return {percentile(per_step, 0.5), static_cast<double>(prefills.load()) / seconds};
 }
 
+// Bytes a decode step reads at `rows` rows whose keys number `keys` each
+// (the mean over the timed steps), from the config alone: every weight once
+// (the embedding's rows only), the keys and values each row attends, and the
+// activations (each product's input and output, the norms' residual and
+// input rows, the logits).
+struct StepBytes {
+  double weights = 0;
+  double cache = 0;
+  double activations = 0;
+  double total() const { return weights + cache + activations; }
+};
+
+StepBytes step_bytes(const llm_decode::LlamaConfig& config, std::int64_t rows, double keys) {
+  const auto hidden = static_cast<double>(config.hidden_size);
+  const auto inter = static_cast<double>(config.intermediate_size);
+  const auto head_dim = static_cast<double>(config.head_dim());
+  const auto q_width = static_cast<double>(config.num_heads) * head_dim;
+  const auto kv_width = static_cast<double>(config.num_kv_heads) * head_dim;
+  const auto layers = static_cast<double>(config.num_layers);
+  const auto vocab = static_cast<double>(config.vocab_size);
+  const auto n = static_cast<double>(rows);
+  constexpr double half = 2;  // bytes
+  StepBytes b;
+  const double per_layer = (q_width + 2 * kv_width) * hidden + q_width * hidden + 3 * inter * hidden + 2 * hidden;
+  b.weights = half * (layers * per_layer + hidden + vocab * hidden + n * hidden);
+  b.cache = half * n * layers * 2 * kv_width * keys;
+  const double per_layer_rows = hidden + (q_width + 2 * kv_width) + q_width + hidden + hidden + 2 * inter + 2 * inter +
+                                hidden + 2 * 3 * hidden;
+  b.activations = half * n * (layers * per_layer_rows + hidden + vocab);
+  return b;
+}
+
+// The GPU's peak memory bandwidth in bytes per second and where it came
+// from: --peak-tbps when given; else the device's memory clock and bus width
+// (double data rate); else a table by name (H100 SXM 3.35 TB/s, H200 4.8);
+// else unknown (0).
+struct PeakBandwidth {
+  double bytes_per_s = 0;
+  std::string source;
+};
+
+PeakBandwidth peak_bandwidth(int device, double option_tbps) {
+  if (option_tbps > 0) return {option_tbps * 1e12, "--peak-tbps"};
+  int clock_khz = 0;
+  int bus_bits = 0;
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess && clock_khz > 0 &&
+      bus_bits > 0) {
+    return {2.0 * clock_khz * 1e3 * bus_bits / 8.0, "the device's memory clock " + std::to_string(clock_khz / 1000) +
+                                                       " MHz x " + std::to_string(bus_bits) + "-bit bus, double data rate"};
+  }
+  cudaDeviceProp properties{};
+  replay::check(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+  const std::string name = properties.name;
+  if (name.find("H200") != std::string::npos) return {4.8e12, "the table by name (" + name + ")"};
+  if (name.find("H100") != std::string::npos) return {3.35e12, "the table by name (" + name + ")"};
+  return {0, "unknown for " + name + " (give --peak-tbps)"};
+}
+
 int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t prompt_len, std::size_t new_tokens,
           const std::vector<std::size_t>& multi_steps, int repeats, int capture_threads,
-          const std::vector<std::size_t>& beside_prefill) {
+          const std::vector<std::size_t>& beside_prefill, double peak_tbps) {
   const LlamaModel model = load_model(c);
+  const PeakBandwidth peak = peak_bandwidth(model.device().index(), peak_tbps);
+  std::printf("llm_decode bench: HBM peak %.2f TB/s, from %s; fused kernels' programmatic launches %s\n",
+              peak.bytes_per_s / 1e12, peak.source.c_str(), c.no_programmatic_launches ? "off (--no-pdl)" : "on");
   // Refused before any measurement, not after minutes of them.
   for (const std::size_t tokens : beside_prefill) {
     if (tokens == 0 || static_cast<std::int64_t>(tokens) > model.config().max_len) {
@@ -332,6 +396,9 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
   std::mt19937_64 rng(c.seed + 7);
   Json out{{"preset", c.preset},        {"prompt", prompt_len},          {"new_tokens", new_tokens},
            {"rows", Json::array()},     {"batch_buckets", c.batch_buckets}, {"context_buckets", c.context_buckets}};
+  out["peak_bytes_per_s"] = peak.bytes_per_s;
+  out["peak_source"] = peak.source;
+  out["programmatic_launches"] = !c.no_programmatic_launches;
   std::vector<BenchRow> rows;
   struct Method {
     std::string name;
@@ -384,14 +451,26 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
                      .ms_per_step = percentile(per_step, 0.5) * 1e3,
                      .tokens_per_s = static_cast<double>(batch) / percentile(per_step, 0.5),
                      .host_fraction = launch > 0 ? host / launch : 0};
-        std::printf("llm_decode bench: %-18s batch %3lld: %8.3f ms/step %10.0f tokens/s  host %.1f%% of a launch\n",
+        // The timed steps attend prompt_len + 1 .. prompt_len + new_tokens - 1 keys.
+        const StepBytes bytes =
+            step_bytes(model.config(), batch, static_cast<double>(prompt_len) + static_cast<double>(new_tokens) / 2);
+        const double bytes_per_s = bytes.total() / (row.ms_per_step / 1e3);
+        const double peak_share = peak.bytes_per_s > 0 ? bytes_per_s / peak.bytes_per_s : 0;
+        std::printf("llm_decode bench: %-18s batch %3lld: %8.3f ms/step %10.0f tokens/s  host %.1f%% of a launch  "
+                    "%.3f GB read, %.2f TB/s, %.1f%% of peak\n",
                     row.method.c_str(), static_cast<long long>(batch), row.ms_per_step, row.tokens_per_s,
-                    100 * row.host_fraction);
+                    100 * row.host_fraction, bytes.total() / 1e9, bytes_per_s / 1e12, 100 * peak_share);
         out["rows"].push_back({{"method", row.method},
                                {"batch", row.batch},
                                {"ms_per_step", row.ms_per_step},
                                {"tokens_per_s", row.tokens_per_s},
-                               {"host_fraction", row.host_fraction}});
+                               {"host_fraction", row.host_fraction},
+                               {"bytes_per_step", bytes.total()},
+                               {"weight_bytes", bytes.weights},
+                               {"cache_bytes", bytes.cache},
+                               {"activation_bytes", bytes.activations},
+                               {"bytes_per_s", bytes_per_s},
+                               {"peak_share", peak_share}});
         if (m.steps == 1 && m.kernels == kernels) {  // the prefill is the same in the fused row
           const double prefill_ms =
               1e3 * time_prefill(executor, batch, prompt_len, std::max(repeats, 5), rng, model.config().vocab_size);
@@ -1038,6 +1117,8 @@ int main(int argc, char** argv) {
     sub->add_option("--prefill-buckets", c.prefill_buckets, "packed prompt tokens a prefill is padded to")
         ->delimiter(',');
     sub->add_option("--json", c.json, "write the results to this file");
+    sub->add_flag("--no-pdl", c.no_programmatic_launches,
+                  "launch the fused kernels plainly, without programmatic dependent launch (to measure its gain)");
   };
   std::string out_dir;
   CLI::App* write = app.add_subcommand("write-weights", "write random weights (config.json, weights.pt)");
@@ -1062,6 +1143,7 @@ int main(int argc, char** argv) {
   std::vector<std::size_t> multi_steps{4};
   int repeats = 3, capture_threads = 4;
   std::vector<std::size_t> beside_prefill;
+  double peak_tbps = 0;
   CLI::App* bench_app = app.add_subcommand("bench", "ms per step and tokens/s: eager, graphed, K steps per launch");
   add_common(bench_app);
   bench_app->add_option("--batches", batches)->delimiter(',');
@@ -1070,6 +1152,9 @@ int main(int argc, char** argv) {
   bench_app->add_option("--multi-steps", multi_steps, "K of the several-steps-per-launch rows")->delimiter(',');
   bench_app->add_option("--repeats", repeats)->capture_default_str();
   bench_app->add_option("--capture-threads", capture_threads)->capture_default_str();
+  bench_app->add_option("--peak-tbps", peak_tbps,
+                        "the GPU's peak memory bandwidth in TB/s for the rows' share of peak (default: from the "
+                        "device's memory clock and bus width, else by name: H100 SXM 3.35, H200 4.8)");
   bench_app
       ->add_option("--beside-prefill", beside_prefill,
                    "also time graphed steps while a second executor prefills prompts of these many tokens, one after "
@@ -1177,7 +1262,8 @@ int main(int argc, char** argv) {
     if (gen->parsed()) return generate(c, prompts, new_tokens, steps, threads);
     if (bench_app->parsed()) {
       std::sort(multi_steps.begin(), multi_steps.end());
-      return bench(c, batches, prompt_len, new_tokens, multi_steps, repeats, capture_threads, beside_prefill);
+      return bench(c, batches, prompt_len, new_tokens, multi_steps, repeats, capture_threads, beside_prefill,
+                   peak_tbps);
     }
     if (load_app->parsed()) {
       const OutputLengths& l = load_settings.lengths;

@@ -23,6 +23,7 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -49,9 +50,12 @@ enum class DecodeKernels : std::uint8_t {
   // same operators as llama.py's step.
   aten,
   // fused_kernels.hpp: rotary, cache write and decode attention reading the
-  // cache by slot in one kernel, residual add with RMSNorm, SiLU x up (8
-  // kernels per layer with the 4 products; a packed prefill's rotary and
-  // cache write are a kernel of their own). fp16 only; on the CPU the
+  // cache by slot in one kernel, residual add with RMSNorm, and the
+  // products as GEMVs (1 to 8 rows) or tensor-core skinny GEMMs (16 to 64),
+  // the down one computing SiLU x up as it loads (7 kernels per layer; other
+  // row counts: torch's GEMMs and a SiLU x up kernel, 8; a packed prefill's
+  // rotary and cache write are a kernel of their own). Every fused kernel is
+  // a programmatic launch. fp16 only; on the CPU the
   // kernels' host versions run (for tests). Agrees with `aten` to fp16 rounding, not bit for bit (it
   // rounds once where the operators round at each step).
   fused,
@@ -580,11 +584,12 @@ class LlamaModel {
       if (!at::isFloatingType(value.scalar_type())) {
         detail::invalid("weight \"" + name + "\" must be floating point, not " + c10::toString(value.scalar_type()));
       }
-      // 16-byte aligned, as a fresh allocation is: the fused kernels read
-      // norm weights 8 halves at a time (a view into a larger buffer, as a
-      // loaded file may give, is copied).
+      // 32-byte aligned, as a fresh allocation is: the fused kernels read
+      // norm weights 8 halves at a time and the products' tensor-core loads
+      // need 32 bytes (a view into a larger buffer, as a loaded file may
+      // give, is copied).
       const at::Tensor stored = value.to(options).contiguous();
-      return reinterpret_cast<std::uintptr_t>(stored.data_ptr()) % 16 == 0 ? stored : stored.clone();
+      return reinterpret_cast<std::uintptr_t>(stored.data_ptr()) % 32 == 0 ? stored : stored.clone();
     };
     embed_ = take("model.embed_tokens.weight");
     device_ = embed_.device();  // "cuda" becomes "cuda:<current>": inputs are compared against it
@@ -681,9 +686,13 @@ class LlamaModel {
 
   static __half* half_ptr(const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); }
 
-  // decode() with DecodeKernels::fused: the same math, 8 kernels per layer
-  // (9 for a packed prefill; and, past fused::kSplitKeys positions of
-  // context, one fill of the attention's counters per call). Capture-safe
+  // decode() with DecodeKernels::fused: the same math, 7 kernels per layer
+  // where the fused products take the rows (fused::linear_fits: 1 to 8, 16,
+  // 32, 48, 64; 4 products, the down one computing the SiLU product as it
+  // loads; attention; 2 residual-add norms), 8 elsewhere (torch's GEMMs and
+  // the SiLU product's own kernel); one more for a packed prefill; and one
+  // fill of counters per call for the attention past fused::kSplitKeys
+  // positions of context and for products split over blocks. Capture-safe
   // like decode(): device tensors only, torch's allocator, the current stream.
   // `logit_rows`: when given (a packed prefill), only these rows' logits are
   // computed, and the rows, which share slots, write every key and value
@@ -724,12 +733,60 @@ class LlamaModel {
         attention_workspace(options, rows, heads, kv_heads, head_dim, context_positions);
     const fused::AttentionWorkspace workspace = workspace_tensors.view();
     const at::Tensor attended = at::empty({rows, heads * head_dim}, options);
-    const at::Tensor act = at::empty({rows, intermediate}, options);
+    // The products: the fused GEMVs and skinny GEMMs where they take the
+    // shape (fused::linear_fits), launched programmatically like the other
+    // kernels; torch's GEMM (cuBLAS) elsewhere. A skinny GEMM that splits its
+    // width over blocks uses the workspace: one set for every product of the
+    // step (each call leaves the counters at zero).
+    const auto logits_rows = static_cast<int>(logit_rows != nullptr ? logit_rows->size(0) : rows);
+    const auto qkv_width = static_cast<int>(layers_[0].qkv.size(0));
+    const auto vocab = static_cast<int>(config_.vocab_size);
+    std::size_t linear_floats = 0;
+    std::size_t linear_counters = 0;
+    for (const auto [product_rows, in, out] :
+         {std::array{rows, hidden, qkv_width}, std::array{rows, heads * head_dim, hidden},
+          std::array{rows, hidden, 2 * intermediate}, std::array{rows, intermediate, hidden},
+          std::array{logits_rows, hidden, vocab}}) {
+      linear_floats = std::max(linear_floats, fused::linear_partial_floats(product_rows, in, out));
+      linear_counters = std::max(linear_counters, fused::linear_counters(out));
+    }
+    const at::Tensor linear_partials =
+        linear_floats > 0 ? at::empty({static_cast<std::int64_t>(linear_floats)}, options.dtype(at::kFloat))
+                          : at::Tensor();
+    const at::Tensor linear_counts =
+        linear_floats > 0 ? at::zeros({static_cast<std::int64_t>(linear_counters)}, options.dtype(at::kInt))
+                          : at::Tensor();
+    const fused::LinearWorkspace linear_workspace{
+        .partials = linear_floats > 0 ? linear_partials.data_ptr<float>() : nullptr,
+        .counters = linear_floats > 0 ? reinterpret_cast<unsigned int*>(linear_counts.data_ptr<int>()) : nullptr};
+    const auto product = [&](const at::Tensor& input, const at::Tensor& weight) {
+      const auto input_rows = static_cast<int>(input.size(0));
+      const auto in = static_cast<int>(weight.size(1));
+      const auto out = static_cast<int>(weight.size(0));
+      if (!fused::linear_fits(input_rows, in, out)) return at::linear(input, weight);
+      at::Tensor y = at::empty({input_rows, out}, options);
+      k.linear(half_ptr(input), half_ptr(weight), half_ptr(y), input_rows, in, out, linear_workspace, stream);
+      return y;
+    };
+    // The MLP's down product over silu(gate) * up: the SiLU product computed
+    // as the fused product loads its input, or its own kernel before torch's GEMM.
+    const bool gated_down = fused::linear_fits(rows, intermediate, hidden);
+    const at::Tensor act = gated_down ? at::Tensor() : at::empty({rows, intermediate}, options);
+    const auto down_product = [&](const at::Tensor& gate_up, const at::Tensor& weight) {
+      if (!gated_down) {
+        k.silu_mul(half_ptr(gate_up), half_ptr(act), rows, intermediate, stream);
+        return at::linear(act, weight);
+      }
+      at::Tensor y = at::empty({rows, hidden}, options);
+      k.gated_linear(half_ptr(gate_up), half_ptr(weight), half_ptr(y), rows, intermediate, hidden, linear_workspace,
+                     stream);
+      return y;
+    };
     for (std::int64_t i = 0; i < config_.num_layers; ++i) {
       const Layer& layer = layers_[static_cast<std::size_t>(i)];
       const at::Tensor cache_k = cache.k.select(0, i);
       const at::Tensor cache_v = cache.v.select(0, i);
-      const at::Tensor qkv = at::linear(h, layer.qkv);
+      const at::Tensor qkv = product(h, layer.qkv);
       if (logit_rows == nullptr) {
         k.rotary_attention(half_ptr(qkv), qkv.stride(0), half_ptr(cos_), half_ptr(sin_), position_data, slot_data,
                            half_ptr(cache_k), half_ptr(cache_v), half_ptr(attended), rows, heads, kv_heads, head_dim,
@@ -742,15 +799,14 @@ class LlamaModel {
                            half_ptr(attended), rows, heads, kv_heads, head_dim, config_.max_len, context_positions,
                            static_cast<float>(scale_), workspace, stream);
       }
-      const at::Tensor o = at::linear(attended, layer.o);
+      const at::Tensor o = product(attended, layer.o);
       k.add_rms_norm(half_ptr(x), half_ptr(o), half_ptr(layer.post_norm), half_ptr(h), rows, hidden, eps, stream);
-      k.silu_mul(half_ptr(at::linear(h, layer.gate_up)), half_ptr(act), rows, intermediate, stream);
-      const at::Tensor down = at::linear(act, layer.down);
+      const at::Tensor down = down_product(product(h, layer.gate_up), layer.down);
       const at::Tensor& next_norm =
           i + 1 < config_.num_layers ? layers_[static_cast<std::size_t>(i + 1)].input_norm : norm_;
       k.add_rms_norm(half_ptr(x), half_ptr(down), half_ptr(next_norm), half_ptr(h), rows, hidden, eps, stream);
     }
-    return at::linear(logit_rows != nullptr ? h.index_select(0, *logit_rows) : h, lm_head_);
+    return product(logit_rows != nullptr ? h.index_select(0, *logit_rows) : h, lm_head_);
   }
 
   // The cache must be one made for this model: a mismatch would index out of

@@ -13,7 +13,8 @@
 #            benchmark (eager, graphed, graphed 4 steps per launch, graphed with
 #            the fused kernels), the Python
 #            peers (bench/llm_decode/decode_peers.py: eager, torch.cuda.CUDAGraph,
-#            Hugging Face generate eager and static cache, torch.compile last,
+#            Hugging Face generate eager and static cache, torch.compile
+#            reduce-overhead and max-autotune last,
 #            within what is left of the budget), the summary with the goals
 #            (bench/llm_decode/summarize.py); for "small" also the load test
 #            (continuous, grouped, chunked and static batching; uniform and exponential
@@ -36,7 +37,9 @@
 # after a build of build/gpu (llm_decode's target).
 # Bounded by REPLAY_LLM_BUDGET_S (default 360 s, goodput 450 s; gpu-check.sh
 # kills a step at 420 s). REPLAY_LLM_PEERS: the Python peers to measure (default all:
-# eager,cuda_graphs,hf_eager,hf_static,compile). The load test:
+# eager,cuda_graphs,hf_eager,hf_static,compile,compile_max_autotune: torch.compile
+# in its two decode modes, reduce-overhead and max-autotune, each with a third of
+# the peers' budget). The load test:
 # REPLAY_LLM_LOAD_MIXES (default "uniform exponential"; "none" skips it),
 # REPLAY_LLM_LOAD_RATES (default 50,100,200,400,800 requests/s),
 # REPLAY_LLM_LOAD_KERNELS (default fused: the engine's fastest step; aten
@@ -171,8 +174,8 @@ if [ "$mode" != check ]; then
     if [ "$peers_budget" -gt 30 ]; then
       step "Python peers ($preset, within ${peers_budget} s)"
       timeout $((peers_budget + 20)) python3 bench/llm_decode/decode_peers.py --weights "$dir" \
-        --peers "${REPLAY_LLM_PEERS:-eager,cuda_graphs,hf_eager,hf_static,compile}" --repeats 3 --budget-s "$peers_budget" \
-        --compile-budget-s "$((peers_budget / 2))" --json "$OUT/llm_peers_$preset.json" \
+        --peers "${REPLAY_LLM_PEERS:-eager,cuda_graphs,hf_eager,hf_static,compile,compile_max_autotune}" --repeats 3 \
+        --budget-s "$peers_budget" --compile-budget-s "$((peers_budget / 3))" --json "$OUT/llm_peers_$preset.json" \
         >/dev/null 2>"$OUT/llm_peers_$preset.err"
       rc=$?
       [ "$rc" -le 1 ] || failed "Python peers $preset (rc=$rc)"  # 1: something not measured (in the JSON)

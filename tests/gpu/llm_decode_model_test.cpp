@@ -39,6 +39,24 @@ const at::Device gpu(at::kCUDA, 0);
 // the layers, relative to the largest logit.
 constexpr double kFp16Tolerance = 2e-2;
 
+// decode() with the fused kernels captured in a CUDA graph (TorchGraphBackend:
+// torch's CUDAGraph on a private pool), then `replays(launch, logits)`:
+// launch() replays the graph, which writes `logits`.
+template <typename Replays>
+void with_captured_fused_decode(const LlamaModel& model, KvCache& cache, const at::Tensor& slots,
+                                const at::Tensor& positions, const at::Tensor& tokens, std::int64_t context,
+                                Replays&& replays) {
+  auto capture_context = std::make_shared<replay::TorchCaptureContext>(gpu);
+  replay::TorchGraphBackend backend(capture_context);
+  const replay::StreamRef stream(at::cuda::getCurrentCUDAStream().stream());
+  at::Tensor graphed;
+  replay::CapturedGraph<replay::TorchGraphExec> captured = backend.capture(stream, [&](replay::StreamRef) {
+    graphed = model.decode(cache, slots, positions, tokens, context, llm_decode::DecodeKernels::fused);
+  });
+  REQUIRE(graphed.defined());
+  replays([&] { backend.launch(captured.exec, stream); }, graphed);
+}
+
 // A prompt of 17 tokens decoded to 30, among short ones.
 std::vector<Sequence> three_sequences(std::int64_t vocab) { return llm_decode_test::three_sequences(vocab, 30, 17); }
 
@@ -135,6 +153,28 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     }
   }
 
+  TEST_CASE("the fused products (GEMV, tensor-core skinny GEMM, split over blocks) agree with a float32 linear, the same bits twice") {
+    at::manual_seed(replay_test::case_seed());
+    std::vector<llm_decode_test::ProductShape> shapes = llm_decode_test::product_shapes();
+    // The presets' products at batch 1, 8, 16 and 64 (1b: qkv, o, gate_up, down, lm_head).
+    for (const int rows : {1, 8, 16, 64}) {
+      for (const auto& [in, out] : {std::pair{2048, 3072}, std::pair{2048, 2048}, std::pair{2048, 16384},
+                                    std::pair{8192, 2048}, std::pair{2048, 32000}, std::pair{768, 1280}}) {
+        shapes.push_back({rows, in, out});
+      }
+    }
+    for (const llm_decode_test::ProductShape s : shapes) {
+      INFO(s.rows << " rows of " << s.in << " halves into " << s.out << " outputs");
+      const llm_decode_test::ProductErrors errors =
+          llm_decode_test::fused_product_errors(llm_decode::fused::kernels(), gpu, s);
+      CHECK(errors.linear < 2e-3);
+      CHECK(errors.gated < 2e-3);
+      CHECK(errors.repeatable);
+      CHECK(errors.counters_left_zero);
+    }
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  }
+
   TEST_CASE("the fused step bookkeeping kernels write what the ATen bookkeeping writes, bit for bit") {
     const llm_decode_test::BookkeepingComparison result =
         llm_decode_test::compare_step_bookkeeping(llm_decode::fused::kernels(), gpu, 200);
@@ -161,18 +201,54 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     const at::Tensor eager = model.decode(cache, slots, positions, tokens, context, fused).clone();
     const at::Tensor cache_after_eager = at::stack({cache.k, cache.v}).clone();
 
-    auto capture_context = std::make_shared<replay::TorchCaptureContext>(gpu);
-    replay::TorchGraphBackend backend(capture_context);
-    const replay::StreamRef stream(at::cuda::getCurrentCUDAStream().stream());
-    at::Tensor graphed;
-    replay::CapturedGraph<replay::TorchGraphExec> captured = backend.capture(
-        stream, [&](replay::StreamRef) { graphed = model.decode(cache, slots, positions, tokens, context, fused); });
-    REQUIRE(graphed.defined());
-    cache.k.copy_(cache_before.select(0, 0));
-    cache.v.copy_(cache_before.select(0, 1));
-    backend.launch(captured.exec, stream);
-    CHECK(graphed.equal(eager));
-    CHECK(at::stack({cache.k, cache.v}).equal(cache_after_eager));
+    with_captured_fused_decode(model, cache, slots, positions, tokens, context,
+                               [&](const auto& launch, const at::Tensor& graphed) {
+                                 cache.k.copy_(cache_before.select(0, 0));
+                                 cache.v.copy_(cache_before.select(0, 1));
+                                 launch();
+                                 CHECK(graphed.equal(eager));
+                                 CHECK(at::stack({cache.k, cache.v}).equal(cache_after_eager));
+                               });
+  }
+
+  TEST_CASE("the fused step with programmatic launches, graphed and replayed 50 times, gives the plain launches' logits, bit for bit") {
+    const LlamaConfig config = LlamaConfig::preset("tiny");
+    const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
+    const auto fused = llm_decode::DecodeKernels::fused;
+    const std::int64_t context = 32;
+    // 4 rows: the GEMV products; 16: the tensor-core ones.
+    for (const std::int64_t rows : {4, 16}) {
+      INFO(rows << " rows");
+      KvCache cache(config, rows, gpu, at::kHalf);
+      cache.k.normal_();
+      cache.v.normal_();
+      const at::Tensor cache_before = at::stack({cache.k, cache.v}).clone();
+      const at::Tensor slots = at::arange(rows, at::TensorOptions().device(gpu).dtype(at::kLong));
+      const at::Tensor positions = at::randint(0, context, {rows}, slots.options());
+      const at::Tensor tokens = at::randint(0, config.vocab_size, {rows}, slots.options());
+      const auto restore = [&] {
+        cache.k.copy_(cache_before.select(0, 0));
+        cache.v.copy_(cache_before.select(0, 1));
+      };
+      llm_decode::fused::set_programmatic_launches(false);
+      const at::Tensor plain = model.decode(cache, slots, positions, tokens, context, fused).clone();
+      const at::Tensor plain_cache = at::stack({cache.k, cache.v}).clone();
+      llm_decode::fused::set_programmatic_launches(true);
+      restore();
+      CHECK(model.decode(cache, slots, positions, tokens, context, fused).equal(plain));
+
+      int differing = 0;
+      with_captured_fused_decode(model, cache, slots, positions, tokens, context,
+                                 [&](const auto& launch, const at::Tensor& graphed) {
+                                   for (int replay_index = 0; replay_index < 50; ++replay_index) {
+                                     restore();
+                                     launch();
+                                     differing +=
+                                         graphed.equal(plain) && at::stack({cache.k, cache.v}).equal(plain_cache) ? 0 : 1;
+                                   }
+                                 });
+      CHECK(differing == 0);
+    }
   }
 
   TEST_CASE("decode captured in a CUDA graph replays to the eager logits and cache writes, bit for bit") {

@@ -19,11 +19,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -433,6 +436,50 @@ TEST_SUITE("host") {
                                             half_ptr(aligned), 1, 1, 1, 8, 512, 300, 1.0F, {}, nullptr),
                          doctest::Contains("a context of 300 positions is split over 2 blocks"),
                          std::invalid_argument);
+  }
+
+  TEST_CASE("the fused products (their host versions) agree with a float32 linear to fp16 rounding, every output") {
+    at::manual_seed(replay_test::case_seed());
+    for (const llm_decode_test::ProductShape s : llm_decode_test::product_shapes()) {
+      INFO(s.rows << " rows of " << s.in << " halves into " << s.out << " outputs");
+      const llm_decode_test::ProductErrors errors =
+          llm_decode_test::fused_product_errors(llm_decode::fused::host_kernels(), cpu, s);
+      CHECK(errors.split == ((s.rows == 64 && s.in == 512) || (s.rows == 16 && s.in == 2048)));
+      CHECK(errors.linear < 2e-3);
+      CHECK(errors.gated < 2e-3);
+      CHECK(errors.repeatable);
+      CHECK(errors.counters_left_zero);
+    }
+    // A split product without its workspace.
+    const llm_decode::fused::Kernels& k = llm_decode::fused::host_kernels();
+    using llm_decode_test::half_ptr;
+    const at::Tensor x = at::zeros({16, 2048}, at::TensorOptions().dtype(at::kHalf));
+    const at::Tensor w = at::zeros({64, 2048}, x.options());
+    const at::Tensor out = at::empty({16, 64}, x.options());
+    CHECK_THROWS_WITH_AS(k.linear(half_ptr(x), half_ptr(w), half_ptr(out), 16, 2048, 64, {}, nullptr),
+                         doctest::Contains("split the width over blocks, which need a workspace"),
+                         std::invalid_argument);
+    using llm_decode::fused::check_linear_shape;
+    using llm_decode::fused::linear_fits;
+    CHECK(linear_fits(8, 2048, 1));
+    CHECK(linear_fits(64, 2048, 32000));
+    CHECK_FALSE(linear_fits(24, 2048, 64));
+    CHECK_FALSE(linear_fits(16, 2048, 48));
+    CHECK_FALSE(linear_fits(16, 2056, 64));
+    CHECK_NOTHROW(check_linear_shape(8, 2048, 1));
+    CHECK_THROWS_WITH_AS(check_linear_shape(9, 2048, 16), doctest::Contains("9 rows of 2048 halves into 16 outputs"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(check_linear_shape(1, 12, 16), doctest::Contains("1 rows of 12 halves"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(check_linear_shape(1, 64, 0), doctest::Contains("into 0 outputs"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(check_linear_shape(80, 64, 64), doctest::Contains("80 rows"), std::invalid_argument);
+    // An input at an odd offset: the tensor cores' loads could not read it.
+    const at::Tensor storage = at::zeros({64 + 64 * 64}, at::TensorOptions().dtype(at::kHalf));
+    const at::Tensor odd = storage.narrow(0, 8, 64);  // 16 bytes in
+    const at::Tensor weight = storage.narrow(0, 64, 64 * 64);
+    at::Tensor y = at::empty({1, 64}, storage.options());
+    CHECK_THROWS_WITH_AS(k.linear(half_ptr(odd), half_ptr(weight), half_ptr(y), 1, 64, 64, {}, nullptr),
+                         doctest::Contains("the input must be 32-byte aligned"), std::invalid_argument);
   }
 
   TEST_CASE("the fused step bookkeeping (its host versions) writes what the ATen bookkeeping writes, bit for bit") {

@@ -406,6 +406,15 @@ class DecodePeersTest(unittest.TestCase):
         self.assertLess(report["elapsed_s"], 30)
 
     @NEED_COMPILE
+    def test_max_autotune_peer_compiles_in_its_mode_within_the_budget(self):
+        code, report = self.run_peers("--peers", "compile_max_autotune", "--compile-budget-s", "1")
+        self.assertEqual(code, 1)
+        peer = report["peers"]["compile_max_autotune"]
+        self.assertEqual(peer["details"]["mode"], "max-autotune")
+        self.assertIn("max-autotune", peer["label"])
+        self.assertIn("the compile time budget ran out while running", peer["results"][0]["error"])
+
+    @NEED_COMPILE
     def test_compile_budget_interrupts_compilation(self):
         code, report = self.run_peers("--peers", "compile", "--compile-budget-s", "1")
         peer = report["peers"]["compile"]

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -226,6 +227,82 @@ struct AttentionLayout {
 inline std::vector<AttentionLayout> attention_layouts() {
   return {{4, 2, 16}, {12, 4, 64}, {2, 2, 48}, {8, 8, 80}, {6, 2, 96}, {16, 2, 128}, {4, 1, 256}};
 }
+
+// A product's sizes: rows of `in` halves into `out` outputs.
+struct ProductShape {
+  int rows;
+  int in;
+  int out;
+};
+
+// The fused products (linear, gated_linear) of one shape on `device`, each
+// against a float32 linear of the same fp16 inputs (gated: of silu(gate) *
+// up rounded to fp16, as silu_mul() stores it), as max_error(); outputs
+// start as NaN, so one left unwritten shows. Each product runs twice: the
+// second must give the same bits (split sums in a fixed order) and leave
+// the workspace's counters at zero.
+struct ProductErrors {
+  bool split = false;  // the width split over blocks (linear_partial_floats() > 0)
+  double linear = 0;
+  double gated = 0;
+  bool repeatable = true;
+  bool counters_left_zero = true;
+};
+
+// Shapes of both kinds: GEMVs over widths giving 1 to 8 warps and several
+// vectors per thread, outputs not a multiple of a block's 4 weight rows, 1
+// to 8 rows; skinny GEMMs of 16 to 64 rows, one block per output tile or the
+// width split over 2 and 8 blocks.
+inline std::vector<ProductShape> product_shapes() {
+  return {{1, 64, 128}, {3, 768, 37},   {8, 2056, 9},  {5, 8, 3},      {2, 4096, 6},  {7, 264, 5},
+          {16, 64, 128}, {32, 96, 32}, {64, 512, 96}, {16, 2048, 64}, {48, 256, 64}};
+}
+
+inline ProductErrors fused_product_errors(const llm_decode::fused::Kernels& kernels, at::Device device,
+                                          ProductShape s) {
+  const at::TensorOptions half = at::TensorOptions().device(device).dtype(at::kHalf);
+  const std::size_t floats = llm_decode::fused::linear_partial_floats(s.rows, s.in, s.out);
+  const std::size_t count = llm_decode::fused::linear_counters(s.out);
+  const at::Tensor partials = at::empty({static_cast<std::int64_t>(std::max<std::size_t>(floats, 1))},
+                                        half.dtype(at::kFloat));
+  const at::Tensor counters = at::zeros({static_cast<std::int64_t>(std::max<std::size_t>(count, 1))},
+                                        half.dtype(at::kInt));
+  const llm_decode::fused::LinearWorkspace workspace{
+      .partials = partials.data_ptr<float>(), .counters = reinterpret_cast<unsigned int*>(counters.data_ptr<int>())};
+  const cudaStream_t stream = device.is_cuda() ? c10::cuda::getCurrentCUDAStream(device.index()).stream() : nullptr;
+  const at::Tensor x = at::randn({s.rows, s.in}, half.dtype(at::kFloat)).to(at::kHalf);
+  const at::Tensor gate_up = at::randn({s.rows, 2 * s.in}, half.dtype(at::kFloat)).to(at::kHalf);
+  const at::Tensor weight =
+      (at::randn({s.out, s.in}, half.dtype(at::kFloat)) / std::sqrt(static_cast<double>(s.in))).to(at::kHalf);
+  const at::Tensor act = (at::silu(gate_up.narrow(1, 0, s.in).to(at::kFloat)) *
+                          gate_up.narrow(1, s.in, s.in).to(at::kFloat))
+                             .to(at::kHalf);
+  ProductErrors errors;
+  errors.split = floats > 0;
+  for (const bool gated : {false, true}) {
+    at::Tensor first;
+    for (int run = 0; run < 2; ++run) {
+      const at::Tensor y = at::full({s.rows, s.out}, std::numeric_limits<double>::quiet_NaN(), half);
+      if (gated) {
+        kernels.gated_linear(half_ptr(gate_up), half_ptr(weight), half_ptr(y), s.rows, s.in, s.out, workspace, stream);
+      } else {
+        kernels.linear(half_ptr(x), half_ptr(weight), half_ptr(y), s.rows, s.in, s.out, workspace, stream);
+      }
+      if (run == 0) {
+        first = y;
+      } else {
+        errors.repeatable = errors.repeatable && y.equal(first);
+      }
+    }
+    const at::Tensor expected = at::linear((gated ? act : x).to(at::kFloat), weight.to(at::kFloat));
+    // NaN (an output never written) compares false: an error of infinity.
+    const double error = first.isnan().any().item<bool>() ? INFINITY : max_error(first.to(at::kFloat), expected);
+    (gated ? errors.gated : errors.linear) = error;
+  }
+  errors.counters_left_zero = counters.eq(0).all().item<bool>();
+  return errors;
+}
+
 
 // The fused attention kernels (`kernels`: the CUDA ones or their host
 // versions) against a float64 reference, for one head layout over contexts
