@@ -14,9 +14,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -1065,6 +1067,20 @@ bool programmatic_launches_supported() {
 
 std::atomic<bool> programmatic_launches_on{true};  // set_programmatic_launches()
 
+// Whether `kernel` runs code compiled for compute capability 9.0 or later,
+// where its wait and release are compiled in: code JIT-compiled from older
+// PTX would not wait for its predecessor, so it is launched plainly. Asked
+// once per kernel.
+bool kernel_waits_for_prerequisite(const void* kernel) {
+  static std::mutex mutex;
+  static std::unordered_map<const void*, bool> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto found = known.find(kernel); found != known.end()) return found->second;
+  cudaFuncAttributes attributes{};
+  replay::check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
+  return known[kernel] = attributes.ptxVersion >= 90;
+}
+
 // The one place the fused kernels are launched: on `stream`, with
 // programmatic stream serialization where the device has it (and it is on),
 // checked.
@@ -1080,7 +1096,10 @@ void launch_programmatic(const char* what, void (*kernel)(Params...), dim3 grid,
   config.dynamicSmemBytes = shared;
   config.stream = stream;
   config.attrs = &attribute;
-  config.numAttrs = programmatic_launches_on.load(std::memory_order_relaxed) && programmatic_launches_supported() ? 1 : 0;
+  config.numAttrs = programmatic_launches_on.load(std::memory_order_relaxed) && programmatic_launches_supported() &&
+                            kernel_waits_for_prerequisite(reinterpret_cast<const void*>(kernel))
+                        ? 1
+                        : 0;
   replay::check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
 }
 

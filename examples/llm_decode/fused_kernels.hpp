@@ -131,7 +131,7 @@ struct StepRows {
 
 // Whether the CUDA kernels are launched with programmatic stream
 // serialization (default on, where the device has it: compute capability
-// 9.0 and later). Off: plain launches, the same results bit for bit (a
+// 9.0 and later, running code compiled for it). Off: plain launches, the same results bit for bit (a
 // kernel's wait and release then do nothing): to measure what the
 // programmatic edges gain. Read at each launch, so a graph keeps what was
 // set when it was captured.
