@@ -1066,6 +1066,7 @@ bool programmatic_launches_supported() {
 }
 
 std::atomic<bool> programmatic_launches_on{true};  // set_programmatic_launches()
+std::atomic<int> own_product_rows_set{1};          // set_own_product_rows()
 
 // Whether `kernel` runs code compiled for compute capability 9.0 or later,
 // where its wait and release are compiled in: code JIT-compiled from older
@@ -1617,6 +1618,18 @@ void check_norm_width(int width) {
 void set_programmatic_launches(bool enabled) { programmatic_launches_on.store(enabled, std::memory_order_relaxed); }
 
 bool programmatic_launches() { return programmatic_launches_on.load(std::memory_order_relaxed); }
+
+void set_own_product_rows(int rows) {
+  if (rows < 0 || rows > kMaxSkinnyRows) {
+    throw std::invalid_argument("fused: own products for up to " + std::to_string(rows) + " rows; it takes 0 to " +
+                                std::to_string(kMaxSkinnyRows));
+  }
+  own_product_rows_set.store(rows, std::memory_order_relaxed);
+}
+
+int own_product_rows() { return own_product_rows_set.load(std::memory_order_relaxed); }
+
+bool use_own_product(int rows, int in, int out) { return rows <= own_product_rows() && linear_fits(rows, in, out); }
 
 bool linear_fits(int rows, int in, int out) {
   if (in < kVectorHalves || in % kVectorHalves != 0 || out < 1) return false;

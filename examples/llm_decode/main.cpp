@@ -87,6 +87,7 @@ struct Common {
   std::size_t prefill_chunk = 0;               // generate: > 0: chunked prefill of this many prompt tokens per launch
   std::string json;
   bool no_programmatic_launches = false;  // --no-pdl: the fused kernels' (fused::set_programmatic_launches)
+  int own_product_rows = 1;               // --own-product-rows: fused::set_own_product_rows
 
   // Chunked prefill runs on the fused kernels' bucketed prefill only
   // (LlamaExecutor::prefill_and_decode): refused here rather than in every launch.
@@ -119,6 +120,7 @@ ExecutorOptions executor_options(const Common& c, StepMode mode, std::size_t ste
 
 LlamaModel load_model(const Common& c) {
   llm_decode::fused::set_programmatic_launches(!c.no_programmatic_launches);
+  llm_decode::fused::set_own_product_rows(c.own_product_rows);
   const at::Device device(at::kCUDA, 0);
   if (!c.weights.empty()) return LlamaModel::load(c.weights, device);
   llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset(c.preset);
@@ -384,8 +386,10 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
           const std::vector<std::size_t>& beside_prefill, double peak_tbps) {
   const LlamaModel model = load_model(c);
   const PeakBandwidth peak = peak_bandwidth(model.device().index(), peak_tbps);
-  std::printf("llm_decode bench: HBM peak %.2f TB/s, from %s; fused kernels' programmatic launches %s\n",
-              peak.bytes_per_s / 1e12, peak.source.c_str(), c.no_programmatic_launches ? "off (--no-pdl)" : "on");
+  std::printf("llm_decode bench: HBM peak %.2f TB/s, from %s; fused kernels' programmatic launches %s; own products "
+              "up to %d row(s), cuBLAS above\n",
+              peak.bytes_per_s / 1e12, peak.source.c_str(), c.no_programmatic_launches ? "off (--no-pdl)" : "on",
+              c.own_product_rows);
   // Refused before any measurement, not after minutes of them.
   for (const std::size_t tokens : beside_prefill) {
     if (tokens == 0 || static_cast<std::int64_t>(tokens) > model.config().max_len) {
@@ -399,6 +403,7 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
   out["peak_bytes_per_s"] = peak.bytes_per_s;
   out["peak_source"] = peak.source;
   out["programmatic_launches"] = !c.no_programmatic_launches;
+  out["own_product_rows"] = c.own_product_rows;
   std::vector<BenchRow> rows;
   struct Method {
     std::string name;
@@ -1119,6 +1124,11 @@ int main(int argc, char** argv) {
     sub->add_option("--json", c.json, "write the results to this file");
     sub->add_flag("--no-pdl", c.no_programmatic_launches,
                   "launch the fused kernels plainly, without programmatic dependent launch (to measure its gain)");
+    sub->add_option("--own-product-rows", c.own_product_rows,
+                    "the fused step's own products (GEMV, tensor-core skinny GEMM) up to this many rows, cuBLAS above "
+                    "(0: cuBLAS everywhere; 64: every row count they take)")
+        ->check(CLI::Range(0, 64))
+        ->capture_default_str();
   };
   std::string out_dir;
   CLI::App* write = app.add_subcommand("write-weights", "write random weights (config.json, weights.pt)");

@@ -687,8 +687,9 @@ class LlamaModel {
   static __half* half_ptr(const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); }
 
   // decode() with DecodeKernels::fused: the same math, 7 kernels per layer
-  // where the fused products take the rows (fused::linear_fits: 1 to 8, 16,
-  // 32, 48, 64; 4 products, the down one computing the SiLU product as it
+  // where the step uses its own products (fused::use_own_product: by default
+  // batch 1; fused::linear_fits says which shapes they take: 1 to 8, 16, 32,
+  // 48, 64 rows; 4 products, the down one computing the SiLU product as it
   // loads; attention; 2 residual-add norms), 8 elsewhere (torch's GEMMs and
   // the SiLU product's own kernel); one more for a packed prefill; and one
   // fill of counters per call for the attention past fused::kSplitKeys
@@ -733,8 +734,9 @@ class LlamaModel {
         attention_workspace(options, rows, heads, kv_heads, head_dim, context_positions);
     const fused::AttentionWorkspace workspace = workspace_tensors.view();
     const at::Tensor attended = at::empty({rows, heads * head_dim}, options);
-    // The products: the fused GEMVs and skinny GEMMs where they take the
-    // shape (fused::linear_fits), launched programmatically like the other
+    // The products: the fused GEMVs and skinny GEMMs where the step uses them
+    // (fused::use_own_product: up to fused::own_product_rows() rows, where
+    // they take the shape), launched programmatically like the other
     // kernels; torch's GEMM (cuBLAS) elsewhere. A skinny GEMM that splits its
     // width over blocks uses the workspace: one set for every product of the
     // step (each call leaves the counters at zero).
@@ -747,6 +749,7 @@ class LlamaModel {
          {std::array{rows, hidden, qkv_width}, std::array{rows, heads * head_dim, hidden},
           std::array{rows, hidden, 2 * intermediate}, std::array{rows, intermediate, hidden},
           std::array{logits_rows, hidden, vocab}}) {
+      if (!fused::use_own_product(product_rows, in, out)) continue;
       linear_floats = std::max(linear_floats, fused::linear_partial_floats(product_rows, in, out));
       linear_counters = std::max(linear_counters, fused::linear_counters(out));
     }
@@ -763,14 +766,14 @@ class LlamaModel {
       const auto input_rows = static_cast<int>(input.size(0));
       const auto in = static_cast<int>(weight.size(1));
       const auto out = static_cast<int>(weight.size(0));
-      if (!fused::linear_fits(input_rows, in, out)) return at::linear(input, weight);
+      if (!fused::use_own_product(input_rows, in, out)) return at::linear(input, weight);
       at::Tensor y = at::empty({input_rows, out}, options);
       k.linear(half_ptr(input), half_ptr(weight), half_ptr(y), input_rows, in, out, linear_workspace, stream);
       return y;
     };
     // The MLP's down product over silu(gate) * up: the SiLU product computed
     // as the fused product loads its input, or its own kernel before torch's GEMM.
-    const bool gated_down = fused::linear_fits(rows, intermediate, hidden);
+    const bool gated_down = fused::use_own_product(rows, intermediate, hidden);
     const at::Tensor act = gated_down ? at::Tensor() : at::empty({rows, intermediate}, options);
     const auto down_product = [&](const at::Tensor& gate_up, const at::Tensor& weight) {
       if (!gated_down) {

@@ -187,6 +187,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
   }
 
   TEST_CASE("the fused decode kernels captured in a CUDA graph replay to their eager logits, bit for bit") {
+    const llm_decode_test::OwnProductRows own_products(llm_decode::fused::kMaxSkinnyRows);  // at 4 and 16 rows too
     const LlamaConfig config = LlamaConfig::preset("tiny");
     const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
     KvCache cache(config, 3, gpu, at::kHalf);
@@ -212,6 +213,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
   }
 
   TEST_CASE("the fused step with programmatic launches, graphed and replayed 50 times, gives the plain launches' logits, bit for bit") {
+    const llm_decode_test::OwnProductRows own_products(llm_decode::fused::kMaxSkinnyRows);  // at 4 and 16 rows too
     const LlamaConfig config = LlamaConfig::preset("tiny");
     const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
     const auto fused = llm_decode::DecodeKernels::fused;

@@ -305,6 +305,7 @@ TEST_SUITE("host") {
   }
 
   TEST_CASE("the fused decode kernels (their host versions) give the operators' logits, cache rows and greedy tokens") {
+    const llm_decode_test::OwnProductRows own_products(llm_decode::fused::kMaxSkinnyRows);  // the products at every row count
     // fp16 on the CPU: the same kernel code as on a GPU, run as one thread.
     constexpr double kFp16Tolerance = 2e-2;
     for (const auto& [heads, kv_heads] : {std::pair{4, 2}, std::pair{4, 1}, std::pair{4, 4}}) {
@@ -467,6 +468,20 @@ TEST_SUITE("host") {
     CHECK_FALSE(linear_fits(16, 2048, 48));
     CHECK_FALSE(linear_fits(16, 2056, 64));
     CHECK_NOTHROW(check_linear_shape(8, 2048, 1));
+    // The step uses them up to own_product_rows() rows (default 1), cuBLAS above.
+    using llm_decode::fused::use_own_product;
+    CHECK(llm_decode::fused::own_product_rows() == 1);
+    CHECK(use_own_product(1, 2048, 64));
+    CHECK_FALSE(use_own_product(2, 2048, 64));
+    {
+      const llm_decode_test::OwnProductRows all(llm_decode::fused::kMaxSkinnyRows);
+      CHECK(use_own_product(8, 2048, 64));
+      CHECK(use_own_product(64, 2048, 64));
+      CHECK_FALSE(use_own_product(24, 2048, 64));  // linear_fits() still decides the shapes
+    }
+    CHECK(llm_decode::fused::own_product_rows() == 1);
+    CHECK_THROWS_WITH_AS(llm_decode::fused::set_own_product_rows(65), doctest::Contains("0 to 64"),
+                         std::invalid_argument);
     CHECK_THROWS_WITH_AS(check_linear_shape(9, 2048, 16), doctest::Contains("9 rows of 2048 halves into 16 outputs"),
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(check_linear_shape(1, 12, 16), doctest::Contains("1 rows of 12 halves"),

@@ -216,6 +216,22 @@ inline BookkeepingComparison compare_step_bookkeeping(const llm_decode::fused::K
 }
 
 // A half tensor's data as the kernels' pointer type.
+// fused::own_product_rows() for a scope, restored after: the step's own
+// products at every row count they take (the default uses them at batch 1
+// only), so that a test covers them inside a whole step.
+class OwnProductRows {
+ public:
+  explicit OwnProductRows(int rows) : previous_(llm_decode::fused::own_product_rows()) {
+    llm_decode::fused::set_own_product_rows(rows);
+  }
+  OwnProductRows(const OwnProductRows&) = delete;
+  OwnProductRows& operator=(const OwnProductRows&) = delete;
+  ~OwnProductRows() { llm_decode::fused::set_own_product_rows(previous_); }
+
+ private:
+  int previous_;
+};
+
 inline __half* half_ptr(const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); }
 
 // The head layouts (heads, kv_heads, head_dim) the attention cases run:
