@@ -80,12 +80,13 @@ void check_linear_shape(int rows, int in, int out);
 
 // The most rows for which the decode step uses these products rather than
 // cuBLAS (through at::linear), where linear_fits() takes the shape. Default 1:
-// measured on an H100, the GEMV made the `small` step at batch 1 0.325 ms
-// against 0.470 with cuBLAS (`1b`: 1.061 against 1.052 ms), but at 8 rows and
-// more both products lost to cuBLAS (`small` 0.563 / 0.886 / 1.273 ms at batch
-// 8 / 32 / 64 against 0.475 / 0.476 / 0.497; `1b` 3.785 / 2.791 / 4.778
-// against 1.098 / 1.141 / 1.416): the GEMV's sums on the CUDA cores grow
-// with the rows, and the skinny GEMM reads its input from L2 once per tile.
+// on an H100 with every product its own, the `small` step took 0.325 ms at
+// batch 1, where an earlier run of the step with cuBLAS products took 0.470
+// (`1b`: 1.061 against 1.052 ms), but 0.563 / 0.886 / 1.273 ms at batch
+// 8 / 32 / 64 against that run's 0.475 / 0.476 / 0.497 (`1b`: 3.785 / 2.791
+// / 4.778 against 1.098 / 1.141 / 1.416): the GEMV's sums on the CUDA cores
+// grow with the rows, and the skinny GEMM reads its input from L2 once per
+// tile. Rows 2 to 4 were not measured.
 // 0: cuBLAS for every product. Read when a step is issued, so a graph keeps
 // what was set when it was captured; `llm_decode --own-product-rows N`.
 void set_own_product_rows(int rows);
