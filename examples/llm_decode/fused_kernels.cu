@@ -25,6 +25,8 @@
 #include <mma.h>
 
 #include <replay/error.hpp>
+#include <replay/launch.hpp>
+#include <replay/pdl.hpp>
 
 namespace llm_decode::fused {
 namespace {
@@ -606,24 +608,16 @@ __host__ __device__ inline std::int64_t skinny_partial_index(int split, int rows
 // ---- programmatic dependent launch ----
 //
 // Every kernel here is launched with programmatic stream serialization
-// (launch_programmatic()); captured, consecutive launches become programmatic
+// (launch_programmatic(), through replay::launch; the waits are replay/pdl.hpp's,
+// which compile to nothing below sm_90); captured, consecutive launches become programmatic
 // edges. A kernel may start while its predecessor finishes: before
 // wait_for_prerequisite_grid() it reads only what no kernel writes (weights),
 // and it writes nothing. Each kernel waits unconditionally at its start (a
 // block that returned early without waiting would break the chain's
 // transitivity: a kernel's completion must imply its predecessor's), and
 // releases its dependents right after, so at most two grids overlap.
-__device__ __forceinline__ void wait_for_prerequisite_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void release_dependent_grids() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+using replay::release_dependent_grids;
+using replay::wait_for_prerequisite_grid;
 
 __device__ __forceinline__ void start_after_prerequisite_grid() {
   wait_for_prerequisite_grid();
@@ -1082,26 +1076,22 @@ bool kernel_waits_for_prerequisite(const void* kernel) {
   return known[kernel] = attributes.ptxVersion >= 90;
 }
 
-// The one place the fused kernels are launched: on `stream`, with
-// programmatic stream serialization where the device has it (and it is on),
-// checked.
+// The one place the fused kernels are launched: replay::launch on `stream`
+// (the arguments checked against the kernel's parameters at compile time,
+// errors naming the call's line), with programmatic stream serialization
+// where the device has it, the kernel's code waits for its predecessor, and
+// it is on.
 template <typename... Params, typename... Args>
-void launch_programmatic(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared,
-                         cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = shared;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = programmatic_launches_on.load(std::memory_order_relaxed) && programmatic_launches_supported() &&
-                            kernel_waits_for_prerequisite(reinterpret_cast<const void*>(kernel))
-                        ? 1
-                        : 0;
-  replay::check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
+void launch_programmatic(void (*kernel)(Params...), const replay::LaunchOptions& options, cudaStream_t stream,
+                         Args&&... args) {
+  const bool programmatic = programmatic_launches_on.load(std::memory_order_relaxed) &&
+                            programmatic_launches_supported() &&
+                            kernel_waits_for_prerequisite(reinterpret_cast<const void*>(kernel));
+  replay::launch(replay::StreamRef(stream),
+                 replay::LaunchOptions(options.config(),
+                                       programmatic ? replay::LaunchAttributes::programmatic() : replay::LaunchAttributes{},
+                                       options.where()),
+                 kernel, std::forward<Args>(args)...);
 }
 
 // The kernels read and write 16 bytes at a time where these point; a
@@ -1137,8 +1127,7 @@ void rotary_and_cache_write(const __half* qkv, std::int64_t qkv_stride, const __
                             __half* cache_v, int rows, int heads, int kv_heads, int head_dim, std::int64_t max_len,
                             cudaStream_t stream) {
   if (head_dim % 2 != 0) throw std::invalid_argument("fused rotary: head_dim must be even");
-  launch_programmatic("cudaLaunchKernelEx (fused rotary_and_cache_write)", rotary_and_cache_write_kernel,
-                      dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, qkv, qkv_stride, cos, sin,
+  launch_programmatic(rotary_and_cache_write_kernel, {dim3(static_cast<unsigned>(rows)), dim3(kThreads)}, stream, qkv, qkv_stride, cos, sin,
                       positions, slots, q_out, cache_k, cache_v, heads, kv_heads, head_dim, max_len);
 }
 
@@ -1161,8 +1150,8 @@ void decode_attention(const __half* q, const __half* cache_k, const __half* cach
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads),
                   static_cast<unsigned>(attention_splits(context)));
   with_query_group(heads / kv_heads, [&](auto group) {
-    launch_programmatic("cudaLaunchKernelEx (fused decode_attention)", decode_attention_kernel<group()>, grid,
-                        dim3(kAttentionWarps * kLanes), shared, stream, q, cache_k, cache_v, slots, positions, out,
+    launch_programmatic(decode_attention_kernel<group()>,
+                        {grid, dim3(kAttentionWarps * kLanes), static_cast<unsigned>(shared)}, stream, q, cache_k, cache_v, slots, positions, out,
                         heads, kv_heads, head_dim, max_len, context, scale, workspace);
   });
 }
@@ -1177,8 +1166,8 @@ void rotary_attention(const __half* qkv, std::int64_t qkv_stride, const __half* 
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads),
                   static_cast<unsigned>(attention_splits(context)));
   with_query_group(heads / kv_heads, [&](auto group) {
-    launch_programmatic("cudaLaunchKernelEx (fused rotary_attention)", rotary_attention_kernel<group()>, grid,
-                        dim3(kAttentionWarps * kLanes), shared, stream, qkv, qkv_stride, cos, sin, positions, slots,
+    launch_programmatic(rotary_attention_kernel<group()>,
+                        {grid, dim3(kAttentionWarps * kLanes), static_cast<unsigned>(shared)}, stream, qkv, qkv_stride, cos, sin, positions, slots,
                         cache_k, cache_v, out, heads, kv_heads, head_dim, max_len, context, scale, workspace);
   });
 }
@@ -1190,13 +1179,12 @@ void add_rms_norm(__half* x, const __half* delta, const __half* weight, __half* 
   if (delta != nullptr) check_aligned(delta, "delta", "add_rms_norm");
   check_aligned(weight, "the weight", "add_rms_norm");
   check_aligned(out, "out", "add_rms_norm");
-  launch_programmatic("cudaLaunchKernelEx (fused add_rms_norm)", add_rms_norm_kernel, dim3(static_cast<unsigned>(rows)),
-                      dim3(kThreads), 0, stream, x, delta, weight, out, width, eps);
+  launch_programmatic(add_rms_norm_kernel, {dim3(static_cast<unsigned>(rows)), dim3(kThreads)}, stream, x, delta, weight, out, width, eps);
 }
 
 void silu_mul(const __half* gate_up, __half* out, int rows, int width, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((width + kThreads - 1) / kThreads), static_cast<unsigned>(rows));
-  launch_programmatic("cudaLaunchKernelEx (fused silu_mul)", silu_mul_kernel, grid, dim3(kThreads), 0, stream, gate_up,
+  launch_programmatic(silu_mul_kernel, {grid, dim3(kThreads)}, stream, gate_up,
                       out, width);
 }
 
@@ -1230,20 +1218,20 @@ void check_linear_call(const char* kernel, const __half* x, const __half* weight
 }
 
 template <bool Gated>
-void launch_linear(const char* what, const __half* x, const __half* weight, __half* y, int rows, int in, int out,
+void launch_linear(const __half* x, const __half* weight, __half* y, int rows, int in, int out,
                    const LinearWorkspace& workspace, cudaStream_t stream) {
   if (rows <= kMaxGemvRows) {
     const dim3 grid(static_cast<unsigned>((out + kLinearOutputs - 1) / kLinearOutputs));
     with_linear_rows(rows, [&](auto r) {
-      launch_programmatic(what, linear_kernel<r(), Gated>, grid, dim3(static_cast<unsigned>(linear_threads(in))), 0,
-                          stream, x, weight, y, in, out);
+      launch_programmatic(linear_kernel<r(), Gated>, {grid, dim3(static_cast<unsigned>(linear_threads(in)))}, stream,
+                          x, weight, y, in, out);
     });
     return;
   }
   const SkinnySplit split = skinny_split(in, out);
   const dim3 grid(static_cast<unsigned>(out / kSkinnyOutputs), static_cast<unsigned>(split.splits));
   const auto launch = [&](auto kernel) {
-    launch_programmatic(what, kernel, grid, dim3(kSkinnyWarps * 32), 0, stream, x, weight, y, in, out,
+    launch_programmatic(kernel, {grid, dim3(kSkinnyWarps * 32)}, stream, x, weight, y, in, out,
                         split.steps_per_split, workspace);
   };
   switch (rows) {
@@ -1257,13 +1245,13 @@ void launch_linear(const char* what, const __half* x, const __half* weight, __ha
 void linear(const __half* x, const __half* weight, __half* y, int rows, int in, int out,
             const LinearWorkspace& workspace, cudaStream_t stream) {
   check_linear_call("linear", x, weight, rows, in, out, workspace);
-  launch_linear<false>("cudaLaunchKernelEx (fused linear)", x, weight, y, rows, in, out, workspace, stream);
+  launch_linear<false>(x, weight, y, rows, in, out, workspace, stream);
 }
 
 void gated_linear(const __half* gate_up, const __half* weight, __half* y, int rows, int in, int out,
                   const LinearWorkspace& workspace, cudaStream_t stream) {
   check_linear_call("gated_linear", gate_up, weight, rows, in, out, workspace);
-  launch_linear<true>("cudaLaunchKernelEx (fused gated_linear)", gate_up, weight, y, rows, in, out, workspace,
+  launch_linear<true>(gate_up, weight, y, rows, in, out, workspace,
                       stream);
 }
 
@@ -1281,14 +1269,14 @@ void check_step_rows(const StepRows& state) {
 
 void step_inputs(const StepRows& state, std::int64_t* live_slots, std::int64_t* live_positions, cudaStream_t stream) {
   check_step_rows(state);
-  launch_programmatic("cudaLaunchKernelEx (fused step_inputs)", step_inputs_kernel,
-                      dim3(static_cast<unsigned>((state.rows + kThreads - 1) / kThreads)), dim3(kThreads), 0, stream,
+  launch_programmatic(step_inputs_kernel,
+                      {dim3(static_cast<unsigned>((state.rows + kThreads - 1) / kThreads)), dim3(kThreads)}, stream,
                       state, live_slots, live_positions);
 }
 
 void step_update(const StepRows& state, const std::int64_t* next, cudaStream_t stream) {
   check_step_rows(state);
-  launch_programmatic("cudaLaunchKernelEx (fused step_update)", step_update_kernel, dim3(1), dim3(kThreads), 0, stream,
+  launch_programmatic(step_update_kernel, {dim3(1), dim3(kThreads)}, stream,
                       state, next);
 }
 
