@@ -80,7 +80,7 @@ def goodput_tables(report, title, out, goals):
     out.append("")
     for mix, spread in report.get("spread", {}).items():
         for policy, s in spread.items():
-            if policy == "ratio":
+            if policy in ("ratio", "ratio_unknown_repeats"):
                 continue
             out.append(f"- {mix}, {policy}: goodput min / median / max {s['min_rps']:.0f} / {s['median_rps']:.0f} / "
                        f"{s['max_rps']:.0f} req/s over {s['repeats']} repeat(s), bounds {s['bounds']}")
@@ -90,6 +90,12 @@ def goodput_tables(report, title, out, goals):
             goals.append((f"goodput, continuous (best policy) / static, outputs {report['mixes'].get(mix, mix)}: "
                           f"median of {r['repeats']} (min {r['min']:.2f}, max {r['max']:.2f}; {', '.join(kinds)})",
                           r["median"], f">= {report['target']:g} in every repeat", r["target_met_every_repeat"]))
+        if spread.get("ratio_unknown_repeats"):
+            # Both goodputs below the search's floor (or both at its ceiling):
+            # no value, so not shown rather than averaged in.
+            goals.append((f"goodput, continuous (best policy) / static, outputs {report['mixes'].get(mix, mix)}: "
+                          f"unknown in {spread['ratio_unknown_repeats']} repeat(s) (both below --min-rate, or both "
+                          f"at --max-rate)", None, f">= {report['target']:g} in every repeat", False))
     out.append("")
 
 
@@ -241,7 +247,7 @@ def main():
     out.append("|---|---:|---|---|")
     for name, value, target, ok in goals:
         verdict = "" if ok is None else ("met" if ok else "MISSED")
-        out.append(f"| {name} | {value:.3f} | {target} | {verdict} |")
+        out.append(f"| {name} | {'unknown' if value is None else f'{value:.3f}'} | {target} | {verdict} |")
     if notes:
         out.append("")
         out.extend(f"- {n}" for n in notes)

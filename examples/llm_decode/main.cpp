@@ -1070,20 +1070,33 @@ int goodput(const Common& c, const GoodputSettings& settings) {
       const std::optional<gp::Spread> s = gp::spread(rates);
       if (!s) continue;
       std::string bound_text;
-      for (const auto& [bound, count] : bounds) bound_text += " " + bound + " " + std::to_string(count);
+      for (const auto& [bound, count] : bounds) bound_text += " " + std::to_string(count) + " " + bound;
       std::printf("llm_decode goodput: %-11s %-15s goodput min / median / max %7.0f / %7.0f / %7.0f req/s (%zu "
                   "repeats;%s)\n",
                   mix.c_str(), policy.c_str(), s->min, s->median, s->max, s->count, bound_text.c_str());
       out["spread"][mix][policy] = {{"min_rps", s->min}, {"median_rps", s->median}, {"max_rps", s->max},
                                     {"repeats", s->count}, {"bounds", bounds}};
     }
+    // An unknown ratio (both searches below their floor, or both at their
+    // ceiling) has no value: it is counted, never averaged in.
     std::vector<double> values;
     bool all_met = true;
     std::string kinds;
+    std::size_t unknown = 0;
     for (const gp::Ratio& r : ratios[mix]) {
-      values.push_back(r.value);
       all_met &= gp::meets_target(r, settings.target);
       kinds += std::string(kinds.empty() ? "" : ", ") + gp::to_string(r.kind);
+      if (r.kind == gp::Ratio::Kind::unknown) {
+        ++unknown;
+      } else {
+        values.push_back(r.value);
+      }
+    }
+    if (unknown > 0) {
+      std::printf("llm_decode goodput: %-11s continuous (best) / static unknown in %zu of %zu repeat(s) (both "
+                  "goodputs below --min-rate, or both at --max-rate): target >= %gx not shown\n",
+                  mix.c_str(), unknown, ratios[mix].size(), settings.target);
+      out["spread"][mix]["ratio_unknown_repeats"] = unknown;
     }
     if (const std::optional<gp::Spread> s = gp::spread(values)) {
       std::printf("llm_decode goodput: %-11s continuous (best) / static min / median / max %.2f / %.2f / %.2f "
