@@ -5,9 +5,11 @@
 // kernel's own parameters (as GraphBuilder::add_kernel checks them) and
 // converted to their types; misuse (a null kernel, a zero dimension, a grid
 // that is not a whole number of clusters, an attribute the device lacks)
-// throws usage_error before CUDA sees the launch. It is capturable: captured,
-// a launch with programmatic stream serialization becomes a programmatic edge
-// (EdgeKind::programmatic) from the kernel before it on the stream.
+// throws usage_error before CUDA sees the launch, as does a programmatic
+// launch of a kernel compiled from PTX older than 9.0 (programmatic_launch.hpp
+// asks first). It is capturable: captured, a launch with programmatic stream
+// serialization becomes a programmatic edge (EdgeKind::programmatic) from the
+// kernel before it on the stream.
 //
 //   replay::launch(s, {blocks, threads}, scale, x, n, 2.0f);
 //   replay::launch(s, {config, replay::LaunchAttributes::programmatic()}, next_layer, x, y);
@@ -23,6 +25,7 @@
 
 #include "replay/detail/device_caps.hpp"
 #include "replay/detail/kernel_args.hpp"
+#include "replay/detail/kernel_ptx.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/detail/signature_checks.hpp"
 #include "replay/error.hpp"
@@ -106,7 +109,10 @@ void validate_launch_options(Kernel kernel, const LaunchOptions& options, const 
 // and converted to the parameter types. Attributes that need compute
 // capability 9.0 (programmatic serialization, clusters) are checked against
 // the current device, the one the kernel runs on (queried once per device), and refused with a
-// usage_error where it is older. Works under stream capture.
+// usage_error where it is older. Programmatic serialization is also refused
+// for a kernel whose code there was JIT-compiled from PTX older than 9.0 (its
+// waits compiled out; queried once per kernel and device):
+// programmatic_launch_supported(kernel) asks first. Works under stream capture.
 template <class... Params, class... Args>
 void launch(StreamRef stream, const LaunchOptions& options, void (*kernel)(Params...), Args&&... args) {
   detail::kernel_arguments_check<Params...>::template check<Args...>();  // names a mismatched argument
@@ -121,6 +127,11 @@ void launch(StreamRef stream, const LaunchOptions& options, void (*kernel)(Param
     check(::cudaGetDevice(&device), "cudaGetDevice", where);
     detail::refuse_unsupported_attributes(attributes, detail::compute_capability_major(device, where), device,
                                           "launch", where);
+    if (attributes.programmatic_serialization()) {  // the kernel's own waits must be compiled in
+      detail::refuse_ptx_below_sm90(detail::kernel_ptx_version(reinterpret_cast<const void*>(kernel), device, where),
+                                    device, "launch", "the kernel", "launch it without programmatic serialization",
+                                    where);
+    }
   }
   detail::KernelArgPack<Params...> pack(::std::forward<Args>(args)...);
   ::cudaLaunchAttribute list[3];

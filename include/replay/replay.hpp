@@ -18,6 +18,7 @@
 #include "replay/kernel_signature.hpp"
 #include "replay/launch_config.hpp"
 #include "replay/launch.hpp"
+#include "replay/programmatic_launch.hpp"
 #include "replay/pdl.hpp"
 #include "replay/graph_edge.hpp"
 #include "replay/graph.hpp"

@@ -2,15 +2,24 @@
 // programmatic edges; GraphBuilder's programmatic edges; edge inspection and
 // DOT; updates that keep the edges; a chain whose kernels read their
 // predecessor's output only after the wait, against eager over many replays;
-// and the refusals.
+// and the refusals, of kernels compiled from PTX older than 9.0 too (their
+// wait compiled out), with the capability queries, from many threads.
 #include <doctest/doctest.h>
 
 #include <cstddef>
+#include <exception>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu_suite.hpp"
 #include "replay/replay.hpp"
+#include "usage_message.hpp"
+
+// Built from compute_80 PTX only (pdl_ptx80_kernels.cu): JIT-compiled on a 9.0
+// device, their waits compiled out.
+__global__ void fill_from_ptx80(float* out, int n, float value);
+__global__ void fill_from_ptx80_first_in_capture(float* out, int n, float value);
 
 namespace {
 
@@ -39,11 +48,26 @@ __global__ void fill_kernel(float* out, int n, float value) {
 
 int blocks_for(int n) { return (n + kThreads - 1) / kThreads; }
 
-bool device_has_pdl() {
+using replay_test::contains;
+using replay_test::usage_message;
+
+int current_device() {
   int device = 0;
-  int major = 0;
   replay::check(cudaGetDevice(&device), "cudaGetDevice");
-  replay::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  return device;
+}
+
+std::vector<float> read_back(const replay::DeviceBuffer<float>& buffer, replay::StreamRef s) {
+  std::vector<float> out(buffer.size(), -1.0F);
+  buffer.copy_to(std::span<float>(out), s);
+  s.synchronize();
+  return out;
+}
+
+bool device_has_pdl() {
+  int major = 0;
+  replay::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, current_device()),
+                "cudaDeviceGetAttribute");
   return major >= 9;
 }
 
@@ -396,6 +420,163 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       x.copy_to(std::span<float>(out), s);
       s.synchronize();
       CHECK(out == std::vector<float>(100, 8.0F));
+    }
+  }
+
+  TEST_CASE("a kernel compiled from PTX older than 9.0 is refused a programmatic launch and runs plainly") {
+    const bool pdl = device_has_pdl();
+    CHECK(replay::programmatic_launch_supported() == pdl);
+    CHECK(replay::programmatic_launch_supported(current_device()) == pdl);
+    CHECK(replay::programmatic_launch_supported(fill_kernel) == pdl);
+    CHECK_FALSE(replay::programmatic_launch_supported(fill_from_ptx80));
+    cudaFuncAttributes attributes{};
+    replay::check(cudaFuncGetAttributes(&attributes, fill_from_ptx80), "cudaFuncGetAttributes");
+    CHECK(attributes.ptxVersion == 80);  // what the test is about: the build gave it compute_80 PTX only
+
+    replay::Stream s;
+    replay::DeviceBuffer<float> x(40);
+    const std::string refused = usage_message([&] {
+      replay::launch(s, {dim3(1), dim3(64), 0, replay::LaunchAttributes::programmatic()}, fill_from_ptx80, x.data(),
+                     40, 3.0F);
+    });
+    if (pdl) {
+      CHECK(contains(refused, "launch: programmatic stream serialization needs the kernel's code compiled"));
+      CHECK(contains(refused, "from PTX 8.0 (compute_80)"));
+      CHECK(contains(refused, "would not wait for its predecessor"));
+    } else {
+      CHECK(contains(refused, "compute capability 9.0"));  // the device is refused first
+    }
+    CHECK(cudaPeekAtLastError() == cudaSuccess);  // the refusal left no error behind
+    x.fill(0.0F, s);
+    replay::launch(s, {dim3(1), dim3(64)}, fill_from_ptx80, x.data(), 40, 7.0F);
+    CHECK(read_back(x, s) == std::vector<float>(40, 7.0F));
+    if (pdl) {  // the sm_90 kernel is still launched programmatically
+      replay::launch(s, {dim3(1), dim3(64), 0, replay::LaunchAttributes::programmatic()}, fill_kernel, x.data(), 40,
+                     9.0F);
+      CHECK(read_back(x, s) == std::vector<float>(40, 9.0F));
+    }
+  }
+
+  TEST_CASE("the refusal during a global-mode capture leaves the capture valid") {
+    if (!device_has_pdl()) {
+      CHECK_FALSE(replay::programmatic_launch_supported());
+      return;
+    }
+    replay::Stream s;
+    replay::DeviceBuffer<float> x(48);
+    x.fill(0.0F, s);
+    s.synchronize();
+    std::string refused;
+    cudaStreamCaptureStatus during = cudaStreamCaptureStatusNone;
+    // The kernel's first query (its module loaded, perhaps) happens here, during the capture.
+    replay::Graph graph = replay::capture(
+        s,
+        [&](replay::StreamRef c) {
+          refused = usage_message([&] {
+            replay::launch(c, {dim3(1), dim3(64), 0, replay::LaunchAttributes::programmatic()},
+                           fill_from_ptx80_first_in_capture, x.data(), 48, 5.0F);
+          });
+          replay::check(cudaStreamIsCapturing(c.get(), &during), "cudaStreamIsCapturing");
+          replay::launch(c, {dim3(1), dim3(64)}, fill_from_ptx80_first_in_capture, x.data(), 48, 5.0F);
+        },
+        replay::CaptureMode::global);
+    CHECK(contains(refused, "from PTX 8.0"));
+    CHECK(during == cudaStreamCaptureStatusActive);
+    CHECK(graph.node_count() == 1);
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+    replay::GraphExec exec(graph);
+    exec.launch(s);
+    CHECK(read_back(x, s) == std::vector<float>(48, 5.0F));
+    CHECK_FALSE(replay::programmatic_launch_supported(fill_from_ptx80_first_in_capture));
+  }
+
+  TEST_CASE("a programmatic edge into a kernel compiled from PTX older than 9.0 is refused, one out of it is not") {
+    if (!device_has_pdl()) {
+      CHECK_FALSE(replay::programmatic_launch_supported());
+      return;
+    }
+    replay::DeviceBuffer<float> x(32);
+    replay::DeviceBuffer<float> y(32);
+    replay::Graph graph = replay::make_graph();
+    replay::GraphBuilder builder(graph);
+    auto current = builder.add_kernel(fill_kernel, dim3(1), dim3(32), 0, {}, x.data(), 32, 1.0F);
+    auto old = builder.add_kernel(fill_from_ptx80, dim3(1), dim3(32), 0, {}, y.data(), 32, 2.0F);
+    const std::string into = usage_message([&] { builder.add_programmatic_dependency(current, old); });
+    CHECK(contains(into, "add_programmatic_dependency: programmatic stream serialization"));
+    CHECK(contains(into, "the downstream node (kernel node fill_from_ptx80"));
+    CHECK(contains(into, "from PTX 8.0"));
+    CHECK(contains(into, "add_dependency"));
+    CHECK(contains(usage_message([&] {
+                     builder.add_programmatic_dependency(current, old, replay::EdgeKind::launch_completion);
+                   }),
+                   "from PTX 8.0"));
+    const std::size_t nodes_before = builder.node_count();
+    const std::string deps = usage_message([&] {
+      (void)builder.add_kernel(fill_from_ptx80, dim3(1), dim3(32), 0, replay::Deps::programmatic(current), y.data(), 32,
+                               3.0F);
+    });
+    CHECK(contains(deps, "add_kernel: programmatic stream serialization"));
+    CHECK(contains(deps, "from PTX 8.0"));
+    CHECK(builder.node_count() == nodes_before);  // refused before the node was added
+    CHECK(builder.edges().empty());
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+    // Only the downstream kernel waits: an edge out of the old kernel is fine.
+    CHECK_NOTHROW(builder.add_programmatic_dependency(old, current));
+    REQUIRE(builder.edges().size() == 1);
+    CHECK(builder.edges()[0].kind == replay::EdgeKind::programmatic);
+    replay::Stream s;
+    replay::GraphExec exec(graph);
+    exec.launch(s);
+    CHECK(read_back(x, s) == std::vector<float>(32, 1.0F));
+    CHECK(read_back(y, s) == std::vector<float>(32, 2.0F));
+  }
+
+  TEST_CASE("capability queries and programmatic launches from many threads agree with the eager results") {
+    if (!device_has_pdl()) {
+      CHECK_FALSE(replay::programmatic_launch_supported());
+      return;
+    }
+    const int device = current_device();
+    constexpr int threads = 8;
+    const int rounds = replay_test::scaled(64, 4);
+    constexpr int n = 96;
+    std::vector<int> wrong(threads, 0);
+    std::vector<std::vector<float>> outputs(threads);
+    std::vector<std::exception_ptr> errors(threads);
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        try {
+          replay::check(cudaSetDevice(device), "cudaSetDevice");
+          replay::Stream s;
+          replay::DeviceBuffer<float> x(n);
+          for (int r = 0; r < rounds; ++r) {
+            wrong[t] += replay::programmatic_launch_supported(fill_from_ptx80) ? 1 : 0;
+            wrong[t] += replay::programmatic_launch_supported(stage_kernel) ? 0 : 1;
+            wrong[t] += contains(usage_message([&] {
+                                   replay::launch(s, {dim3(1), dim3(n), 0, replay::LaunchAttributes::programmatic()},
+                                                  fill_from_ptx80, x.data(), n, -1.0F);
+                                 }),
+                                 "from PTX 8.0")
+                            ? 0
+                            : 1;
+            replay::launch(s, {dim3(1), dim3(n), 0, replay::LaunchAttributes::programmatic()}, fill_kernel, x.data(),
+                           n, static_cast<float>(t * 1000 + r));
+          }
+          outputs[t] = read_back(x, s);
+        } catch (...) {
+          errors[t] = std::current_exception();
+        }
+      });
+    }
+    for (std::thread& thread : pool) {
+      thread.join();
+    }
+    for (int t = 0; t < threads; ++t) {
+      CHECK(errors[t] == nullptr);
+      CHECK(wrong[t] == 0);
+      // Eager: the last fill of the thread's own buffer.
+      CHECK(outputs[t] == std::vector<float>(n, static_cast<float>(t * 1000 + rounds - 1)));
     }
   }
 }

@@ -11,20 +11,15 @@
 #include "replay/graph_builder.hpp"
 #include "replay/launch.hpp"
 #include "replay/pdl.hpp"
+#include "replay/programmatic_launch.hpp"
+#include "usage_message.hpp"
 
 namespace {
 void scale(float*, int, float) {}
 void no_args() {}
 
-std::string usage_message(auto&& call) {
-  try {
-    call();
-  } catch (const replay::usage_error& e) {
-    return e.what();
-  }
-  return "no usage_error";
-}
-bool contains(const std::string& text, const char* part) { return text.find(part) != std::string::npos; }
+using replay_test::contains;
+using replay_test::usage_message;
 }  // namespace
 
 // launch() takes what add_kernel takes: its arguments checked against the kernel's parameters.
@@ -102,6 +97,36 @@ TEST_SUITE("host") {
     CHECK(refuse(replay::LaunchAttributes::programmatic(), 9) == "no usage_error");
     CHECK(refuse(replay::LaunchAttributes{}.with_cluster_dims(dim3(2)), 10) == "no usage_error");
     CHECK(refuse(replay::LaunchAttributes{}.with_priority(3), 5) == "no usage_error");  // any device
+  }
+
+  TEST_CASE("a programmatic launch of code compiled from PTX older than 9.0 is refused, saying why and what to do") {
+    const auto refuse = [](int ptx_version) {
+      return usage_message([&] {
+        replay::detail::refuse_ptx_below_sm90(ptx_version, 3, "launch", "the kernel",
+                                              "launch it without programmatic serialization",
+                                              std::source_location::current());
+      });
+    };
+    const std::string ptx80 = refuse(80);
+    CHECK(contains(ptx80, "launch: programmatic stream serialization"));
+    CHECK(contains(ptx80, "compiled for compute capability 9.0 or newer"));
+    CHECK(contains(ptx80, "the kernel runs code JIT-compiled on device 3 from PTX 8.0 (compute_80)"));
+    CHECK(contains(ptx80, "compiled out"));
+    CHECK(contains(ptx80, "would not wait for its predecessor"));
+    CHECK(contains(ptx80, "CMAKE_CUDA_ARCHITECTURES=90"));
+    CHECK(contains(ptx80, "-arch=sm_90"));
+    CHECK(contains(ptx80, "or launch it without programmatic serialization"));
+    CHECK(contains(refuse(89), "from PTX 8.9 (compute_89)"));
+    CHECK(contains(refuse(52), "from PTX 5.2"));
+    CHECK(refuse(90) == "no usage_error");
+    CHECK(refuse(100) == "no usage_error");
+    CHECK(refuse(120) == "no usage_error");
+  }
+
+  TEST_CASE("programmatic_launch_supported refuses a null kernel before any CUDA call") {
+    void (*null_kernel)(float*, int, float) = nullptr;
+    const std::string message = usage_message([&] { (void)replay::programmatic_launch_supported(null_kernel); });
+    CHECK(contains(message, "programmatic_launch_supported: the kernel is a null function pointer"));
   }
 
   TEST_CASE("launch attributes become CUDA's list, in order, only those set") {

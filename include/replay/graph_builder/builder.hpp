@@ -128,7 +128,7 @@ class GraphBuilder {
     prepare(NodeType::kernel, deps, "add_kernel", where);
     const bool programmatic = deps.kind() != EdgeKind::plain;
     if (programmatic) {
-      refuse_programmatic(deps, "add_kernel", where);
+      refuse_programmatic(deps, reinterpret_cast<const void*>(kernel), "add_kernel", where);
     }
     detail::KernelArgPack<Params...> pack(::std::forward<Args>(args)...);
     const ::cudaKernelNodeParams params = detail::kernel_node_params(kernel, config, pack);
@@ -256,8 +256,10 @@ class GraphBuilder {
   // `from` has begun. usage_error when either node is not a kernel node, for
   // another kind (add_dependency makes plain edges), or when the current
   // device, where the graph will be instantiated, is older than compute
-  // capability 9.0. add_kernel(..., Deps::programmatic(from), ...) adds the
-  // kernel and its programmatic edges in one call.
+  // capability 9.0, or when `to`'s kernel code there was compiled from PTX
+  // older than 9.0 (its wait compiled out: programmatic_launch_supported(kernel)
+  // says). add_kernel(..., Deps::programmatic(from), ...) adds the kernel and
+  // its programmatic edges in one call, with the same refusals.
   void add_programmatic_dependency(const Node& from, const Node& to, EdgeKind kind = EdgeKind::programmatic,
                                    ::std::source_location where = ::std::source_location::current());
 #else
@@ -368,9 +370,11 @@ class GraphBuilder {
   }
 
   // Programmatic dependencies of a new kernel node (graph_builder/detail/edges.hpp):
-  // refused for non-kernel nodes and older devices, before the node is added;
+  // refused for non-kernel nodes, older devices and a `kernel` compiled from
+  // older PTX, before the node is added;
   // the edges, the node removed again when CUDA refuses one.
-  void refuse_programmatic(const Deps& deps, const char* adding, const ::std::source_location& where) const;
+  void refuse_programmatic(const Deps& deps, const void* kernel, const char* adding,
+                           const ::std::source_location& where) const;
   void add_edges_or_remove(const Deps& deps, ::cudaGraphNode_t node, const ::std::source_location& where) const;
 
 #if CUDART_VERSION >= 12040

@@ -3,14 +3,16 @@
 // GraphBuilder's programmatic edges: add_programmatic_dependency, and
 // add_kernel's Deps::programmatic. An edge with CUDA's edge data
 // (cudaGraphAddDependencies with a cudaGraphEdgeData, CUDA 12.3 and newer)
-// between two kernel nodes, refused for other nodes and on devices older than
-// compute capability 9.0; included by graph_builder/builder.hpp.
+// between two kernel nodes, refused for other nodes, on devices older than
+// compute capability 9.0, and into a kernel whose code was compiled from PTX
+// older than 9.0 (its wait compiled out); included by graph_builder/builder.hpp.
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <source_location>
 
 #include "replay/detail/device_caps.hpp"
+#include "replay/detail/kernel_ptx.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 #include "replay/graph.hpp"
@@ -39,12 +41,37 @@ inline void refuse_programmatic_edge(::cudaGraphNode_t node, bool upstream, Edge
 }
 
 // usage_error when the current device, where the graph will be instantiated,
-// cannot run programmatic edges.
-inline void refuse_programmatic_device(const char* what, const ::std::source_location& where) {
+// cannot run programmatic edges; returns that device.
+inline int refuse_programmatic_device(const char* what, const ::std::source_location& where) {
   int device = 0;
   check(::cudaGetDevice(&device), "cudaGetDevice", where);
   refuse_below_sm90(compute_capability_major(device, where), device, what,
                     "a programmatic edge (programmatic dependent launch)", "add_dependency makes a plain edge", where);
+  return device;
+}
+
+// usage_error when `kernel`, the downstream end of a programmatic edge (the
+// one that waits), runs code compiled from PTX older than 9.0 on `device`.
+inline void refuse_programmatic_downstream(const void* kernel, const char* subject, int device, const char* what,
+                                           const ::std::source_location& where) {
+  refuse_ptx_below_sm90(kernel_ptx_version(kernel, device, where), device, what, subject,
+                        "join them with add_dependency (a plain edge)", where);
+}
+
+// The same for kernel node `node`, when its kernel is a function the runtime
+// knows; a node whose parameters name no such function (a driver-API kernel:
+// cudaErrorInvalidDeviceFunction) is not refused, for want of an answer.
+inline void refuse_programmatic_downstream(::cudaGraphNode_t node, int device, const char* what,
+                                           const ::std::source_location& where) {
+  ::cudaKernelNodeParams params{};
+  const ::cudaError_t status = ::cudaGraphKernelNodeGetParams(node, &params);
+  if (status == ::cudaErrorInvalidDeviceFunction) {
+    clear_error_slot(status);
+    return;
+  }
+  check(status, "cudaGraphKernelNodeGetParams", where);
+  refuse_programmatic_downstream(params.func, concat("the downstream node (", describe_node(node), ")").c_str(),
+                                 device, what, where);
 }
 
 inline ::cudaError_t add_edge(::cudaGraph_t graph, ::cudaGraphNode_t from, ::cudaGraphNode_t to,
@@ -69,16 +96,18 @@ inline void GraphBuilder::add_programmatic_dependency(const Node& from, const No
   const ::cudaGraphNode_t b = to.handle(where);
   detail::refuse_programmatic_edge(a, true, kind, what, where);
   detail::refuse_programmatic_edge(b, false, kind, what, where);
-  detail::refuse_programmatic_device(what, where);
+  const int device = detail::refuse_programmatic_device(what, where);
+  detail::refuse_programmatic_downstream(b, device, what, where);
   check(detail::add_edge(graph, a, b, kind), "cudaGraphAddDependencies", where);
 }
 
-inline void GraphBuilder::refuse_programmatic(const Deps& deps, const char* adding,
+inline void GraphBuilder::refuse_programmatic(const Deps& deps, const void* kernel, const char* adding,
                                               const ::std::source_location& where) const {
   for (::std::size_t i = 0; i < deps.size(); ++i) {
     detail::refuse_programmatic_edge(deps.data()[i], true, deps.kind(), adding, where);
   }
-  detail::refuse_programmatic_device(adding, where);
+  const int device = detail::refuse_programmatic_device(adding, where);
+  detail::refuse_programmatic_downstream(kernel, "the kernel", device, adding, where);
 }
 
 inline void GraphBuilder::add_edges_or_remove(const Deps& deps, ::cudaGraphNode_t node,
@@ -92,7 +121,8 @@ inline void GraphBuilder::add_edges_or_remove(const Deps& deps, ::cudaGraphNode_
   }
 }
 #else
-inline void GraphBuilder::refuse_programmatic(const Deps&, const char*, const ::std::source_location&) const {}
+inline void GraphBuilder::refuse_programmatic(const Deps&, const void*, const char*,
+                                              const ::std::source_location&) const {}
 inline void GraphBuilder::add_edges_or_remove(const Deps&, ::cudaGraphNode_t, const ::std::source_location&) const {}
 #endif
 
