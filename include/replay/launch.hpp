@@ -30,6 +30,7 @@
 #include "replay/detail/signature_checks.hpp"
 #include "replay/error.hpp"
 #include "replay/launch_config.hpp"
+#include "replay/programmatic_launch.hpp"
 #include "replay/stream_ref.hpp"
 
 namespace replay {
