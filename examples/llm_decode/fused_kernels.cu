@@ -1039,54 +1039,21 @@ __global__ void step_update_kernel(StepRows state, const std::int64_t* next) {
   if (threadIdx.x == 0) step_update_loop(state, any_live);
 }
 
-// Whether the current device takes programmatic launches (sm_90 and later);
-// below, the kernels are launched plainly (their wait and release compile to
-// nothing there).
-// Asked once per device (0: not yet, 1: no, 2: yes).
-bool programmatic_launches_supported() {
-  int device = 0;
-  replay::check(cudaGetDevice(&device), "cudaGetDevice");
-  static std::array<std::atomic<int>, 64> known{};
-  std::atomic<int>* answer = device >= 0 && device < static_cast<int>(known.size())
-                                 ? &known[static_cast<std::size_t>(device)]
-                                 : nullptr;
-  if (answer != nullptr && answer->load(std::memory_order_relaxed) != 0) {
-    return answer->load(std::memory_order_relaxed) == 2;
-  }
-  int major = 0;
-  replay::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-  if (answer != nullptr) answer->store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
-  return major >= 9;
-}
-
 std::atomic<bool> programmatic_launches_on{true};  // set_programmatic_launches()
 std::atomic<int> own_product_rows_set{1};          // set_own_product_rows()
-
-// Whether `kernel` runs code compiled for compute capability 9.0 or later,
-// where its wait and release are compiled in: code JIT-compiled from older
-// PTX would not wait for its predecessor, so it is launched plainly. Asked
-// once per kernel.
-bool kernel_waits_for_prerequisite(const void* kernel) {
-  static std::mutex mutex;
-  static std::unordered_map<const void*, bool> known;
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (const auto found = known.find(kernel); found != known.end()) return found->second;
-  cudaFuncAttributes attributes{};
-  replay::check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
-  return known[kernel] = attributes.ptxVersion >= 90;
-}
 
 // The one place the fused kernels are launched: replay::launch on `stream`
 // (the arguments checked against the kernel's parameters at compile time,
 // errors naming the call's line), with programmatic stream serialization
-// where the device has it, the kernel's code waits for its predecessor, and
-// it is on.
+// where it is on and replay::programmatic_launch_supported(kernel) (the device
+// is sm_90 or later and the kernel's code there was compiled for it, so that
+// it waits for its predecessor: code JIT-compiled from older PTX has its wait
+// compiled out); plainly elsewhere.
 template <typename... Params, typename... Args>
 void launch_programmatic(void (*kernel)(Params...), const replay::LaunchOptions& options, cudaStream_t stream,
                          Args&&... args) {
   const bool programmatic = programmatic_launches_on.load(std::memory_order_relaxed) &&
-                            programmatic_launches_supported() &&
-                            kernel_waits_for_prerequisite(reinterpret_cast<const void*>(kernel));
+                            replay::programmatic_launch_supported(kernel, options.where());
   replay::launch(replay::StreamRef(stream),
                  replay::LaunchOptions(options.config(),
                                        programmatic ? replay::LaunchAttributes::programmatic() : replay::LaunchAttributes{},
