@@ -549,7 +549,11 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
         try {
           replay::check(cudaSetDevice(device), "cudaSetDevice");
           replay::Stream s;
+          // stage_kernel with zero weights writes `step` after its wait, so
+          // that each launch's writes follow its predecessor's.
+          replay::DeviceBuffer<float> zeros(n);
           replay::DeviceBuffer<float> x(n);
+          zeros.fill(0.0F, s);
           for (int r = 0; r < rounds; ++r) {
             wrong[t] += replay::programmatic_launch_supported(fill_from_ptx80) ? 1 : 0;
             wrong[t] += replay::programmatic_launch_supported(stage_kernel) ? 0 : 1;
@@ -560,8 +564,8 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
                                  "from PTX 8.0")
                             ? 0
                             : 1;
-            replay::launch(s, {dim3(1), dim3(n), 0, replay::LaunchAttributes::programmatic()}, fill_kernel, x.data(),
-                           n, static_cast<float>(t * 1000 + r));
+            replay::launch(s, {dim3(1), dim3(n), 0, replay::LaunchAttributes::programmatic()}, stage_kernel,
+                           zeros.data(), zeros.data(), x.data(), n, 0, static_cast<float>(t * 1000 + r));
           }
           outputs[t] = read_back(x, s);
         } catch (...) {
