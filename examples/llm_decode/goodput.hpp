@@ -6,7 +6,7 @@
 // and how repeats and policies are compared are the pure functions here (no
 // CUDA, no Torch), tested on the host (tests/host/llm_goodput_test.cpp).
 //
-//   llm_decode::goodput::RateSearch search({.start_rate = 400, .min_rate = 100, .max_rate = 6400});
+//   llm_decode::goodput::RateSearch search({.start_rate = 400, .min_rate = 50, .max_rate = 6400});
 //   while (const auto rate = search.next()) search.record(meets(slo, measure_at(*rate)));
 //   const llm_decode::goodput::Goodput g = search.goodput();
 #include <algorithm>
@@ -56,7 +56,7 @@ inline bool meets(const Slo& slo, const PointMeasure& m) {
 // each other, in at most `max_points` points.
 struct SearchOptions {
   double start_rate = 400;
-  double min_rate = 100;
+  double min_rate = 50;
   double max_rate = 6400;
   double growth = 2;
   double resolution = 0.10;  // stop when lowest failing / highest passing <= 1 + resolution
