@@ -25,3 +25,10 @@ if(Python3_Interpreter_FOUND)
   add_test(NAME scripts.test_summary COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_summary_test.py)
   set_tests_properties(scripts.test_summary PROPERTIES LABELS host TIMEOUT 60)
 endif()
+# bench/llm_decode/summarize.py: the goodput ratio across several runs and the
+# bracket the search's resolution gives each, from made-up goodput reports.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME scripts.summarize_goodput
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/summarize_goodput_test.py)
+  set_tests_properties(scripts.summarize_goodput PROPERTIES LABELS host TIMEOUT 60)
+endif()

@@ -9,7 +9,9 @@ launch; graph memory; capture time). PEERS.json: one or more outputs of
 bench/llm_decode/decode_peers.py for the same weights (their peers are merged;
 a peer measured in two files keeps the first). LOAD.json (repeatable): `llm_decode load
 --json`. GOODPUT.json (repeatable): `llm_decode goodput --json` (the highest
-offered rate within the TTFT / TPOT p99 SLO, per policy, mix and repeat). Prints ms per step and tokens/s per method and batch size, then each
+offered rate within the TTFT / TPOT p99 SLO, per policy, mix and repeat; with
+two or more, also the ratio across the runs: every repeat's with the bracket
+the search's resolution gives it, and the spread). Prints ms per step and tokens/s per method and batch size, then each
 goal of the issue as measured / target; exits 0 (the goals are reported, not
 enforced: a benchmark's result is information, the tests check correctness).
 """
@@ -96,6 +98,71 @@ def goodput_tables(report, title, out, goals):
             goals.append((f"goodput, continuous (best policy) / static, outputs {report['mixes'].get(mix, mix)}: "
                           f"unknown in {spread['ratio_unknown_repeats']} repeat(s) (both below --min-rate, or both "
                           f"at --max-rate)", None, f">= {report['target']:g} in every repeat", False))
+    out.append("")
+
+
+def resolution_bracket(ratio, searches):
+    """The continuous (best) / static ratio's bracket from the searches'
+    resolution: a goodput is the highest passing rate and the truth lies below
+    the lowest failing one, so the true ratio lies between continuous / static's
+    lowest failing rate and continuous's lowest failing rate / static. None for
+    a side that has no failing rate (a search that reached its ceiling); a
+    static search that passed nothing makes the ratio a lower bound (high None)."""
+    def search(batching):
+        return next((s for s in searches if s["repeat"] == ratio["repeat"] and s["mix"] == ratio["mix"]
+                     and s["batching"] == batching), None)
+    c, st = search(ratio["best_continuous"]), search("static")
+    if c is None or st is None:
+        return None, None
+    c_fail, st_fail = c.get("lowest_failing_rps"), st.get("lowest_failing_rps")
+    if st["bound"] == "below":
+        return ratio["ratio"], None
+    low = c["goodput_rps"] / st_fail if st_fail else None
+    high = c_fail / st["goodput_rps"] if c_fail and st["goodput_rps"] > 0 else None
+    return low, high
+
+
+def goodput_across_runs(reports, paths, out, goals):
+    """Several `llm_decode goodput --json` runs (other hosts, seeds or days):
+    every repeat's continuous (best) / static ratio with its resolution
+    bracket, and the spread over all of them, per mix."""
+    out.append(f"### Goodput across {len(reports)} runs")
+    out.append("")
+    out.append("| run | repeat | outputs | TPOT p99 limit ms | best continuous | req/s | static req/s | ratio | kind | "
+               "bracket from the resolution |")
+    out.append("|---|---:|---|---:|---|---:|---:|---:|---|---|")
+    by_mix = {}
+    for path, report in zip(paths, reports):
+        for r in report["ratios"]:
+            low, high = resolution_bracket(r, report["searches"])
+            bracket = ("—" if low is None and high is None else
+                       f"{low:.2f} to {'unbounded' if high is None else f'{high:.2f}'}" if low is not None else
+                       f"up to {high:.2f}")
+            static = (f"below {r['static_rps']:.0f}" if r["static_bound"] == "below" else f"{r['static_rps']:.0f}")
+            value = r.get("ratio")
+            out.append(f"| {path} | {r['repeat']} | {r['mix']} | {report['slo']['tpot_p99_ms']:.3f} | "
+                       f"{r.get('best_continuous', '—')} | {r['continuous_rps']:.0f} | {static} | "
+                       f"{'unknown' if value is None or r['ratio_kind'] == 'unknown' else f'{value:.2f}'} | "
+                       f"{r['ratio_kind']} | {bracket} |")
+            by_mix.setdefault(r["mix"], []).append((r, low, report["target"]))
+    out.append("")
+    for mix, entries in by_mix.items():
+        known = sorted(r["ratio"] for r, _, _ in entries if r["ratio_kind"] != "unknown" and r.get("ratio") is not None)
+        target = entries[0][2]
+        every = all(r.get("target_met") for r, _, _ in entries)
+        beyond = all(low is not None and low >= target for _, low, _ in entries)
+        if known:
+            median = known[len(known) // 2] if len(known) % 2 else (known[len(known) // 2 - 1] + known[len(known) // 2]) / 2
+            kinds = sorted({r["ratio_kind"] for r, _, _ in entries})
+            out.append(f"- {mix}: continuous (best) / static min / median / max {known[0]:.2f} / {median:.2f} / "
+                       f"{known[-1]:.2f} over {len(known)} of {len(entries)} repeat(s) ({', '.join(kinds)}); "
+                       f">= {target:g} in every one: {'yes' if every else 'no'}; beyond the search's resolution "
+                       f"in every one: {'yes' if beyond else 'no'}")
+            goals.append((f"goodput across {len(reports)} runs, continuous (best policy) / static, outputs {mix}: median "
+                          f"of {len(known)} (min {known[0]:.2f}, max {known[-1]:.2f}; {', '.join(kinds)})", median,
+                          f">= {target:g} in every run", every))
+        else:
+            out.append(f"- {mix}: the ratio is unknown in every repeat")
     out.append("")
 
 
@@ -239,8 +306,11 @@ def main():
                     goals.append((f"{policy} / static throughput at {rate:g} req/s offered, outputs {load.get('new_tokens')} "
                                   f"(TPOT p99 {c['tpot_p99_ms']:.2f} vs {s['tpot_p99_ms']:.2f} ms)", r,
                                   "reported", None))
-    for goodput_path in args.goodput or []:
-        goodput_tables(json.load(open(goodput_path)), title, out, goals)
+    goodput_reports = [json.load(open(path)) for path in args.goodput or []]
+    for report in goodput_reports:
+        goodput_tables(report, title, out, goals)
+    if len(goodput_reports) > 1:
+        goodput_across_runs(goodput_reports, args.goodput, out, goals)
     out.append(f"### Goals{title}")
     out.append("")
     out.append("| goal | measured | target | |")

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""bench/llm_decode/summarize.py: the goodput ratio across several runs, with
+the bracket the search's resolution gives each, from made-up
+`llm_decode goodput --json` reports."""
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "llm_decode" / "summarize.py"
+
+
+def search(mix, batching, goodput, bound="measured", failing=None):
+    return {"repeat": 1, "mix": mix, "batching": batching, "goodput_rps": goodput, "bound": bound,
+            "lowest_failing_rps": failing, "complete": True, "points": []}
+
+
+def report(tpot, uniform_continuous, uniform_failing, uniform_static, static_failing):
+    searches = [search("uniform", "chunked", uniform_continuous, failing=uniform_failing),
+                search("uniform", "static", uniform_static, failing=static_failing),
+                search("exponential", "chunked", 900.0, failing=990.0),
+                search("exponential", "static", 50.0, bound="below")]
+    ratio = uniform_continuous / uniform_static
+    ratios = [{"repeat": 1, "mix": "uniform", "best_continuous": "chunked", "continuous_rps": uniform_continuous,
+               "continuous_bound": "measured", "static_rps": uniform_static, "static_bound": "measured",
+               "ratio": ratio, "ratio_kind": "measured", "target_met": ratio >= 2},
+              {"repeat": 1, "mix": "exponential", "best_continuous": "chunked", "continuous_rps": 900.0,
+               "continuous_bound": "measured", "static_rps": 50.0, "static_bound": "below", "ratio": 18.0,
+               "ratio_kind": "at_least", "target_met": True}]
+    return {"slo": {"ttft_p99_ms": 100, "tpot_p99_ms": tpot, "tpot_factor": 2}, "batch1_step_ms": tpot / 2,
+            "requests": 1000, "repeats": 1, "complete": True, "rows": [], "searches": searches, "ratios": ratios,
+            "spread": {}, "target": 2.0, "mixes": {"uniform": "uniform", "exponential": "exponential"}}
+
+
+folder = pathlib.Path(tempfile.mkdtemp())
+paths = []
+for i, r in enumerate([report(0.66, 1300.0, 1400.0, 600.0, 660.0), report(0.67, 1200.0, 1300.0, 600.0, 660.0)]):
+    paths.append(folder / f"run{i + 1}.json")
+    paths[-1].write_text(json.dumps(r))
+args = [sys.executable, str(SCRIPT)]
+for p in paths:
+    args += ["--goodput", str(p)]
+out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+failures = []
+expected = [
+    # run 1: 1300 / 660 = 1.97 to 1400 / 600 = 2.33; run 2: 1200 / 660 = 1.82 to 1300 / 600 = 2.17
+    "| 1 | uniform | 0.660 | chunked | 1300 | 600 | 2.17 | measured | 1.97 to 2.33 |",
+    "| 1 | uniform | 0.670 | chunked | 1200 | 600 | 2.00 | measured | 1.82 to 2.17 |",
+    "| 1 | exponential | 0.660 | chunked | 900 | below 50 | 18.00 | at_least | 18.00 to unbounded |",
+    "- uniform: continuous (best) / static min / median / max 2.00 / 2.08 / 2.17 over 2 of 2 repeat(s) (measured); "
+    ">= 2 in every one: yes; beyond the search's resolution in every one: no",
+    "- exponential: continuous (best) / static min / median / max 18.00 / 18.00 / 18.00 over 2 of 2 repeat(s) "
+    "(at_least); >= 2 in every one: yes; beyond the search's resolution in every one: yes",
+    "### Goodput across 2 runs",
+]
+for line in expected:
+    if line not in out:
+        failures.append(line)
+# One run alone has no across-runs section.
+single = subprocess.run([sys.executable, str(SCRIPT), "--goodput", str(paths[0])], capture_output=True, text=True,
+                        check=True).stdout
+if "Goodput across" in single:
+    failures.append("(no across-runs section for one run)")
+if failures:
+    print("FAILED: missing from summarize.py's output:\n  " + "\n  ".join(failures) + "\n--- output ---\n" + out)
+    sys.exit(1)
+print("summarize goodput test: 1 passed, 0 failed")
