@@ -59,8 +59,10 @@ struct SearchOptions {
   double min_rate = 50;
   double max_rate = 6400;
   double growth = 2;
-  double resolution = 0.10;  // stop when lowest failing / highest passing <= 1 + resolution
-  std::size_t max_points = 8;
+  double resolution = 0.05;  // stop when lowest failing / highest passing <= 1 + resolution
+  // A ramp over the whole range (5 points from 400 to 6,400) and the bisections
+  // from a factor of 2 down to 1.05 (4): the default search always reaches its resolution.
+  std::size_t max_points = 9;
 };
 
 inline void check(const SearchOptions& o) {

@@ -858,7 +858,7 @@ int load(const Common& c, const LoadSettings& settings) {
 struct GoodputSettings {
   LoadSettings load{.requests = 1000, .policies = {"continuous", "chunked", "chunked-grouped", "static"}};
   std::vector<std::string> mixes{"exponential", "uniform"};
-  llm_decode::goodput::SearchOptions search{.max_points = 7};
+  llm_decode::goodput::SearchOptions search{};
   double ttft_p99_ms = 100;
   double tpot_factor = 2;  // TPOT p99 limit: this times the batch-1 decode step
   double target = 2;       // continuous (best policy) / static goodput

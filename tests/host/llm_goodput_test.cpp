@@ -97,6 +97,24 @@ TEST_SUITE("host") {
     }
   }
 
+  TEST_CASE("goodput: the default search brackets any goodput between its floor and ceiling within 5%, in its points") {
+    const SearchOptions defaults{};
+    CHECK(defaults.resolution == doctest::Approx(0.05));
+    CHECK(defaults.min_rate == 50);
+    CHECK(defaults.max_rate == 6400);
+    for (double truth = defaults.min_rate; truth < defaults.max_rate; truth *= 1.03) {
+      CAPTURE(truth);
+      const RateSearch search = search_against(truth, defaults);
+      CHECK(search.points().size() <= defaults.max_points);
+      const Goodput g = search.goodput();
+      CHECK(g.bound == Bound::measured);
+      CHECK(g.rate <= truth);
+      REQUIRE(search.lowest_failing());
+      CHECK(*search.lowest_failing() > truth);
+      CHECK(*search.lowest_failing() <= g.rate * (1 + defaults.resolution) * (1 + 1e-12));
+    }
+  }
+
   TEST_CASE("goodput: out of points, a search that only passed says at least; one that only failed says below") {
     const RateSearch short_up = search_against(1000, {.start_rate = 400, .max_points = 2});
     CHECK(short_up.points().size() == 2);
