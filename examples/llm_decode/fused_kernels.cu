@@ -426,6 +426,30 @@ __host__ __device__ inline void store_vector(__half* p, const __half2 (&in)[kKey
 #endif
 }
 
+// x's vector at i, plus delta's (rounded to fp16, as the plain add) when
+// delta is set.
+__host__ __device__ inline void residual_vector(const __half* x, const __half* delta, int i,
+                                                __half2 (&out)[kKeyVector / 2]) {
+  load_key_vector(x + i, out);
+  if (delta == nullptr) return;
+  __half2 d[kKeyVector / 2];
+  load_key_vector(delta + i, d);
+  for (int j = 0; j < kKeyVector / 2; ++j) {
+    const float2 a = __half22float2(out[j]);
+    const float2 b = __half22float2(d[j]);
+    out[j] = __floats2half2_rn(a.x + b.x, a.y + b.y);
+  }
+}
+
+// `squares` plus the squares of a vector's 8 values, in order.
+__host__ __device__ inline float add_squares(float squares, const __half2 (&v)[kKeyVector / 2]) {
+  for (int j = 0; j < kKeyVector / 2; ++j) {
+    const float2 f = __half22float2(v[j]);
+    squares += f.x * f.x + f.y * f.y;
+  }
+  return squares;
+}
+
 // x += delta (rounded to fp16, as the plain add) when delta is set, written
 // back; returns this thread's part of the row's sum of squares.
 __host__ __device__ inline float norm_load_add(NormThread& t, __half* x, const __half* delta, const __half* weight,
@@ -434,24 +458,35 @@ __host__ __device__ inline float norm_load_add(NormThread& t, __half* x, const _
   for (int k = 0; k < kNormVectors; ++k) {
     const int i = (tid + k * threads) * kKeyVector;
     if (i >= width) break;
-    load_key_vector(x + i, t.x[k]);
+    residual_vector(x, delta, i, t.x[k]);
     load_key_vector(weight + i, t.weight[k]);
-    if (delta != nullptr) {
-      __half2 d[kKeyVector / 2];
-      load_key_vector(delta + i, d);
-      for (int j = 0; j < kKeyVector / 2; ++j) {
-        const float2 a = __half22float2(t.x[k][j]);
-        const float2 b = __half22float2(d[j]);
-        t.x[k][j] = __floats2half2_rn(a.x + b.x, a.y + b.y);
-      }
-      store_vector(x + i, t.x[k]);
-    }
-    for (int j = 0; j < kKeyVector / 2; ++j) {
-      const float2 v = __half22float2(t.x[k][j]);
-      squares += v.x * v.x + v.y * v.y;
-    }
+    if (delta != nullptr) store_vector(x + i, t.x[k]);
+    squares = add_squares(squares, t.x[k]);
   }
   return squares;
+}
+
+// norm_load_add()'s sum of squares alone, x left as it is.
+__host__ __device__ inline float norm_squares(const __half* x, const __half* delta, int width, int tid, int threads) {
+  float squares = 0.0F;
+  for (int k = 0; k < kNormVectors; ++k) {
+    const int i = (tid + k * threads) * kKeyVector;
+    if (i >= width) break;
+    __half2 v[kKeyVector / 2];
+    residual_vector(x, delta, i, v);
+    squares = add_squares(squares, v);
+  }
+  return squares;
+}
+
+// x * inverse_rms * weight for a vector of 8, rounded once.
+__host__ __device__ inline void scale_vector(const __half2 (&x)[kKeyVector / 2], const __half2 (&weight)[kKeyVector / 2],
+                                             float inverse_rms, __half2 (&out)[kKeyVector / 2]) {
+  for (int j = 0; j < kKeyVector / 2; ++j) {
+    const float2 v = __half22float2(x[j]);
+    const float2 w = __half22float2(weight[j]);
+    out[j] = __floats2half2_rn(v.x * inverse_rms * w.x, v.y * inverse_rms * w.y);
+  }
 }
 
 // out = x * inverse_rms * weight, rounded once.
@@ -461,11 +496,7 @@ __host__ __device__ inline void norm_store(const NormThread& t, __half* out, int
     const int i = (tid + k * threads) * kKeyVector;
     if (i >= width) break;
     __half2 o[kKeyVector / 2];
-    for (int j = 0; j < kKeyVector / 2; ++j) {
-      const float2 v = __half22float2(t.x[k][j]);
-      const float2 w = __half22float2(t.weight[k][j]);
-      o[j] = __floats2half2_rn(v.x * inverse_rms * w.x, v.y * inverse_rms * w.y);
-    }
+    scale_vector(t.x[k], t.weight[k], inverse_rms, o);
     store_vector(out + i, o);
   }
 }
@@ -857,22 +888,36 @@ __device__ __forceinline__ void add_products(float (&acc)[kLinearOutputs][Rows],
   }
 }
 
-// linear() and gated_linear(): kLinearOutputs weight rows per block, Rows
-// input rows.
+// A GEMV block's weight rows: kLinearOutputs from `first`, fewer at the end.
+struct LinearBlock {
+  int first;
+  int outputs;
+  __device__ explicit LinearBlock(int out)
+      : first(static_cast<int>(blockIdx.x) * kLinearOutputs),
+        outputs(out - first < kLinearOutputs ? out - first : kLinearOutputs) {}
+};
+
+// The block's first weight vectors, loaded before the kernel waits for its
+// predecessor: nothing writes them, so a programmatic edge overlaps the
+// loads with the predecessor's tail.
+__device__ __forceinline__ void preload_then_wait(HalfVector (&preloaded)[kLinearPreload][kLinearOutputs],
+                                                  const __half* weight, int in, const LinearBlock& block) {
+  load_weight_vectors(preloaded, weight, in, block.first, block.outputs, static_cast<int>(threadIdx.x),
+                      static_cast<int>(blockDim.x));
+  start_after_prerequisite_grid();
+}
+
+// A product's block after the preload of its first weight vectors: the sums
+// over the input `x` (global or shared memory), then the warps' and the
+// block's, stored to y.
 template <int Rows, bool Gated>
-__global__ void __launch_bounds__(kLinearWarps * 32)
-    linear_kernel(const __half* x, const __half* weight, __half* y, int in, int out) {
+__device__ __forceinline__ void linear_block_sums(const HalfVector (&preloaded)[kLinearPreload][kLinearOutputs],
+                                                  const __half* x, const __half* weight, __half* y, int in, int out,
+                                                  int first, int outputs) {
   __shared__ float warp_sums[kLinearWarps][kLinearOutputs * Rows];
   const int tid = static_cast<int>(threadIdx.x);
   const int threads = static_cast<int>(blockDim.x);
   const int vectors = in / kVectorHalves;
-  const int first = static_cast<int>(blockIdx.x) * kLinearOutputs;
-  int outputs = out - first;
-  outputs = outputs < kLinearOutputs ? outputs : kLinearOutputs;
-  // The weights first: nothing writes them.
-  HalfVector preloaded[kLinearPreload][kLinearOutputs]{};
-  load_weight_vectors(preloaded, weight, in, first, outputs, tid, threads);
-  start_after_prerequisite_grid();
   float acc[kLinearOutputs][Rows] = {};
   add_products<Gated>(acc, preloaded, x, in, outputs, tid, threads);
   for (int v0 = tid + kLinearPreload * threads; v0 < vectors; v0 += kLinearUnroll * threads) {
@@ -900,6 +945,58 @@ __global__ void __launch_bounds__(kLinearWarps * 32)
       y[static_cast<std::int64_t>(r) * out + first + j] = __float2half(total);
     }
   }
+}
+
+// linear() and gated_linear(): kLinearOutputs weight rows per block, Rows
+// input rows.
+template <int Rows, bool Gated>
+__global__ void __launch_bounds__(kLinearWarps * 32)
+    linear_kernel(const __half* x, const __half* weight, __half* y, int in, int out) {
+  const LinearBlock block(out);
+  HalfVector preloaded[kLinearPreload][kLinearOutputs]{};
+  preload_then_wait(preloaded, weight, in, block);
+  linear_block_sums<Rows, Gated>(preloaded, x, weight, y, in, out, block.first, block.outputs);
+}
+
+// norm_linear(): add_rms_norm() of one row computed by every block for
+// itself, with add_rms_norm_kernel's sums in its order (its kThreads
+// threads' parts, each warp's butterfly, the warps in order; this block's
+// warps take those warps in turn), the normed row kept in shared memory as
+// the product's input; block 0 writes x + delta to x_out (every block reads
+// x, so the sum cannot go back in place). One kernel where add_rms_norm()
+// and linear() are two.
+__global__ void __launch_bounds__(kLinearWarps * 32)
+    norm_linear_kernel(const __half* x, const __half* delta, const __half* norm_weight, float eps, __half* x_out,
+                       const __half* weight, __half* y, int in, int out) {
+  extern __shared__ uint4 normed_vectors[];  // the normed row: in / 8 vectors of 8 halves
+  __shared__ float warp_squares[kThreads / 32];
+  __half* normed = reinterpret_cast<__half*>(normed_vectors);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int threads = static_cast<int>(blockDim.x);
+  const LinearBlock block(out);
+  HalfVector preloaded[kLinearPreload][kLinearOutputs]{};
+  preload_then_wait(preloaded, weight, in, block);
+  const int lane = tid % 32;
+  for (int w = tid / 32; w < kThreads / 32; w += threads / 32) {
+    const float part = warp_sum(norm_squares(x, delta, in, w * 32 + lane, kThreads));
+    if (lane == 0) warp_squares[w] = part;
+  }
+  __syncthreads();
+  float squares = 0.0F;
+  for (int w = 0; w < kThreads / 32; ++w) squares += warp_squares[w];
+  const float inverse_rms = inverse_sqrt(squares / static_cast<float>(in) + eps);
+  for (int v = tid; v < in / kKeyVector; v += threads) {
+    __half2 sum[kKeyVector / 2];
+    residual_vector(x, delta, v * kKeyVector, sum);
+    if (blockIdx.x == 0 && delta != nullptr) store_vector(x_out + v * kKeyVector, sum);
+    __half2 scale[kKeyVector / 2];
+    load_key_vector(norm_weight + v * kKeyVector, scale);
+    __half2 normed_sum[kKeyVector / 2];
+    scale_vector(sum, scale, inverse_rms, normed_sum);
+    store_vector(normed + v * kKeyVector, normed_sum);
+  }
+  __syncthreads();
+  linear_block_sums<1, false>(preloaded, normed, weight, y, in, out, block.first, block.outputs);
 }
 
 // linear() and gated_linear() for Rows = 16, 32, 48 or 64 rows: the tensor
@@ -1041,6 +1138,7 @@ __global__ void step_update_kernel(StepRows state, const std::int64_t* next) {
 
 std::atomic<bool> programmatic_launches_on{true};  // set_programmatic_launches()
 std::atomic<int> own_product_rows_set{1};          // set_own_product_rows()
+std::atomic<bool> fold_norms_on{false};            // set_fold_norms()
 
 // The one place the fused kernels are launched: replay::launch on `stream`
 // (the arguments checked against the kernel's parameters at compile time,
@@ -1220,6 +1318,37 @@ void gated_linear(const __half* gate_up, const __half* weight, __half* y, int ro
   check_linear_call("gated_linear", gate_up, weight, rows, in, out, workspace);
   launch_linear<true>(gate_up, weight, y, rows, in, out, workspace,
                       stream);
+}
+
+// What norm_linear() (kernel or host version) checks before it runs.
+void check_norm_linear_call(const __half* x, const __half* delta, const __half* norm_weight, const __half* x_out,
+                            const __half* weight, int rows, int in, int out, const LinearWorkspace& workspace) {
+  if (rows != 1) {
+    throw std::invalid_argument("fused norm_linear: " + std::to_string(rows) +
+                                " rows; it takes one (add_rms_norm() and linear() take more)");
+  }
+  check_norm_width(in);
+  check_linear_call("norm_linear", x, weight, rows, in, out, workspace);
+  if (delta != nullptr) check_aligned(delta, "delta", "norm_linear");
+  check_aligned(norm_weight, "the norm's weight", "norm_linear");
+  if (delta != nullptr) {
+    check_aligned(x_out, "x_out", "norm_linear");
+    if (x_out == x || x_out == delta) {
+      throw std::invalid_argument(
+          "fused norm_linear: x_out must be a buffer of its own: every block reads x and delta while block 0 "
+          "writes their sum");
+    }
+  }
+}
+
+void norm_linear(const __half* x, const __half* delta, const __half* norm_weight, float eps, __half* x_out,
+                 const __half* weight, __half* y, int rows, int in, int out, const LinearWorkspace& workspace,
+                 cudaStream_t stream) {
+  check_norm_linear_call(x, delta, norm_weight, x_out, weight, rows, in, out, workspace);
+  const dim3 grid(static_cast<unsigned>((out + kLinearOutputs - 1) / kLinearOutputs));
+  const auto shared = static_cast<unsigned>(static_cast<std::size_t>(in) * sizeof(__half));
+  launch_programmatic(norm_linear_kernel, {grid, dim3(static_cast<unsigned>(linear_threads(in))), shared}, stream, x,
+                      delta, norm_weight, eps, x_out, weight, y, in, out);
 }
 
 void check_step_rows(const StepRows& state) {
@@ -1547,6 +1676,25 @@ void host_gated_linear(const __half* gate_up, const __half* weight, __half* y, i
   }
 }
 
+// add_rms_norm()'s host version on a copy of x, then linear()'s: what the
+// two kernels compute, the sum kept in x_out.
+void host_norm_linear(const __half* x, const __half* delta, const __half* norm_weight, float eps, __half* x_out,
+                      const __half* weight, __half* y, int rows, int in, int out, const LinearWorkspace& workspace,
+                      cudaStream_t stream) {
+  check_norm_linear_call(x, delta, norm_weight, x_out, weight, rows, in, out, workspace);
+  struct alignas(32) Aligned {
+    __half values[16];
+  };
+  const std::size_t blocks = (static_cast<std::size_t>(in) + 15) / 16;
+  std::vector<Aligned> residual(blocks);
+  std::vector<Aligned> normed(blocks);
+  __half* sum = residual.front().values;
+  std::memcpy(static_cast<void*>(sum), x, static_cast<std::size_t>(in) * sizeof(__half));
+  host_add_rms_norm(sum, delta, norm_weight, normed.front().values, 1, in, eps, stream);
+  if (delta != nullptr) std::memcpy(static_cast<void*>(x_out), sum, static_cast<std::size_t>(in) * sizeof(__half));
+  host_linear(normed.front().values, weight, y, 1, in, out, workspace, stream);
+}
+
 void host_step_inputs(const StepRows& state, std::int64_t* live_slots, std::int64_t* live_positions,
                       cudaStream_t /*stream*/) {
   check_step_rows(state);
@@ -1573,6 +1721,15 @@ void check_norm_width(int width) {
 void set_programmatic_launches(bool enabled) { programmatic_launches_on.store(enabled, std::memory_order_relaxed); }
 
 bool programmatic_launches() { return programmatic_launches_on.load(std::memory_order_relaxed); }
+
+void set_fold_norms(bool enabled) { fold_norms_on.store(enabled, std::memory_order_relaxed); }
+
+bool fold_norms() { return fold_norms_on.load(std::memory_order_relaxed); }
+
+bool folds_norms(int rows, int hidden, int qkv_width, int gate_up_width, int vocab) {
+  return fold_norms() && rows == 1 && use_own_product(rows, hidden, qkv_width) &&
+         use_own_product(rows, hidden, gate_up_width) && use_own_product(rows, hidden, vocab);
+}
 
 void set_own_product_rows(int rows) {
   if (rows < 0 || rows > kMaxSkinnyRows) {
@@ -1646,14 +1803,15 @@ std::size_t attention_partial_floats(int rows, int heads, int kv_heads, int head
 const Kernels& kernels() {
   static constexpr Kernels table{rotary_and_cache_write, decode_attention, rotary_attention, add_rms_norm,
                                  linear,                 gated_linear,     silu_mul,         step_inputs,
-                                 step_update};
+                                 step_update,            norm_linear};
   return table;
 }
 
 const Kernels& host_kernels() {
   static constexpr Kernels table{host_rotary_and_cache_write, host_decode_attention, host_rotary_attention,
                                  host_add_rms_norm,           host_linear,           host_gated_linear,
-                                 host_silu_mul,               host_step_inputs,      host_step_update};
+                                 host_silu_mul,               host_step_inputs,      host_step_update,
+                                 host_norm_linear};
   return table;
 }
 

@@ -155,6 +155,18 @@ struct StepRows {
 void set_programmatic_launches(bool enabled);
 bool programmatic_launches();
 
+// Whether a one-row decode step whose products are its own folds each
+// residual add and RMSNorm into the product after it (Kernels::norm_linear:
+// 5 kernels per layer instead of 7; default off). The same sums in the same
+// order as add_rms_norm() then linear(). Read when a step is issued, so a
+// graph keeps what was set when it was captured; `llm_decode --fold-norms`.
+void set_fold_norms(bool enabled);
+bool fold_norms();
+// Whether a decode step of `rows` rows folds its norms: fold_norms(), one
+// row, and the step's own products for the three products after a norm
+// (hidden into qkv_width, into gate_up_width, into vocab).
+bool folds_norms(int rows, int hidden, int qkv_width, int gate_up_width, int vocab);
+
 // The kernels, as one table: kernels() launches them on `stream` (each
 // launch checked), host_kernels() runs the same code over host memory as one
 // thread (the stream is not used). fp16 data, contiguous rows.
@@ -232,6 +244,19 @@ struct Kernels {
   // live and loop[0] < loop[1]. What the executor's ATen bookkeeping does.
   //   next: int64 [rows], the greedy tokens
   void (*step_update)(const StepRows& state, const std::int64_t* next, cudaStream_t stream);
+  // add_rms_norm() and then linear() of one row in one kernel: with
+  // s = x + delta (rounded to fp16; x alone when delta is null), y = (s *
+  // rsqrt(mean(s^2) + eps) * norm_weight) weight^T, the normed row never
+  // stored. x is left as it is: s goes to x_out (when delta is set), a
+  // buffer of its own, since every block reads x while one writes s. The
+  // same values as the two kernels: each block computes the norm with
+  // add_rms_norm()'s sums in its order, and the product with linear()'s.
+  //   x, delta, x_out: [1, in]; norm_weight: [in]; weight: [out, in]; y: [1, out]
+  // Throws std::invalid_argument for more than one row, for widths
+  // add_rms_norm() or linear() cannot take, and for x_out aliasing x or delta.
+  void (*norm_linear)(const __half* x, const __half* delta, const __half* norm_weight, float eps, __half* x_out,
+                      const __half* weight, __half* y, int rows, int in, int out, const LinearWorkspace& workspace,
+                      cudaStream_t stream);
 };
 
 // The CUDA kernels.

@@ -88,6 +88,7 @@ struct Common {
   std::string json;
   bool no_programmatic_launches = false;  // --no-pdl: the fused kernels' (fused::set_programmatic_launches)
   int own_product_rows = 1;               // --own-product-rows: fused::set_own_product_rows
+  bool fold_norms = false;                // --fold-norms: fused::set_fold_norms
 
   // Chunked prefill runs on the fused kernels' bucketed prefill only
   // (LlamaExecutor::prefill_and_decode): refused here rather than in every launch.
@@ -121,6 +122,7 @@ ExecutorOptions executor_options(const Common& c, StepMode mode, std::size_t ste
 LlamaModel load_model(const Common& c) {
   llm_decode::fused::set_programmatic_launches(!c.no_programmatic_launches);
   llm_decode::fused::set_own_product_rows(c.own_product_rows);
+  llm_decode::fused::set_fold_norms(c.fold_norms);
   const at::Device device(at::kCUDA, 0);
   if (!c.weights.empty()) return LlamaModel::load(c.weights, device);
   llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset(c.preset);
@@ -387,9 +389,10 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
   const LlamaModel model = load_model(c);
   const PeakBandwidth peak = peak_bandwidth(model.device().index(), peak_tbps);
   std::printf("llm_decode bench: HBM peak %.2f TB/s, from %s; fused kernels' programmatic launches %s; own products "
-              "up to %d row(s), cuBLAS above\n",
+              "up to %d row(s), cuBLAS above; norms %s\n",
               peak.bytes_per_s / 1e12, peak.source.c_str(), c.no_programmatic_launches ? "off (--no-pdl)" : "on",
-              c.own_product_rows);
+              c.own_product_rows,
+              c.fold_norms ? "folded into the products at one row (--fold-norms)" : "kernels of their own");
   // Refused before any measurement, not after minutes of them.
   for (const std::size_t tokens : beside_prefill) {
     if (tokens == 0 || static_cast<std::int64_t>(tokens) > model.config().max_len) {
@@ -404,6 +407,7 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
   out["peak_source"] = peak.source;
   out["programmatic_launches"] = !c.no_programmatic_launches;
   out["own_product_rows"] = c.own_product_rows;
+  out["fold_norms"] = c.fold_norms;
   std::vector<BenchRow> rows;
   struct Method {
     std::string name;
@@ -1142,6 +1146,9 @@ int main(int argc, char** argv) {
                     "(0: cuBLAS everywhere; 64: every row count they take)")
         ->check(CLI::Range(0, 64))
         ->capture_default_str();
+    sub->add_flag("--fold-norms", c.fold_norms,
+                  "at one row with the own products, compute each residual add and RMSNorm inside the product "
+                  "after it (5 kernels per layer instead of 7)");
   };
   std::string out_dir;
   CLI::App* write = app.add_subcommand("write-weights", "write random weights (config.json, weights.pt)");

@@ -52,8 +52,10 @@ enum class DecodeKernels : std::uint8_t {
   // fused_kernels.hpp: rotary, cache write and decode attention reading the
   // cache by slot in one kernel, residual add with RMSNorm, and the
   // products as GEMVs (1 to 8 rows) or tensor-core skinny GEMMs (16 to 64),
-  // the down one computing SiLU x up as it loads (7 kernels per layer; other
-  // row counts: torch's GEMMs and a SiLU x up kernel, 8; a packed prefill's
+  // the down one computing SiLU x up as it loads (7 kernels per layer; 5 at
+  // one row with fused::set_fold_norms(true), each norm computed by the
+  // product after it; other row counts: torch's GEMMs and a SiLU x up
+  // kernel, 8; a packed prefill's
   // rotary and cache write are a kernel of their own). Every fused kernel is
   // a programmatic launch. fp16 only; on the CPU the
   // kernels' host versions run (for tests). Agrees with `aten` to fp16 rounding, not bit for bit (it
@@ -690,7 +692,8 @@ class LlamaModel {
   // where the step uses its own products (fused::use_own_product: by default
   // batch 1; fused::linear_fits says which shapes they take: 1 to 8, 16, 32,
   // 48, 64 rows; 4 products, the down one computing the SiLU product as it
-  // loads; attention; 2 residual-add norms), 8 elsewhere (torch's GEMMs and
+  // loads; attention; 2 residual-add norms; 5 at one row with
+  // fused::fold_norms(), the norms inside the products), 8 elsewhere (torch's GEMMs and
   // the SiLU product's own kernel); one more for a packed prefill; and one
   // fill of counters per call for the attention past fused::kSplitKeys
   // positions of context and for products split over blocks. Capture-safe
@@ -722,9 +725,22 @@ class LlamaModel {
     const auto* slot_data = slot_index.data_ptr<std::int64_t>();
     const auto* position_data = position_index.data_ptr<std::int64_t>();
 
+    const auto qkv_width = static_cast<int>(layers_[0].qkv.size(0));
+    const auto vocab = static_cast<int>(config_.vocab_size);
+    // Folded (fused::fold_norms(), one row, the step's own products): each
+    // residual add and RMSNorm is computed by the product after it
+    // (Kernels::norm_linear), 5 kernels per layer instead of 7. The residual
+    // then alternates between x and x_spare: every block of a product reads
+    // it while block 0 writes the sum.
+    const bool fold =
+        logit_rows == nullptr && fused::folds_norms(rows, hidden, qkv_width, 2 * intermediate, vocab);
     at::Tensor x = embed_.index_select(0, tokens);  // [B, hidden], the residual stream
     at::Tensor h = at::empty_like(x);                // the normed input of the next product
-    k.add_rms_norm(half_ptr(x), nullptr, half_ptr(layers_[0].input_norm), half_ptr(h), rows, hidden, eps, stream);
+    at::Tensor x_spare = fold ? at::empty_like(x) : at::Tensor();
+    at::Tensor pending;  // folded: what the next norm adds to the residual (undefined: nothing)
+    if (!fold) {
+      k.add_rms_norm(half_ptr(x), nullptr, half_ptr(layers_[0].input_norm), half_ptr(h), rows, hidden, eps, stream);
+    }
     const at::Tensor q = logit_rows != nullptr ? at::empty({rows, heads, head_dim}, options) : at::Tensor();
     // A context of more than fused::kSplitKeys positions splits each row's
     // attention over several blocks: their states and counters, one set for
@@ -741,8 +757,6 @@ class LlamaModel {
     // width over blocks uses the workspace: one set for every product of the
     // step (each call leaves the counters at zero).
     const auto logits_rows = static_cast<int>(logit_rows != nullptr ? logit_rows->size(0) : rows);
-    const auto qkv_width = static_cast<int>(layers_[0].qkv.size(0));
-    const auto vocab = static_cast<int>(config_.vocab_size);
     std::size_t linear_floats = 0;
     std::size_t linear_counters = 0;
     for (const auto [product_rows, in, out] :
@@ -785,11 +799,22 @@ class LlamaModel {
                      stream);
       return y;
     };
+    // Folded: the product of norm(residual + pending) and `weight`; the sum
+    // becomes the residual.
+    const auto norm_product = [&](const at::Tensor& norm_weight, const at::Tensor& weight) {
+      at::Tensor y = at::empty({static_cast<std::int64_t>(rows), weight.size(0)}, options);
+      k.norm_linear(half_ptr(x), pending.defined() ? half_ptr(pending) : nullptr, half_ptr(norm_weight), eps,
+                    half_ptr(x_spare), half_ptr(weight), half_ptr(y), rows, hidden, static_cast<int>(weight.size(0)),
+                    linear_workspace, stream);
+      if (pending.defined()) std::swap(x, x_spare);
+      pending = at::Tensor();
+      return y;
+    };
     for (std::int64_t i = 0; i < config_.num_layers; ++i) {
       const Layer& layer = layers_[static_cast<std::size_t>(i)];
       const at::Tensor cache_k = cache.k.select(0, i);
       const at::Tensor cache_v = cache.v.select(0, i);
-      const at::Tensor qkv = product(h, layer.qkv);
+      const at::Tensor qkv = fold ? norm_product(layer.input_norm, layer.qkv) : product(h, layer.qkv);
       if (logit_rows == nullptr) {
         k.rotary_attention(half_ptr(qkv), qkv.stride(0), half_ptr(cos_), half_ptr(sin_), position_data, slot_data,
                            half_ptr(cache_k), half_ptr(cache_v), half_ptr(attended), rows, heads, kv_heads, head_dim,
@@ -803,12 +828,19 @@ class LlamaModel {
                            static_cast<float>(scale_), workspace, stream);
       }
       const at::Tensor o = product(attended, layer.o);
+      if (fold) {
+        pending = o;
+        const at::Tensor gate_up = norm_product(layer.post_norm, layer.gate_up);
+        pending = down_product(gate_up, layer.down);
+        continue;  // the next norm_product adds it
+      }
       k.add_rms_norm(half_ptr(x), half_ptr(o), half_ptr(layer.post_norm), half_ptr(h), rows, hidden, eps, stream);
       const at::Tensor down = down_product(product(h, layer.gate_up), layer.down);
       const at::Tensor& next_norm =
           i + 1 < config_.num_layers ? layers_[static_cast<std::size_t>(i + 1)].input_norm : norm_;
       k.add_rms_norm(half_ptr(x), half_ptr(down), half_ptr(next_norm), half_ptr(h), rows, hidden, eps, stream);
     }
+    if (fold) return norm_product(norm_, lm_head_);
     return product(logit_rows != nullptr ? h.index_select(0, *logit_rows) : h, lm_head_);
   }
 

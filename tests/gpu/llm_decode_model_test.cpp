@@ -57,6 +57,28 @@ void with_captured_fused_decode(const LlamaModel& model, KvCache& cache, const a
   replays([&] { backend.launch(captured.exec, stream); }, graphed);
 }
 
+// decode() with the fused kernels captured, then replayed `replays` times,
+// each after restore() (the cache as before the step): how many replays'
+// logits or cache differ from `expected` and `expected_cache`, bit for bit.
+template <typename Restore>
+int differing_fused_replays(const LlamaModel& model, KvCache& cache, const at::Tensor& slots,
+                            const at::Tensor& positions, const at::Tensor& tokens, std::int64_t context, int replays,
+                            Restore&& restore, const at::Tensor& expected, const at::Tensor& expected_cache) {
+  int differing = 0;
+  with_captured_fused_decode(model, cache, slots, positions, tokens, context,
+                             [&](const auto& launch, const at::Tensor& graphed) {
+                               for (int replay_index = 0; replay_index < replays; ++replay_index) {
+                                 restore();
+                                 launch();
+                                 differing += graphed.equal(expected) &&
+                                                      at::stack({cache.k, cache.v}).equal(expected_cache)
+                                                  ? 0
+                                                  : 1;
+                               }
+                             });
+  return differing;
+}
+
 // A prompt of 17 tokens decoded to 30, among short ones.
 std::vector<Sequence> three_sequences(std::int64_t vocab) { return llm_decode_test::three_sequences(vocab, 30, 17); }
 
@@ -239,18 +261,51 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       restore();
       CHECK(model.decode(cache, slots, positions, tokens, context, fused).equal(plain));
 
-      int differing = 0;
-      with_captured_fused_decode(model, cache, slots, positions, tokens, context,
-                                 [&](const auto& launch, const at::Tensor& graphed) {
-                                   for (int replay_index = 0; replay_index < 50; ++replay_index) {
-                                     restore();
-                                     launch();
-                                     differing +=
-                                         graphed.equal(plain) && at::stack({cache.k, cache.v}).equal(plain_cache) ? 0 : 1;
-                                   }
-                                 });
-      CHECK(differing == 0);
+      CHECK(differing_fused_replays(model, cache, slots, positions, tokens, context, 50, restore, plain,
+                                    plain_cache) == 0);
     }
+  }
+
+  TEST_CASE("the fused norm_linear kernel gives add_rms_norm then linear, bit for bit, at the presets' widths") {
+    at::manual_seed(replay_test::case_seed());
+    // tiny; small's q, k, v; 1b's gate and up, and its logits.
+    for (const auto& [in, out] : {std::pair{64, 256}, std::pair{768, 1280}, std::pair{2048, 16384}, std::pair{2048, 32000}}) {
+      for (const bool with_delta : {false, true}) {
+        INFO(in << " halves into " << out << " outputs, " << (with_delta ? "with" : "without") << " a delta");
+        const llm_decode_test::NormLinearCheck r =
+            llm_decode_test::norm_linear_against_two_kernels(llm_decode::fused::kernels(), gpu, in, out, with_delta);
+        CHECK(r.same_product);
+        CHECK(r.same_sum);
+        CHECK(r.x_untouched);
+      }
+    }
+  }
+
+  TEST_CASE("folded norms: one-row steps give the unfolded steps' logits bit for bit, eager and graphed (20 replays)") {
+    const LlamaConfig config = LlamaConfig::preset("tiny");
+    const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
+    const auto fused = llm_decode::DecodeKernels::fused;
+    const std::int64_t context = 32;
+    KvCache cache(config, 2, gpu, at::kHalf);
+    cache.k.normal_();
+    cache.v.normal_();
+    const at::Tensor cache_before = at::stack({cache.k, cache.v}).clone();
+    const auto restore = [&] {
+      cache.k.copy_(cache_before.select(0, 0));
+      cache.v.copy_(cache_before.select(0, 1));
+    };
+    const at::Tensor slots = llm_decode_test::int64_tensor({1}, gpu);
+    const at::Tensor positions = llm_decode_test::int64_tensor({13}, gpu);
+    const at::Tensor tokens = llm_decode_test::int64_tensor(llm_decode_test::random_tokens(1, config.vocab_size), gpu);
+    const at::Tensor plain = model.decode(cache, slots, positions, tokens, context, fused).clone();
+    const at::Tensor plain_cache = at::stack({cache.k, cache.v}).clone();
+    const llm_decode_test::FoldNorms on(true);
+    REQUIRE(llm_decode_test::folds_norms(config));
+    restore();
+    CHECK(model.decode(cache, slots, positions, tokens, context, fused).equal(plain));
+    CHECK(at::stack({cache.k, cache.v}).equal(plain_cache));
+    CHECK(differing_fused_replays(model, cache, slots, positions, tokens, context, 20, restore, plain,
+                                  plain_cache) == 0);
   }
 
   TEST_CASE("decode captured in a CUDA graph replays to the eager logits and cache writes, bit for bit") {

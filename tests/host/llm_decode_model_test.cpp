@@ -497,6 +497,74 @@ TEST_SUITE("host") {
                          doctest::Contains("the input must be 32-byte aligned"), std::invalid_argument);
   }
 
+  TEST_CASE("the fused norm_linear (its host version) gives add_rms_norm then linear, bit for bit; misuse is named") {
+    at::manual_seed(replay_test::case_seed());
+    const llm_decode::fused::Kernels& k = llm_decode::fused::host_kernels();
+    for (const auto& [in, out] : {std::pair{64, 256}, std::pair{768, 100}, std::pair{2048, 64}}) {
+      for (const bool with_delta : {false, true}) {
+        INFO(in << " halves into " << out << " outputs, " << (with_delta ? "with" : "without") << " a delta");
+        const llm_decode_test::NormLinearCheck r =
+            llm_decode_test::norm_linear_against_two_kernels(k, cpu, in, out, with_delta);
+        CHECK(r.same_product);
+        CHECK(r.same_sum);
+        CHECK(r.x_untouched);
+      }
+    }
+    using llm_decode_test::half_ptr;
+    const at::Tensor x = at::zeros({2, 64}, at::TensorOptions().dtype(at::kHalf));
+    const at::Tensor delta = at::zeros_like(x);
+    const at::Tensor sum = at::zeros_like(x);
+    const at::Tensor norm_weight = at::ones({64}, x.options());
+    const at::Tensor weight = at::zeros({16, 64}, x.options());
+    const at::Tensor y = at::empty({2, 16}, x.options());
+    CHECK_THROWS_WITH_AS(k.norm_linear(half_ptr(x), half_ptr(delta), half_ptr(norm_weight), 1e-5F, half_ptr(sum),
+                                       half_ptr(weight), half_ptr(y), 2, 64, 16, {}, nullptr),
+                         doctest::Contains("2 rows; it takes one"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(k.norm_linear(half_ptr(x), half_ptr(delta), half_ptr(norm_weight), 1e-5F, half_ptr(x),
+                                       half_ptr(weight), half_ptr(y), 1, 64, 16, {}, nullptr),
+                         doctest::Contains("x_out must be a buffer of its own"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(k.norm_linear(half_ptr(x), half_ptr(delta), half_ptr(norm_weight), 1e-5F, half_ptr(sum),
+                                       half_ptr(weight), half_ptr(y), 1, 12, 16, {}, nullptr),
+                         doctest::Contains("a row of 12 halves"), std::invalid_argument);
+    // When a step folds: the switch, one row, and the step's own products.
+    using llm_decode::fused::folds_norms;
+    CHECK_FALSE(llm_decode::fused::fold_norms());  // off by default
+    CHECK_FALSE(folds_norms(1, 64, 128, 256, 256));
+    {
+      const llm_decode_test::FoldNorms on(true);
+      CHECK(folds_norms(1, 64, 128, 256, 256));
+      CHECK_FALSE(folds_norms(2, 64, 128, 256, 256));
+      const llm_decode_test::OwnProductRows cublas(0);
+      CHECK_FALSE(folds_norms(1, 64, 128, 256, 256));
+    }
+    CHECK_FALSE(llm_decode::fused::fold_norms());
+  }
+
+  TEST_CASE("folded norms (host versions): one-row decode steps give the unfolded steps' logits and cache, bit for bit") {
+    for (const auto& [heads, kv_heads] : {std::pair{4, 2}, std::pair{4, 4}}) {
+      CAPTURE(heads);
+      const LlamaConfig config = llm_decode_test::tiny_config(heads, kv_heads, /*tied=*/heads == kv_heads);
+      const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), cpu, at::kHalf);
+      const std::vector<llm_decode_test::Sequence> one{llm_decode_test::three_sequences(config.vocab_size, 30, 17)[1]};
+      const auto fused = llm_decode::DecodeKernels::fused;
+      KvCache plain_cache(config, 3, cpu, at::kHalf);
+      const std::vector<at::Tensor> plain = llm_decode_test::cached_logits(model, plain_cache, one, 0, 0, fused);
+      KvCache folded_cache(config, 3, cpu, at::kHalf);
+      std::vector<at::Tensor> folded;
+      {
+        const llm_decode_test::FoldNorms on(true);
+        // The steps of this model fold (one row, its own products).
+        REQUIRE(llm_decode_test::folds_norms(config));
+        folded = llm_decode_test::cached_logits(model, folded_cache, one, 0, 0, fused);
+      }
+      REQUIRE(folded.size() == plain.size());
+      REQUIRE(folded.front().sizes() == plain.front().sizes());
+      CHECK(folded.front().equal(plain.front()));
+      CHECK(folded_cache.k.equal(plain_cache.k));
+      CHECK(folded_cache.v.equal(plain_cache.v));
+    }
+  }
+
   TEST_CASE("the fused step bookkeeping (its host versions) writes what the ATen bookkeeping writes, bit for bit") {
     const llm_decode_test::BookkeepingComparison result =
         llm_decode_test::compare_step_bookkeeping(llm_decode::fused::host_kernels(), cpu, 200);

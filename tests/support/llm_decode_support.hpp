@@ -215,7 +215,6 @@ inline BookkeepingComparison compare_step_bookkeeping(const llm_decode::fused::K
   return result;
 }
 
-// A half tensor's data as the kernels' pointer type.
 // fused::own_product_rows() for a scope, restored after: the step's own
 // products at every row count they take (the default uses them at batch 1
 // only), so that a test covers them inside a whole step.
@@ -232,6 +231,27 @@ class OwnProductRows {
   int previous_;
 };
 
+// fused::set_fold_norms(on) for a scope, the previous setting restored after.
+class FoldNorms {
+ public:
+  explicit FoldNorms(bool on) : previous_(llm_decode::fused::fold_norms()) { llm_decode::fused::set_fold_norms(on); }
+  FoldNorms(const FoldNorms&) = delete;
+  FoldNorms& operator=(const FoldNorms&) = delete;
+  ~FoldNorms() { llm_decode::fused::set_fold_norms(previous_); }
+
+ private:
+  bool previous_;
+};
+
+// Whether a one-row decode step of `config` folds its norms (fused::folds_norms).
+inline bool folds_norms(const llm_decode::LlamaConfig& config) {
+  return llm_decode::fused::folds_norms(
+      1, static_cast<int>(config.hidden_size),
+      static_cast<int>((config.num_heads + 2 * config.num_kv_heads) * config.head_dim()),
+      static_cast<int>(2 * config.intermediate_size), static_cast<int>(config.vocab_size));
+}
+
+// A half tensor's data as the kernels' pointer type.
 inline __half* half_ptr(const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); }
 
 // The head layouts (heads, kv_heads, head_dim) the attention cases run:
@@ -317,6 +337,42 @@ inline ProductErrors fused_product_errors(const llm_decode::fused::Kernels& kern
   }
   errors.counters_left_zero = counters.eq(0).all().item<bool>();
   return errors;
+}
+
+// Kernels::norm_linear against add_rms_norm() then linear() of the same
+// table, on random data: whether the product and the sum (x_out) are the same
+// bits, and x is left as it was.
+struct NormLinearCheck {
+  bool same_product = false;
+  bool same_sum = false;
+  bool x_untouched = false;
+};
+
+inline NormLinearCheck norm_linear_against_two_kernels(const llm_decode::fused::Kernels& kernels, at::Device device,
+                                                       int in, int out, bool with_delta) {
+  const at::TensorOptions half = at::TensorOptions().device(device).dtype(at::kHalf);
+  const cudaStream_t stream = device.is_cuda() ? c10::cuda::getCurrentCUDAStream(device.index()).stream() : nullptr;
+  const at::Tensor x = at::randn({1, in}, half.dtype(at::kFloat)).to(at::kHalf);
+  const at::Tensor delta = at::randn({1, in}, half.dtype(at::kFloat)).to(at::kHalf);
+  const at::Tensor norm_weight = (1 + 0.1 * at::randn({in}, half.dtype(at::kFloat))).to(at::kHalf);
+  const at::Tensor weight =
+      (at::randn({out, in}, half.dtype(at::kFloat)) / std::sqrt(static_cast<double>(in))).to(at::kHalf);
+  const __half* added = with_delta ? half_ptr(delta) : nullptr;
+  constexpr float kEps = 1e-5F;
+  const at::Tensor two_sum = x.clone();
+  const at::Tensor normed = at::empty_like(x);
+  const at::Tensor two_y = at::full({1, out}, std::numeric_limits<double>::quiet_NaN(), half);
+  kernels.add_rms_norm(half_ptr(two_sum), added, half_ptr(norm_weight), half_ptr(normed), 1, in, kEps, stream);
+  kernels.linear(half_ptr(normed), half_ptr(weight), half_ptr(two_y), 1, in, out, {}, stream);
+  const at::Tensor x_before = x.clone();
+  const at::Tensor one_sum = at::zeros_like(x);
+  const at::Tensor one_y = at::full({1, out}, std::numeric_limits<double>::quiet_NaN(), half);
+  kernels.norm_linear(half_ptr(x), added, half_ptr(norm_weight), kEps, half_ptr(one_sum), half_ptr(weight),
+                      half_ptr(one_y), 1, in, out, {}, stream);
+  // NaN (an output never written) compares unequal.
+  return {.same_product = one_y.equal(two_y) && !one_y.isnan().any().item<bool>(),
+          .same_sum = !with_delta || one_sum.equal(two_sum),
+          .x_untouched = x.equal(x_before)};
 }
 
 
