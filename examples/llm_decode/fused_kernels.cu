@@ -1656,24 +1656,26 @@ void host_skinny_product(const __half* x, const __half* weight, __half* y, int r
   }
 }
 
+// host_linear() and host_gated_linear(): the GEMV's or the skinny GEMM's host version, as launch_linear() picks.
+template <bool Gated>
+void host_product(const __half* x, const __half* weight, __half* y, int rows, int in, int out,
+                  const LinearWorkspace& workspace) {
+  check_linear_call(Gated ? "gated_linear" : "linear", x, weight, rows, in, out, workspace);
+  if (rows <= kMaxGemvRows) {
+    host_linear_product<Gated>(x, weight, y, rows, in, out);
+  } else {
+    host_skinny_product<Gated>(x, weight, y, rows, in, out, workspace);
+  }
+}
+
 void host_linear(const __half* x, const __half* weight, __half* y, int rows, int in, int out,
                  const LinearWorkspace& workspace, cudaStream_t /*stream*/) {
-  check_linear_call("linear", x, weight, rows, in, out, workspace);
-  if (rows <= kMaxGemvRows) {
-    host_linear_product<false>(x, weight, y, rows, in, out);
-  } else {
-    host_skinny_product<false>(x, weight, y, rows, in, out, workspace);
-  }
+  host_product<false>(x, weight, y, rows, in, out, workspace);
 }
 
 void host_gated_linear(const __half* gate_up, const __half* weight, __half* y, int rows, int in, int out,
                        const LinearWorkspace& workspace, cudaStream_t /*stream*/) {
-  check_linear_call("gated_linear", gate_up, weight, rows, in, out, workspace);
-  if (rows <= kMaxGemvRows) {
-    host_linear_product<true>(gate_up, weight, y, rows, in, out);
-  } else {
-    host_skinny_product<true>(gate_up, weight, y, rows, in, out, workspace);
-  }
+  host_product<true>(gate_up, weight, y, rows, in, out, workspace);
 }
 
 // add_rms_norm()'s host version on a copy of x, then linear()'s: what the

@@ -26,6 +26,17 @@ RateSearch search_against(double truth, SearchOptions options) {
   return search;
 }
 
+// The search measured `truth`: a passing rate at or below it and the lowest
+// failing rate above it, within `resolution` of each other.
+void check_measured_bracket(const RateSearch& search, double truth, double resolution) {
+  const Goodput g = search.goodput();
+  CHECK(g.bound == Bound::measured);
+  CHECK(g.rate <= truth);
+  REQUIRE(search.lowest_failing());
+  CHECK(*search.lowest_failing() > truth);
+  CHECK(*search.lowest_failing() <= g.rate * (1 + resolution) * (1 + 1e-12));
+}
+
 }  // namespace
 
 TEST_SUITE("host") {
@@ -88,11 +99,7 @@ TEST_SUITE("host") {
         CHECK(g.bound == Bound::at_least);
         CHECK(g.rate == options.max_rate);
       } else {
-        CHECK(g.bound == Bound::measured);
-        CHECK(g.rate <= truth);
-        REQUIRE(search.lowest_failing());
-        CHECK(*search.lowest_failing() > truth);
-        CHECK(*search.lowest_failing() <= g.rate * (1 + options.resolution) * (1 + 1e-12));
+        check_measured_bracket(search, truth, options.resolution);
       }
     }
   }
@@ -106,12 +113,7 @@ TEST_SUITE("host") {
       CAPTURE(truth);
       const RateSearch search = search_against(truth, defaults);
       CHECK(search.points().size() <= defaults.max_points);
-      const Goodput g = search.goodput();
-      CHECK(g.bound == Bound::measured);
-      CHECK(g.rate <= truth);
-      REQUIRE(search.lowest_failing());
-      CHECK(*search.lowest_failing() > truth);
-      CHECK(*search.lowest_failing() <= g.rate * (1 + defaults.resolution) * (1 + 1e-12));
+      check_measured_bracket(search, truth, defaults.resolution);
     }
   }
 
