@@ -14,11 +14,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
