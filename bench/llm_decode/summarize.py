@@ -17,6 +17,7 @@ enforced: a benchmark's result is information, the tests check correctness).
 """
 import argparse
 import json
+import statistics
 import sys
 
 PEER_LABELS = {
@@ -152,7 +153,7 @@ def goodput_across_runs(reports, paths, out, goals):
         every = all(r.get("target_met") for r, _, _ in entries)
         beyond = all(low is not None and low >= target for _, low, _ in entries)
         if known:
-            median = known[len(known) // 2] if len(known) % 2 else (known[len(known) // 2 - 1] + known[len(known) // 2]) / 2
+            median = statistics.median(known)
             kinds = sorted({r["ratio_kind"] for r, _, _ in entries})
             out.append(f"- {mix}: continuous (best) / static min / median / max {known[0]:.2f} / {median:.2f} / "
                        f"{known[-1]:.2f} over {len(known)} of {len(entries)} repeat(s) ({', '.join(kinds)}); "
