@@ -849,18 +849,48 @@ __global__ void silu_mul_kernel(const __half* gate_up, __half* out, int width) {
   out[r * width + i] = silu_times(gate_up[r * 2 * width + i], gate_up[r * 2 * width + width + i]);
 }
 
+// A GEMV block's weight rows, kLinearOutputs slots of them. A plain block
+// (linear(), gated_linear()) takes rows first .. first + kLinearOutputs, fewer
+// at the end. A paired block (gate_up_silu()) takes kLinearPairs outputs of
+// SwiGLU's product from `first`: slot j < kLinearPairs is gate row first + j,
+// slot kLinearPairs + j the up row `width` rows further.
+constexpr int kLinearPairs = kLinearOutputs / 2;
+
+struct LinearBlock {
+  int first;    // the block's first output
+  int outputs;  // its outputs from `first`: kLinearOutputs (paired: kLinearPairs), fewer at the end
+  int width;    // paired: the up rows' offset in the weight (SwiGLU's width); 0 for a plain block
+  __device__ static LinearBlock plain(int out) {
+    const int first = static_cast<int>(blockIdx.x) * kLinearOutputs;
+    return {first, out - first < kLinearOutputs ? out - first : kLinearOutputs, 0};
+  }
+  __device__ static LinearBlock paired(int width) {
+    const int first = static_cast<int>(blockIdx.x) * kLinearPairs;
+    return {first, width - first < kLinearPairs ? width - first : kLinearPairs, width};
+  }
+  __host__ __device__ bool holds(int slot) const {
+    return (width == 0 ? slot : slot % kLinearPairs) < outputs;
+  }
+  __host__ __device__ int weight_row_of(int slot) const {
+    if (width == 0) return first + slot;
+    return slot < kLinearPairs ? first + slot : width + first + slot - kLinearPairs;
+  }
+};
+
 // A GEMV thread's vectors v0, v0 + threads, ... (Passes of them) of the
-// block's `outputs` weight rows from `first`; past the width, left as they are.
+// block's weight rows; past the width, left as they are.
 template <int Passes>
 __device__ __forceinline__ void load_weight_vectors(HalfVector (&w)[Passes][kLinearOutputs], const __half* weight,
-                                                    int in, int first, int outputs, int v0, int threads) {
+                                                    int in, const LinearBlock& block, int v0, int threads) {
   const int vectors = in / kVectorHalves;
 #pragma unroll
   for (int p = 0; p < Passes; ++p) {
     const int v = v0 + p * threads;
 #pragma unroll
     for (int j = 0; j < kLinearOutputs; ++j) {
-      if (v < vectors && j < outputs) w[p][j] = load_weight_vector(weight_row(weight, in, first + j) + v * kVectorHalves);
+      if (v < vectors && block.holds(j)) {
+        w[p][j] = load_weight_vector(weight_row(weight, in, block.weight_row_of(j)) + v * kVectorHalves);
+      }
     }
   }
 }
@@ -869,7 +899,7 @@ __device__ __forceinline__ void load_weight_vectors(HalfVector (&w)[Passes][kLin
 template <bool Gated, int Rows, int Passes>
 __device__ __forceinline__ void add_products(float (&acc)[kLinearOutputs][Rows],
                                              const HalfVector (&w)[Passes][kLinearOutputs], const __half* x, int in,
-                                             int outputs, int v0, int threads) {
+                                             const LinearBlock& block, int v0, int threads) {
   const int vectors = in / kVectorHalves;
 #pragma unroll
   for (int p = 0; p < Passes; ++p) {
@@ -880,48 +910,41 @@ __device__ __forceinline__ void add_products(float (&acc)[kLinearOutputs][Rows],
       const HalfVector input = linear_input<Gated>(x, in, r, v * kVectorHalves);
 #pragma unroll
       for (int j = 0; j < kLinearOutputs; ++j) {
-        if (j < outputs) acc[j][r] = dot_vector(acc[j][r], w[p][j], input);
+        if (block.holds(j)) acc[j][r] = dot_vector(acc[j][r], w[p][j], input);
       }
     }
   }
 }
-
-// A GEMV block's weight rows: kLinearOutputs from `first`, fewer at the end.
-struct LinearBlock {
-  int first;
-  int outputs;
-  __device__ explicit LinearBlock(int out)
-      : first(static_cast<int>(blockIdx.x) * kLinearOutputs),
-        outputs(out - first < kLinearOutputs ? out - first : kLinearOutputs) {}
-};
 
 // The block's first weight vectors, loaded before the kernel waits for its
 // predecessor: nothing writes them, so a programmatic edge overlaps the
 // loads with the predecessor's tail.
 __device__ __forceinline__ void preload_then_wait(HalfVector (&preloaded)[kLinearPreload][kLinearOutputs],
                                                   const __half* weight, int in, const LinearBlock& block) {
-  load_weight_vectors(preloaded, weight, in, block.first, block.outputs, static_cast<int>(threadIdx.x),
-                      static_cast<int>(blockDim.x));
+  load_weight_vectors(preloaded, weight, in, block, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
   start_after_prerequisite_grid();
 }
 
+// A GEMV block's sums of slot j and row r, warp by warp: [warp][j * Rows + r].
+template <int Rows>
+using LinearWarpSums = float[kLinearWarps][kLinearOutputs * Rows];
+
 // A product's block after the preload of its first weight vectors: the sums
-// over the input `x` (global or shared memory), then the warps' and the
-// block's, stored to y.
+// over the input `x` (global or shared memory) into `warp_sums` (visible to
+// the block on return).
 template <int Rows, bool Gated>
-__device__ __forceinline__ void linear_block_sums(const HalfVector (&preloaded)[kLinearPreload][kLinearOutputs],
-                                                  const __half* x, const __half* weight, __half* y, int in, int out,
-                                                  int first, int outputs) {
-  __shared__ float warp_sums[kLinearWarps][kLinearOutputs * Rows];
+__device__ __forceinline__ void linear_warp_sums(const HalfVector (&preloaded)[kLinearPreload][kLinearOutputs],
+                                                 const __half* x, const __half* weight, int in,
+                                                 const LinearBlock& block, LinearWarpSums<Rows>& warp_sums) {
   const int tid = static_cast<int>(threadIdx.x);
   const int threads = static_cast<int>(blockDim.x);
   const int vectors = in / kVectorHalves;
   float acc[kLinearOutputs][Rows] = {};
-  add_products<Gated>(acc, preloaded, x, in, outputs, tid, threads);
+  add_products<Gated>(acc, preloaded, x, in, block, tid, threads);
   for (int v0 = tid + kLinearPreload * threads; v0 < vectors; v0 += kLinearUnroll * threads) {
     HalfVector w[kLinearUnroll][kLinearOutputs]{};
-    load_weight_vectors(w, weight, in, first, outputs, v0, threads);
-    add_products<Gated>(acc, w, x, in, outputs, v0, threads);
+    load_weight_vectors(w, weight, in, block, v0, threads);
+    add_products<Gated>(acc, w, x, in, block, v0, threads);
   }
   const int lane = tid % 32;
   const int warp = tid / 32;
@@ -934,13 +957,29 @@ __device__ __forceinline__ void linear_block_sums(const HalfVector (&preloaded)[
     }
   }
   __syncthreads();
+}
+
+// Sum i of the block: its warps' sums in order.
+template <int Rows>
+__device__ __forceinline__ float linear_block_sum(const LinearWarpSums<Rows>& warp_sums, int i) {
+  float total = 0.0F;
+  for (int w = 0; w < static_cast<int>(blockDim.x) / 32; ++w) total += warp_sums[w][i];
+  return total;
+}
+
+// The block's products after the preload, stored to y ([Rows, out]).
+template <int Rows, bool Gated>
+__device__ __forceinline__ void linear_block_sums(const HalfVector (&preloaded)[kLinearPreload][kLinearOutputs],
+                                                  const __half* x, const __half* weight, __half* y, int in, int out,
+                                                  const LinearBlock& block) {
+  __shared__ LinearWarpSums<Rows> warp_sums;
+  linear_warp_sums<Rows, Gated>(preloaded, x, weight, in, block, warp_sums);
+  const int tid = static_cast<int>(threadIdx.x);
   if (tid < kLinearOutputs * Rows) {
     const int j = tid / Rows;
     const int r = tid % Rows;
-    if (j < outputs) {
-      float total = 0.0F;
-      for (int w = 0; w < threads / 32; ++w) total += warp_sums[w][tid];
-      y[static_cast<std::int64_t>(r) * out + first + j] = __float2half(total);
+    if (j < block.outputs) {
+      y[static_cast<std::int64_t>(r) * out + block.first + j] = __float2half(linear_block_sum<Rows>(warp_sums, tid));
     }
   }
 }
@@ -950,10 +989,33 @@ __device__ __forceinline__ void linear_block_sums(const HalfVector (&preloaded)[
 template <int Rows, bool Gated>
 __global__ void __launch_bounds__(kLinearWarps * 32)
     linear_kernel(const __half* x, const __half* weight, __half* y, int in, int out) {
-  const LinearBlock block(out);
+  const LinearBlock block = LinearBlock::plain(out);
   HalfVector preloaded[kLinearPreload][kLinearOutputs]{};
   preload_then_wait(preloaded, weight, in, block);
-  linear_block_sums<Rows, Gated>(preloaded, x, weight, y, in, out, block.first, block.outputs);
+  linear_block_sums<Rows, Gated>(preloaded, x, weight, y, in, out, block);
+}
+
+// gate_up_silu(): kLinearPairs outputs of SwiGLU's product per block, their
+// gate and up rows read together; each product rounded to fp16 as linear()
+// stores it, then silu_times() as silu_mul() computes it.
+template <int Rows>
+__global__ void __launch_bounds__(kLinearWarps * 32)
+    gate_up_silu_kernel(const __half* x, const __half* gate_up, __half* out, int in, int width) {
+  const LinearBlock block = LinearBlock::paired(width);
+  HalfVector preloaded[kLinearPreload][kLinearOutputs]{};
+  preload_then_wait(preloaded, gate_up, in, block);
+  __shared__ LinearWarpSums<Rows> warp_sums;
+  linear_warp_sums<Rows, false>(preloaded, x, gate_up, in, block, warp_sums);
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < kLinearPairs * Rows) {
+    const int j = tid / Rows;
+    const int r = tid % Rows;
+    if (j < block.outputs) {
+      const __half gate = __float2half(linear_block_sum<Rows>(warp_sums, tid));
+      const __half up = __float2half(linear_block_sum<Rows>(warp_sums, kLinearPairs * Rows + tid));
+      out[static_cast<std::int64_t>(r) * width + block.first + j] = silu_times(gate, up);
+    }
+  }
 }
 
 // norm_linear(): add_rms_norm() of one row computed by every block for
@@ -971,7 +1033,7 @@ __global__ void __launch_bounds__(kLinearWarps * 32)
   __half* normed = reinterpret_cast<__half*>(normed_vectors);
   const int tid = static_cast<int>(threadIdx.x);
   const int threads = static_cast<int>(blockDim.x);
-  const LinearBlock block(out);
+  const LinearBlock block = LinearBlock::plain(out);
   HalfVector preloaded[kLinearPreload][kLinearOutputs]{};
   preload_then_wait(preloaded, weight, in, block);
   const int lane = tid % 32;
@@ -994,7 +1056,7 @@ __global__ void __launch_bounds__(kLinearWarps * 32)
     store_vector(normed + v * kKeyVector, normed_sum);
   }
   __syncthreads();
-  linear_block_sums<1, false>(preloaded, normed, weight, y, in, out, block.first, block.outputs);
+  linear_block_sums<1, false>(preloaded, normed, weight, y, in, out, block);
 }
 
 // linear() and gated_linear() for Rows = 16, 32, 48 or 64 rows: the tensor
@@ -1319,6 +1381,27 @@ void gated_linear(const __half* gate_up, const __half* weight, __half* y, int ro
 }
 
 // What norm_linear() (kernel or host version) checks before it runs.
+// What gate_up_silu() (kernel or host version) checks before it runs.
+void check_gate_up_silu_call(const __half* x, const __half* gate_up, int rows, int in, int width) {
+  if (rows < 1 || rows > kMaxGemvRows || width < 1 || !linear_fits(rows, in, 2 * width)) {
+    throw std::invalid_argument("fused gate_up_silu: " + std::to_string(rows) + " rows of " + std::to_string(in) +
+                                " halves into " + std::to_string(width) + " outputs; it takes 1 to " +
+                                std::to_string(kMaxGemvRows) + " rows of a positive multiple of " +
+                                std::to_string(kVectorHalves) + " halves into at least one output");
+  }
+  check_linear_call("gate_up_silu", x, gate_up, rows, in, 2 * width, {});
+}
+
+void gate_up_silu(const __half* x, const __half* gate_up, __half* out, int rows, int in, int width,
+                  cudaStream_t stream) {
+  check_gate_up_silu_call(x, gate_up, rows, in, width);
+  const dim3 grid(static_cast<unsigned>((width + kLinearPairs - 1) / kLinearPairs));
+  with_linear_rows(rows, [&](auto r) {
+    launch_programmatic(gate_up_silu_kernel<r()>, {grid, dim3(static_cast<unsigned>(linear_threads(in)))}, stream, x,
+                        gate_up, out, in, width);
+  });
+}
+
 void check_norm_linear_call(const __half* x, const __half* delta, const __half* norm_weight, const __half* x_out,
                             const __half* weight, int rows, int in, int out, const LinearWorkspace& workspace) {
   if (rows != 1) {
@@ -1676,6 +1759,16 @@ void host_gated_linear(const __half* gate_up, const __half* weight, __half* y, i
   host_product<true>(gate_up, weight, y, rows, in, out, workspace);
 }
 
+// The products as host_linear() computes them, then host_silu_mul(): what
+// the kernel's epilogue computes from the same sums.
+void host_gate_up_silu(const __half* x, const __half* gate_up, __half* out, int rows, int in, int width,
+                       cudaStream_t stream) {
+  check_gate_up_silu_call(x, gate_up, rows, in, width);
+  std::vector<__half> products(static_cast<std::size_t>(rows) * 2 * static_cast<std::size_t>(width));
+  host_linear_product<false>(x, gate_up, products.data(), rows, in, 2 * width);
+  host_silu_mul(products.data(), out, rows, width, stream);
+}
+
 // add_rms_norm()'s host version on a copy of x, then linear()'s: what the
 // two kernels compute, the sum kept in x_out.
 void host_norm_linear(const __half* x, const __half* delta, const __half* norm_weight, float eps, __half* x_out,
@@ -1803,7 +1896,7 @@ std::size_t attention_partial_floats(int rows, int heads, int kv_heads, int head
 const Kernels& kernels() {
   static constexpr Kernels table{rotary_and_cache_write, decode_attention, rotary_attention, add_rms_norm,
                                  linear,                 gated_linear,     silu_mul,         step_inputs,
-                                 step_update,            norm_linear};
+                                 step_update,            norm_linear,      gate_up_silu};
   return table;
 }
 
@@ -1811,7 +1904,7 @@ const Kernels& host_kernels() {
   static constexpr Kernels table{host_rotary_and_cache_write, host_decode_attention, host_rotary_attention,
                                  host_add_rms_norm,           host_linear,           host_gated_linear,
                                  host_silu_mul,               host_step_inputs,      host_step_update,
-                                 host_norm_linear};
+                                 host_norm_linear,            host_gate_up_silu};
   return table;
 }
 

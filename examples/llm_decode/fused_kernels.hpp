@@ -257,6 +257,17 @@ struct Kernels {
   void (*norm_linear)(const __half* x, const __half* delta, const __half* norm_weight, float eps, __half* x_out,
                       const __half* weight, __half* y, int rows, int in, int out, const LinearWorkspace& workspace,
                       cudaStream_t stream);
+  // The MLP's gate and up products and SwiGLU's product after them, one
+  // GEMV for 1 to kMaxGemvRows rows: each block reads a gate row and its up
+  // row together, so silu_mul()'s input is never stored and the down product
+  // is a plain linear() (the SiLU computed once per output, not once per
+  // block of the down product as gated_linear() does). The same bits as
+  // linear() into [rows, 2 width] then silu_mul().
+  //   x: [rows, in]; gate_up: [2 width, in] (gate rows, then up rows); out: [rows, width]
+  // Throws std::invalid_argument for other row counts and for shapes or
+  // alignments linear() refuses.
+  void (*gate_up_silu)(const __half* x, const __half* gate_up, __half* out, int rows, int in, int width,
+                       cudaStream_t stream);
 };
 
 // The CUDA kernels.

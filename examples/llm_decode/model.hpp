@@ -691,8 +691,9 @@ class LlamaModel {
   // decode() with DecodeKernels::fused: the same math, 7 kernels per layer
   // where the step uses its own products (fused::use_own_product: by default
   // batch 1; fused::linear_fits says which shapes they take: 1 to 8, 16, 32,
-  // 48, 64 rows; 4 products, the down one computing the SiLU product as it
-  // loads; attention; 2 residual-add norms; 5 at one row with
+  // 48, 64 rows; 4 products, the SiLU product computed by the gate and up
+  // product (1 to 8 rows) or by the down product as it loads (16 to 64);
+  // attention; 2 residual-add norms; 5 at one row with
   // fused::fold_norms(), the norms inside the products), 8 elsewhere (torch's GEMMs and
   // the SiLU product's own kernel); one more for a packed prefill; and one
   // fill of counters per call for the attention past fused::kSplitKeys
@@ -786,9 +787,14 @@ class LlamaModel {
       return y;
     };
     // The MLP's down product over silu(gate) * up: the SiLU product computed
-    // as the fused product loads its input, or its own kernel before torch's GEMM.
+    // by the gate and up product's GEMV (Kernels::gate_up_silu, unfolded, 1
+    // to kMaxGemvRows rows of the step's own products), or as the fused down
+    // product loads its input, or by its own kernel before torch's GEMM.
+    const bool silu_in_gate_up =
+        !fold && rows <= fused::kMaxGemvRows && fused::use_own_product(rows, hidden, 2 * intermediate);
     const bool gated_down = fused::use_own_product(rows, intermediate, hidden);
-    const at::Tensor act = gated_down ? at::Tensor() : at::empty({rows, intermediate}, options);
+    const at::Tensor act =
+        gated_down && !silu_in_gate_up ? at::Tensor() : at::empty({rows, intermediate}, options);
     const auto down_product = [&](const at::Tensor& gate_up, const at::Tensor& weight) {
       if (!gated_down) {
         k.silu_mul(half_ptr(gate_up), half_ptr(act), rows, intermediate, stream);
@@ -835,7 +841,13 @@ class LlamaModel {
         continue;  // the next norm_product adds it
       }
       k.add_rms_norm(half_ptr(x), half_ptr(o), half_ptr(layer.post_norm), half_ptr(h), rows, hidden, eps, stream);
-      const at::Tensor down = down_product(product(h, layer.gate_up), layer.down);
+      at::Tensor down;
+      if (silu_in_gate_up) {
+        k.gate_up_silu(half_ptr(h), half_ptr(layer.gate_up), half_ptr(act), rows, hidden, intermediate, stream);
+        down = product(act, layer.down);
+      } else {
+        down = down_product(product(h, layer.gate_up), layer.down);
+      }
       const at::Tensor& next_norm =
           i + 1 < config_.num_layers ? layers_[static_cast<std::size_t>(i + 1)].input_norm : norm_;
       k.add_rms_norm(half_ptr(x), half_ptr(down), half_ptr(next_norm), half_ptr(h), rows, hidden, eps, stream);

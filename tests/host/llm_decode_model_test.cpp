@@ -540,6 +540,28 @@ TEST_SUITE("host") {
     CHECK_FALSE(llm_decode::fused::fold_norms());
   }
 
+  TEST_CASE("the fused gate_up_silu (its host version) gives linear then silu_mul, bit for bit; misuse is named") {
+    at::manual_seed(replay_test::case_seed());
+    const llm_decode::fused::Kernels& k = llm_decode::fused::host_kernels();
+    for (const auto& [in, width] : {std::pair{64, 37}, std::pair{264, 16}, std::pair{8, 3}}) {
+      for (const int rows : {1, 3, llm_decode::fused::kMaxGemvRows}) {
+        INFO(rows << " rows of " << in << " halves into " << width << " outputs");
+        CHECK(llm_decode_test::gate_up_silu_as_two_kernels(k, cpu, {rows, in, width}));
+      }
+    }
+    using llm_decode_test::half_ptr;
+    const at::Tensor x = at::zeros({16, 64}, at::TensorOptions().dtype(at::kHalf));
+    const at::Tensor gate_up = at::zeros({32, 64}, x.options());
+    const at::Tensor out = at::empty({16, 16}, x.options());
+    CHECK_THROWS_WITH_AS(k.gate_up_silu(half_ptr(x), half_ptr(gate_up), half_ptr(out), 16, 64, 16, nullptr),
+                         doctest::Contains("16 rows of 64 halves into 16 outputs; it takes 1 to 8 rows"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(k.gate_up_silu(half_ptr(x), half_ptr(gate_up), half_ptr(out), 1, 12, 16, nullptr),
+                         doctest::Contains("1 rows of 12 halves"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(k.gate_up_silu(half_ptr(x) + 8, half_ptr(gate_up), half_ptr(out), 1, 64, 16, nullptr),
+                         doctest::Contains("the input must be 32-byte aligned"), std::invalid_argument);
+  }
+
   TEST_CASE("folded norms (host versions): one-row decode steps give the unfolded steps' logits and cache, bit for bit") {
     for (const auto& [heads, kv_heads] : {std::pair{4, 2}, std::pair{4, 4}}) {
       CAPTURE(heads);

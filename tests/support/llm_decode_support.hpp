@@ -376,6 +376,27 @@ inline NormLinearCheck norm_linear_against_two_kernels(const llm_decode::fused::
 }
 
 
+// Kernels::gate_up_silu against linear() into [rows, 2 width] then
+// silu_mul() of the same table, on random data (s.out: the width): whether
+// the outputs are the same bits; they start as NaN, so one left unwritten
+// shows.
+inline bool gate_up_silu_as_two_kernels(const llm_decode::fused::Kernels& kernels, at::Device device,
+                                        ProductShape s) {
+  const at::TensorOptions half = at::TensorOptions().device(device).dtype(at::kHalf);
+  const cudaStream_t stream = device.is_cuda() ? c10::cuda::getCurrentCUDAStream(device.index()).stream() : nullptr;
+  const at::Tensor x = at::randn({s.rows, s.in}, half.dtype(at::kFloat)).to(at::kHalf);
+  const at::Tensor gate_up =
+      (at::randn({2 * s.out, s.in}, half.dtype(at::kFloat)) / std::sqrt(static_cast<double>(s.in))).to(at::kHalf);
+  const at::Tensor products = at::empty({s.rows, 2 * s.out}, half);
+  const at::Tensor two = at::full({s.rows, s.out}, std::numeric_limits<double>::quiet_NaN(), half);
+  kernels.linear(half_ptr(x), half_ptr(gate_up), half_ptr(products), s.rows, s.in, 2 * s.out, {}, stream);
+  kernels.silu_mul(half_ptr(products), half_ptr(two), s.rows, s.out, stream);
+  const at::Tensor one = at::full({s.rows, s.out}, std::numeric_limits<double>::quiet_NaN(), half);
+  kernels.gate_up_silu(half_ptr(x), half_ptr(gate_up), half_ptr(one), s.rows, s.in, s.out, stream);
+  // NaN (an output never written) compares unequal.
+  return one.equal(two) && !one.isnan().any().item<bool>();
+}
+
 // The fused attention kernels (`kernels`: the CUDA ones or their host
 // versions) against a float64 reference, for one head layout over contexts
 // of up to `max_len` keys (past 256 keys a row is split over blocks).
