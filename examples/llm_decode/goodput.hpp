@@ -239,4 +239,73 @@ inline bool fits_budget(double elapsed_s, double budget_s, std::size_t requests,
   return elapsed_s + static_cast<double>(requests) / rate <= budget_s;
 }
 
+// ---- what the output-length mix alone allows ----
+//
+// With the same rows and the same step for both policies, a static batch
+// holds its rows until its longest request ends, while continuous batching
+// refills a row as soon as its request ends. At saturation static batching
+// serves `rows` requests per E[longest of rows] steps and continuous batching
+// `rows` per E[length] steps, so the mix alone bounds the ratio of their
+// request rates near E[longest of rows] / E[length], whatever the engine
+// (prefill, the steps' lengths at each batch and the SLO's margins move it
+// either way). A static batch also lasts E[longest] steps, which a request
+// arriving during it waits out: above the TTFT limit, static batching passes
+// no rate.
+
+// The probabilities of 0, 1, ... new tokens: pmf[n] = P(length = n).
+using LengthPmf = std::vector<double>;
+
+// Uniform over [min, max].
+inline LengthPmf uniform_lengths(std::size_t min, std::size_t max) {
+  if (min < 1 || min > max) throw std::invalid_argument("goodput: uniform lengths need 1 <= min <= max");
+  LengthPmf pmf(max + 1, 0.0);
+  for (std::size_t n = min; n <= max; ++n) pmf[n] = 1.0 / static_cast<double>(max - min + 1);
+  return pmf;
+}
+
+// min plus the whole part of an exponential tail of mean (mean - min), redrawn
+// above max (`llm_decode load --output-lengths exponential`).
+inline LengthPmf exponential_lengths(std::size_t min, std::size_t max, std::size_t mean) {
+  if (min < 1 || !(min < mean && mean < max)) {
+    throw std::invalid_argument("goodput: exponential lengths need 1 <= min < mean < max");
+  }
+  const double rate = 1.0 / static_cast<double>(mean - min);
+  LengthPmf pmf(max + 1, 0.0);
+  double total = 0;
+  for (std::size_t n = min; n <= max; ++n) {
+    // P(floor(tail) = n - min) = e^(-rate (n - min)) (1 - e^(-rate)); the redraw scales them alike.
+    pmf[n] = std::exp(-rate * static_cast<double>(n - min)) * -std::expm1(-rate);
+    total += pmf[n];
+  }
+  for (double& p : pmf) p /= total;
+  return pmf;
+}
+
+struct BatchingBound {
+  double mean_length = 0;   // E[length], tokens
+  double mean_longest = 0;  // E[longest of `rows` lengths], tokens
+  double ratio = 0;         // mean_longest / mean_length
+};
+
+// E[longest of rows] = sum over n >= 1 of P(longest >= n) = 1 - F(n - 1)^rows.
+inline BatchingBound batching_bound(const LengthPmf& pmf, std::size_t rows) {
+  double mass = 0;
+  for (const double p : pmf) {
+    if (!(p >= 0)) throw std::invalid_argument("goodput: a length's probability must be >= 0");
+    mass += p;
+  }
+  if (rows == 0 || std::abs(mass - 1) > 1e-9 || pmf.empty() || pmf[0] > 0) {
+    throw std::invalid_argument("goodput: the bound needs rows >= 1 and probabilities of lengths >= 1 that sum to 1");
+  }
+  BatchingBound b;
+  double below = 0;  // F(n - 1)
+  for (std::size_t n = 1; n < pmf.size(); ++n) {
+    below += pmf[n - 1];
+    b.mean_length += static_cast<double>(n) * pmf[n];
+    b.mean_longest += 1 - std::pow(std::min(below, 1.0), static_cast<double>(rows));
+  }
+  b.ratio = b.mean_longest / b.mean_length;
+  return b;
+}
+
 }  // namespace llm_decode::goodput

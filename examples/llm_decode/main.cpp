@@ -584,6 +584,11 @@ struct OutputLengths {
       if (n <= max) return n;
     }
   }
+  // The probabilities of each length that draw() gives.
+  llm_decode::goodput::LengthPmf pmf() const {
+    return shape == "uniform" ? llm_decode::goodput::uniform_lengths(min, max)
+                              : llm_decode::goodput::exponential_lengths(min, max, mean);
+  }
   std::string describe() const {
     return shape == "uniform" ? "uniform " + std::to_string(min) + ".." + std::to_string(max)
                               : "exponential, mean " + std::to_string(mean) + ", " + std::to_string(min) + ".." +
@@ -965,7 +970,23 @@ int goodput(const Common& c, const GoodputSettings& settings) {
            {"rows", Json::array()},
            {"searches", Json::array()},
            {"ratios", Json::array()}};
-  for (const std::string& mix : settings.mixes) out["mixes"][mix] = mix_lengths(mix).describe();
+  // What the mix alone allows (goodput.hpp's batching_bound): every policy
+  // has the engine's rows, its largest batch bucket.
+  const auto rows = static_cast<std::size_t>(c.batch_buckets.back());
+  for (const std::string& mix : settings.mixes) {
+    const OutputLengths lengths = mix_lengths(mix);
+    out["mixes"][mix] = lengths.describe();
+    const gp::BatchingBound b = gp::batching_bound(lengths.pmf(), rows);
+    std::printf("llm_decode goodput: %-11s outputs, %zu rows: a static batch holds its rows for its longest output, "
+                "%.1f tokens on average (%.0f ms at the batch-1 step), where continuous batching refills a row after "
+                "%.1f: continuous / static near %.2fx at saturation, from the mix alone\n",
+                mix.c_str(), rows, b.mean_longest, b.mean_longest * step_ms, b.mean_length, b.ratio);
+    out["bounds"][mix] = {{"rows", rows},
+                          {"mean_length", b.mean_length},
+                          {"mean_longest", b.mean_longest},
+                          {"ratio", b.ratio}};
+  }
+  std::fflush(stdout);
   bool complete = true;
   // Goodputs and ratios by mix and policy ("best" for the best continuous one), over the repeats.
   std::map<std::string, std::map<std::string, std::vector<gp::Goodput>>> found;

@@ -200,4 +200,38 @@ TEST_SUITE("host") {
     CHECK(fits_budget(100, 110, 1000, 100));
     CHECK_FALSE(fits_budget(100, 109, 1000, 100));
   }
+
+  TEST_CASE("goodput: the mix's bound is E[longest of the rows] / E[length], from the lengths' probabilities") {
+    using llm_decode::goodput::batching_bound;
+    // Lengths 1 or 2, two rows: the longest is 1 only when both are (1/4).
+    const llm_decode::goodput::BatchingBound two = batching_bound(llm_decode::goodput::uniform_lengths(1, 2), 2);
+    CHECK(two.mean_length == doctest::Approx(1.5));
+    CHECK(two.mean_longest == doctest::Approx(1.75));
+    CHECK(two.ratio == doctest::Approx(1.75 / 1.5));
+    // One row: static batching loses nothing.
+    CHECK(batching_bound(llm_decode::goodput::uniform_lengths(16, 192), 1).ratio == doctest::Approx(1.0));
+    // The load test's uniform mix at 64 rows, against the closed form for N
+    // equally likely lengths up to 192: E[longest] = 192 - sum over j < N
+    // of (j / N)^64; a mean of 104.
+    const auto uniform = batching_bound(llm_decode::goodput::uniform_lengths(16, 192), 64);
+    CHECK(uniform.mean_length == doctest::Approx(104.0));
+    double closed_form = 192;
+    for (int j = 1; j < 177; ++j) closed_form -= std::pow(j / 177.0, 64);
+    CHECK(uniform.mean_longest == doctest::Approx(closed_form).epsilon(1e-9));
+    CHECK(uniform.ratio == doctest::Approx(1.82).epsilon(0.005));
+    // The exponential mix: the mean of min + an exponential tail, less for
+    // the cut at max; the longest of 64 near min + mean tail x H(64).
+    const auto exponential = batching_bound(llm_decode::goodput::exponential_lengths(8, 768, 128), 64);
+    CHECK(exponential.mean_length > 120.0);
+    CHECK(exponential.mean_length < 128.0);
+    CHECK(exponential.mean_longest > 8 + 120 * 4.0);
+    CHECK(exponential.mean_longest < 8 + 120 * 4.8);
+    // More rows, a longer longest.
+    CHECK(batching_bound(llm_decode::goodput::uniform_lengths(16, 192), 8).ratio < uniform.ratio);
+    CHECK_THROWS_AS(batching_bound(llm_decode::goodput::uniform_lengths(1, 2), 0), std::invalid_argument);
+    CHECK_THROWS_AS(batching_bound({0.5, 0.5}, 2), std::invalid_argument);  // a length of 0
+    CHECK_THROWS_AS(batching_bound({0.0, 0.5}, 2), std::invalid_argument);  // sums to 0.5
+    CHECK_THROWS_AS(llm_decode::goodput::exponential_lengths(8, 768, 800), std::invalid_argument);
+    CHECK_THROWS_AS(llm_decode::goodput::uniform_lengths(0, 5), std::invalid_argument);
+  }
 }
