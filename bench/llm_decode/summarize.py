@@ -58,6 +58,27 @@ def label(method):
     return PEER_LABELS.get(method, method)
 
 
+# The goal we propose beside the issue's 2x: continuous (best) / static at or
+# above this share of the mix's own bound (goodput.hpp's batching_bound, in the
+# report's "bounds": E[longest of the rows] / E[length], what the output
+# lengths alone allow when both policies have the same rows and step).
+BOUND_SHARE = 0.95
+
+
+def bound_goal(mix, bound, ratios, scope, out, goals):
+    """The line and goal row for one mix's ratios against BOUND_SHARE x its bound."""
+    floor = BOUND_SHARE * bound["ratio"]
+    every = all(r["ratio_kind"] in ("measured", "at_least") and r.get("ratio") is not None and r["ratio"] >= floor
+                for r in ratios)
+    out.append(f"- {mix}: the mix's own bound at {bound['rows']} rows, E[longest] / E[length] = "
+               f"{bound['mean_longest']:.1f} / {bound['mean_length']:.1f} = {bound['ratio']:.2f}; continuous (best) / "
+               f"static >= {BOUND_SHARE:g} x it ({floor:.2f}) in every {scope}: {'yes' if every else 'no'}")
+    known = [r["ratio"] for r in ratios if r["ratio_kind"] != "unknown" and r.get("ratio") is not None]
+    goals.append((f"goodput, continuous (best policy) / static, outputs {mix}, against the mix's bound "
+                  f"({bound['ratio']:.2f}): the lowest of {len(known)}", min(known) if known else None,
+                  f">= {BOUND_SHARE:g} x the bound ({floor:.2f}) in every {scope}", every))
+
+
 def goodput_tables(report, title, out, goals):
     """The points of `llm_decode goodput --json`, each search's goodput, and the
     continuous (best) / static ratio per mix over the repeats."""
@@ -93,6 +114,9 @@ def goodput_tables(report, title, out, goals):
             goals.append((f"goodput, continuous (best policy) / static, outputs {report['mixes'].get(mix, mix)}: "
                           f"median of {r['repeats']} (min {r['min']:.2f}, max {r['max']:.2f}; {', '.join(kinds)})",
                           r["median"], f">= {report['target']:g} in every repeat", r["target_met_every_repeat"]))
+        bound = report.get("bounds", {}).get(mix)
+        if bound:
+            bound_goal(mix, bound, [x for x in report["ratios"] if x["mix"] == mix], "repeat", out, goals)
         if spread.get("ratio_unknown_repeats"):
             # Both goodputs below the search's floor (or both at its ceiling):
             # no value, so not shown rather than averaged in.
@@ -164,6 +188,12 @@ def goodput_across_runs(reports, paths, out, goals):
                           f">= {target:g} in every run", every))
         else:
             out.append(f"- {mix}: the ratio is unknown in every repeat")
+        bounds = [report.get("bounds", {}).get(mix) for report in reports]
+        if all(bounds) and len({(b["rows"], round(b["ratio"], 6)) for b in bounds}) == 1:
+            bound_goal(mix, bounds[0], [r for r, _, _ in entries], "run", out, goals)
+        elif any(bounds):
+            out.append(f"- {mix}: the mix's bound is in {sum(1 for b in bounds if b)} of {len(bounds)} reports, or "
+                       f"differs between them: not judged across runs")
     out.append("")
 
 

@@ -30,7 +30,12 @@ def report(tpot, uniform_continuous, uniform_failing, uniform_static, static_fai
                "ratio_kind": "at_least", "target_met": True}]
     return {"slo": {"ttft_p99_ms": 100, "tpot_p99_ms": tpot, "tpot_factor": 2}, "batch1_step_ms": tpot / 2,
             "requests": 1000, "repeats": 1, "complete": True, "rows": [], "searches": searches, "ratios": ratios,
-            "spread": {}, "target": 2.0, "mixes": {"uniform": "uniform", "exponential": "exponential"}}
+            "spread": {m: {"ratio": {"repeats": 1, "min": x["ratio"], "median": x["ratio"], "max": x["ratio"],
+                                     "target_met_every_repeat": x["target_met"]}}
+                       for m, x in (("uniform", ratios[0]), ("exponential", ratios[1]))},
+            "target": 2.0, "mixes": {"uniform": "uniform", "exponential": "exponential"},
+            "bounds": {"uniform": {"rows": 64, "mean_length": 104.0, "mean_longest": 189.7, "ratio": 2.2},
+                       "exponential": {"rows": 64, "mean_length": 126.2, "mean_longest": 539.1, "ratio": 4.27}}}
 
 
 folder = pathlib.Path(tempfile.mkdtemp())
@@ -53,6 +58,11 @@ expected = [
     "- exponential: continuous (best) / static min / median / max 18.00 / 18.00 / 18.00 over 2 of 2 repeat(s) "
     "(at_least); >= 2 in every one: yes; beyond the search's resolution in every one: yes",
     "### Goodput across 2 runs",
+    # 0.95 x 2.2 = 2.09: run 1's 2.17 reaches it, run 2's 2.00 does not.
+    "- uniform: the mix's own bound at 64 rows, E[longest] / E[length] = 189.7 / 104.0 = 2.20; continuous (best) / "
+    "static >= 0.95 x it (2.09) in every run: no",
+    "- exponential: the mix's own bound at 64 rows, E[longest] / E[length] = 539.1 / 126.2 = 4.27; continuous (best) "
+    "/ static >= 0.95 x it (4.06) in every run: yes",
 ]
 for line in expected:
     if line not in out:
@@ -62,6 +72,18 @@ single = subprocess.run([sys.executable, str(SCRIPT), "--goodput", str(paths[0])
                         check=True).stdout
 if "Goodput across" in single:
     failures.append("(no across-runs section for one run)")
+# One run's repeats against the bound: run 1's 2.17 >= 2.09.
+if ("- uniform: the mix's own bound at 64 rows, E[longest] / E[length] = 189.7 / 104.0 = 2.20; continuous (best) / "
+        "static >= 0.95 x it (2.09) in every repeat: yes") not in single:
+    failures.append("(one run's uniform repeats judged against the bound)")
+# Reports without bounds (written before goodput recorded them) are not judged against one.
+for p in paths:
+    r = json.loads(p.read_text())
+    del r["bounds"]
+    p.write_text(json.dumps(r))
+unbounded = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+if "the mix's own bound" in unbounded:
+    failures.append("(no bound line for reports without bounds)")
 if failures:
     print("FAILED: missing from summarize.py's output:\n  " + "\n  ".join(failures) + "\n--- output ---\n" + out)
     sys.exit(1)
