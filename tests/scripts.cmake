@@ -32,3 +32,10 @@ if(Python3_Interpreter_FOUND)
            COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/summarize_goodput_test.py)
   set_tests_properties(scripts.summarize_goodput PROPERTIES LABELS host TIMEOUT 60)
 endif()
+# bench/llm_decode/summarize.py: the C++ bench and the Python peers judged
+# against each other only at the same prompt and new tokens.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME scripts.summarize_lengths
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/summarize_lengths_test.py)
+  set_tests_properties(scripts.summarize_lengths PROPERTIES LABELS host TIMEOUT 60)
+endif()

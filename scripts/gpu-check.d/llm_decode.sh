@@ -39,7 +39,9 @@
 # kills a step at 420 s). REPLAY_LLM_PEERS: the Python peers to measure (default all:
 # eager,cuda_graphs,hf_eager,hf_static,compile,compile_max_autotune: torch.compile
 # in its two decode modes, reduce-overhead and max-autotune, each with a third of
-# the peers' budget). The load test:
+# the peers' budget). The C++ bench and the peers decode the same lengths:
+# REPLAY_LLM_PROMPT (default 32) prompt tokens, REPLAY_LLM_NEW_TOKENS (default
+# 128) new tokens a row. The load test:
 # REPLAY_LLM_LOAD_MIXES (default "uniform exponential"; "none" skips it),
 # REPLAY_LLM_LOAD_RATES (default 50,100,200,400,800 requests/s),
 # REPLAY_LLM_LOAD_KERNELS (default fused: the engine's fastest step; aten
@@ -139,10 +141,15 @@ if [ "$mode" != measure ]; then
 fi
 
 if [ "$mode" != check ]; then
+  # The C++ bench and the peers decode the same lengths, or their ratios are
+  # not judged (bench/llm_decode/summarize.py).
+  decode_prompt=${REPLAY_LLM_PROMPT:-32}
+  decode_new_tokens=${REPLAY_LLM_NEW_TOKENS:-128}
   for preset in $presets; do
     dir=$(weights_for "$preset") || { failed "writing the $preset weights"; continue; }
-    step "C++ benchmark ($preset)"
-    bounded 150 "$exe" bench --weights "$dir" --json "$OUT/llm_bench_$preset.json" >"$OUT/llm_bench_$preset.txt" 2>&1 ||
+    step "C++ benchmark ($preset, prompt $decode_prompt, $decode_new_tokens new tokens)"
+    bounded 300 "$exe" bench --weights "$dir" --prompt "$decode_prompt" --new-tokens "$decode_new_tokens" \
+      --json "$OUT/llm_bench_$preset.json" >"$OUT/llm_bench_$preset.txt" 2>&1 ||
       failed "C++ benchmark $preset (rc=$?)"
     cat "$OUT/llm_bench_$preset.txt"
     if [ "$preset" = small ]; then
@@ -174,6 +181,7 @@ if [ "$mode" != check ]; then
     if [ "$peers_budget" -gt 30 ]; then
       step "Python peers ($preset, within ${peers_budget} s)"
       timeout $((peers_budget + 20)) python3 bench/llm_decode/decode_peers.py --weights "$dir" \
+        --prompt-len "$decode_prompt" --new-tokens "$decode_new_tokens" \
         --peers "${REPLAY_LLM_PEERS:-eager,cuda_graphs,hf_eager,hf_static,compile,compile_max_autotune}" --repeats 3 \
         --budget-s "$peers_budget" --compile-budget-s "$((peers_budget / 3))" --json "$OUT/llm_peers_$preset.json" \
         >/dev/null 2>"$OUT/llm_peers_$preset.err"
