@@ -68,8 +68,10 @@ BOUND_SHARE = 0.95
 def bound_goal(mix, bound, ratios, scope, out, goals):
     """The line and goal row for one mix's ratios against BOUND_SHARE x its bound."""
     floor = BOUND_SHARE * bound["ratio"]
-    every = all(r["ratio_kind"] in ("measured", "at_least") and r.get("ratio") is not None and r["ratio"] >= floor
-                for r in ratios)
+    # No ratio (a run the budget ended before this mix's) meets nothing.
+    every = bool(ratios) and all(
+        r["ratio_kind"] in ("measured", "at_least") and r.get("ratio") is not None and r["ratio"] >= floor
+        for r in ratios)
     out.append(f"- {mix}: the mix's own bound at {bound['rows']} rows, E[longest] / E[length] = "
                f"{bound['mean_longest']:.1f} / {bound['mean_length']:.1f} = {bound['ratio']:.2f}; continuous (best) / "
                f"static >= {BOUND_SHARE:g} x it ({floor:.2f}) in every {scope}: {'yes' if every else 'no'}")
@@ -203,14 +205,17 @@ def length_mismatch(cpp, peers, paths):
     only judged at the same prompt and new tokens."""
     if not cpp:
         return None
+    def said(value):
+        return "not recorded" if value is None else value
+
     mine = (cpp.get("prompt"), cpp.get("new_tokens"))
     for path, report in zip(paths, peers):
         settings = report.get("settings", {})
         theirs = (settings.get("prompt_len"), settings.get("new_tokens"))
         if None in mine or None in theirs or mine != theirs:
-            return (f"the C++ bench decoded prompt {mine[0]}, {mine[1]} new tokens; the peers ({path}) prompt "
-                    f"{theirs[0]}, {theirs[1]} new tokens: the ratios against the peers are reported, not judged "
-                    f"(run both with the same --prompt / --prompt-len and --new-tokens)")
+            return (f"the C++ bench decoded prompt {said(mine[0])}, new tokens {said(mine[1])}; the peers ({path}) "
+                    f"prompt {said(theirs[0])}, new tokens {said(theirs[1])}: the ratios against the peers are "
+                    f"reported, not judged (run both with the same --prompt / --prompt-len and --new-tokens)")
     return None
 
 
@@ -225,14 +230,16 @@ def main():
     args = p.parse_args()
     cpp = json.load(open(args.cpp)) if args.cpp else {}
     peers = []
+    peer_paths = []  # the files that loaded, beside their reports
     notes = []
     for path in args.peers:
         try:
             peers.append(json.load(open(path)))
+            peer_paths.append(path)
         except (OSError, ValueError) as e:
             notes.append(f"peers file {path}: {e}")
     rows = load_rows(cpp, peers)
-    mismatch = length_mismatch(cpp, peers, args.peers)
+    mismatch = length_mismatch(cpp, peers, peer_paths)
     for report in peers:
         for name, peer in report.get("peers", {}).items():
             if peer.get("status") not in ("ok", None):

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -853,29 +854,38 @@ __global__ void silu_mul_kernel(const __half* gate_up, __half* out, int width) {
 // (linear(), gated_linear()) takes rows first .. first + kLinearOutputs, fewer
 // at the end. A paired block (gate_up_silu()) takes kLinearPairs outputs of
 // SwiGLU's product from `first`: slot j < kLinearPairs is gate row first + j,
-// slot kLinearPairs + j the up row `width` rows further.
+// slot up_slot(j) = kLinearPairs + j the up row up_offset rows further.
 constexpr int kLinearPairs = kLinearOutputs / 2;
 
 struct LinearBlock {
-  int first;    // the block's first output
-  int outputs;  // its outputs from `first`: kLinearOutputs (paired: kLinearPairs), fewer at the end
-  int width;    // paired: the up rows' offset in the weight (SwiGLU's width); 0 for a plain block
-  __device__ static LinearBlock plain(int out) {
-    const int first = static_cast<int>(blockIdx.x) * kLinearOutputs;
+  int first;      // the block's first output
+  int outputs;    // its outputs from `first`: kLinearOutputs (paired: kLinearPairs), fewer at the end
+  int up_offset;  // paired: where the up rows start in the weight (SwiGLU's width); 0 for a plain block
+  // Block `block` of a product into `out` outputs, or of SwiGLU's product of `width` outputs.
+  __host__ __device__ static LinearBlock plain_at(int block, int out) {
+    const int first = block * kLinearOutputs;
     return {first, out - first < kLinearOutputs ? out - first : kLinearOutputs, 0};
   }
-  __device__ static LinearBlock paired(int width) {
-    const int first = static_cast<int>(blockIdx.x) * kLinearPairs;
+  __host__ __device__ static LinearBlock paired_at(int block, int width) {
+    const int first = block * kLinearPairs;
     return {first, width - first < kLinearPairs ? width - first : kLinearPairs, width};
   }
-  __host__ __device__ bool holds(int slot) const {
-    return (width == 0 ? slot : slot % kLinearPairs) < outputs;
-  }
+  __device__ static LinearBlock plain(int out) { return plain_at(static_cast<int>(blockIdx.x), out); }
+  __device__ static LinearBlock paired(int width) { return paired_at(static_cast<int>(blockIdx.x), width); }
+  __host__ __device__ bool is_paired() const { return up_offset != 0; }
+  __host__ __device__ static int up_slot(int output) { return kLinearPairs + output; }
+  __host__ __device__ bool holds(int slot) const { return (is_paired() ? slot % kLinearPairs : slot) < outputs; }
   __host__ __device__ int weight_row_of(int slot) const {
-    if (width == 0) return first + slot;
-    return slot < kLinearPairs ? first + slot : width + first + slot - kLinearPairs;
+    if (!is_paired()) return first + slot;
+    return slot < kLinearPairs ? first + slot : up_offset + first + slot - kLinearPairs;
   }
 };
+
+// Output j of a paired block from its slots' sums: each product rounded to
+// fp16 as linear() stores it, then silu_times() as silu_mul() computes it.
+__host__ __device__ inline __half paired_output(float gate_sum, float up_sum) {
+  return silu_times(__float2half(gate_sum), __float2half(up_sum));
+}
 
 // A GEMV thread's vectors v0, v0 + threads, ... (Passes of them) of the
 // block's weight rows; past the width, left as they are.
@@ -1011,9 +1021,9 @@ __global__ void __launch_bounds__(kLinearWarps * 32)
     const int j = tid / Rows;
     const int r = tid % Rows;
     if (j < block.outputs) {
-      const __half gate = __float2half(linear_block_sum<Rows>(warp_sums, tid));
-      const __half up = __float2half(linear_block_sum<Rows>(warp_sums, kLinearPairs * Rows + tid));
-      out[static_cast<std::int64_t>(r) * width + block.first + j] = silu_times(gate, up);
+      out[static_cast<std::int64_t>(r) * width + block.first + j] =
+          paired_output(linear_block_sum<Rows>(warp_sums, tid),
+                        linear_block_sum<Rows>(warp_sums, LinearBlock::up_slot(j) * Rows + r));
     }
   }
 }
@@ -1380,10 +1390,10 @@ void gated_linear(const __half* gate_up, const __half* weight, __half* y, int ro
                       stream);
 }
 
-// What norm_linear() (kernel or host version) checks before it runs.
 // What gate_up_silu() (kernel or host version) checks before it runs.
 void check_gate_up_silu_call(const __half* x, const __half* gate_up, int rows, int in, int width) {
-  if (rows < 1 || rows > kMaxGemvRows || width < 1 || !linear_fits(rows, in, 2 * width)) {
+  if (rows < 1 || rows > kMaxGemvRows || width < 1 || width > std::numeric_limits<int>::max() / 2 ||
+      !linear_fits(rows, in, 2 * width)) {
     throw std::invalid_argument("fused gate_up_silu: " + std::to_string(rows) + " rows of " + std::to_string(in) +
                                 " halves into " + std::to_string(width) + " outputs; it takes 1 to " +
                                 std::to_string(kMaxGemvRows) + " rows of a positive multiple of " +
@@ -1402,6 +1412,7 @@ void gate_up_silu(const __half* x, const __half* gate_up, __half* out, int rows,
   });
 }
 
+// What norm_linear() (kernel or host version) checks before it runs.
 void check_norm_linear_call(const __half* x, const __half* delta, const __half* norm_weight, const __half* x_out,
                             const __half* weight, int rows, int in, int out, const LinearWorkspace& workspace) {
   if (rows != 1) {
@@ -1637,35 +1648,42 @@ void host_silu_mul(const __half* gate_up, __half* out, int rows, int width, cuda
   }
 }
 
-// The kernel's block as one thread: each thread's sums in turn (its vectors
-// in order), then each warp's butterfly of shuffles over its lanes' sums,
-// then the warps' sums in order.
+// A GEMV block's sum of weight row `w` against input row r, as one thread:
+// each of the block's threads' sums in turn (its vectors in order), then each
+// warp's butterfly of shuffles over its lanes' sums, then the warps' sums in
+// order. `lanes`: linear_threads(in) floats of scratch.
 template <bool Gated>
-void host_linear_product(const __half* x, const __half* weight, __half* y, int rows, int in, int out) {
+float host_block_sum(const __half* x, const __half* w, int in, int r, std::vector<float>& lanes) {
   const int threads = linear_threads(in);
   const int vectors = in / kVectorHalves;
-  std::vector<float> lanes(static_cast<std::size_t>(threads));
+  for (int tid = 0; tid < threads; ++tid) {
+    float acc = 0.0F;
+    for (int v = tid; v < vectors; v += threads) {
+      acc = dot_vector(acc, load_weight_vector(w + v * kVectorHalves), linear_input<Gated>(x, in, r, v * kVectorHalves));
+    }
+    lanes[static_cast<std::size_t>(tid)] = acc;
+  }
+  float total = 0.0F;
+  for (int warp = 0; warp < threads / 32; ++warp) {
+    float* lane = lanes.data() + warp * 32;
+    for (int offset = 16; offset > 0; offset /= 2) {
+      float next[32];
+      for (int l = 0; l < 32; ++l) next[l] = lane[l] + lane[l ^ offset];
+      std::memcpy(lane, next, sizeof(next));
+    }
+    total += lane[0];
+  }
+  return total;
+}
+
+// The kernel's blocks as one thread.
+template <bool Gated>
+void host_linear_product(const __half* x, const __half* weight, __half* y, int rows, int in, int out) {
+  std::vector<float> lanes(static_cast<std::size_t>(linear_threads(in)));
   for (int o = 0; o < out; ++o) {
-    const __half* w = weight_row(weight, in, o);
     for (int r = 0; r < rows; ++r) {
-      for (int tid = 0; tid < threads; ++tid) {
-        float acc = 0.0F;
-        for (int v = tid; v < vectors; v += threads) {
-          acc = dot_vector(acc, load_weight_vector(w + v * kVectorHalves), linear_input<Gated>(x, in, r, v * kVectorHalves));
-        }
-        lanes[static_cast<std::size_t>(tid)] = acc;
-      }
-      float total = 0.0F;
-      for (int warp = 0; warp < threads / 32; ++warp) {
-        float* lane = lanes.data() + warp * 32;
-        for (int offset = 16; offset > 0; offset /= 2) {
-          float next[32];
-          for (int l = 0; l < 32; ++l) next[l] = lane[l] + lane[l ^ offset];
-          std::memcpy(lane, next, sizeof(next));
-        }
-        total += lane[0];
-      }
-      y[static_cast<std::int64_t>(r) * out + o] = __float2half(total);
+      y[static_cast<std::int64_t>(r) * out + o] =
+          __float2half(host_block_sum<Gated>(x, weight_row(weight, in, o), in, r, lanes));
     }
   }
 }
@@ -1759,14 +1777,30 @@ void host_gated_linear(const __half* gate_up, const __half* weight, __half* y, i
   host_product<true>(gate_up, weight, y, rows, in, out, workspace);
 }
 
-// The products as host_linear() computes them, then host_silu_mul(): what
-// the kernel's epilogue computes from the same sums.
+// gate_up_silu_kernel's blocks as one thread: each block's slots (its gate
+// and up rows, LinearBlock::paired_at) summed as the GEMV sums them, then the
+// epilogue's paired_output() for its outputs.
 void host_gate_up_silu(const __half* x, const __half* gate_up, __half* out, int rows, int in, int width,
-                       cudaStream_t stream) {
+                       cudaStream_t /*stream*/) {
   check_gate_up_silu_call(x, gate_up, rows, in, width);
-  std::vector<__half> products(static_cast<std::size_t>(rows) * 2 * static_cast<std::size_t>(width));
-  host_linear_product<false>(x, gate_up, products.data(), rows, in, 2 * width);
-  host_silu_mul(products.data(), out, rows, width, stream);
+  std::vector<float> lanes(static_cast<std::size_t>(linear_threads(in)));
+  const int blocks = (width + kLinearPairs - 1) / kLinearPairs;
+  for (int b = 0; b < blocks; ++b) {
+    const LinearBlock block = LinearBlock::paired_at(b, width);
+    for (int r = 0; r < rows; ++r) {
+      std::array<float, kLinearOutputs> sums{};
+      for (int slot = 0; slot < kLinearOutputs; ++slot) {
+        if (block.holds(slot)) {
+          sums[static_cast<std::size_t>(slot)] =
+              host_block_sum<false>(x, weight_row(gate_up, in, block.weight_row_of(slot)), in, r, lanes);
+        }
+      }
+      for (int j = 0; j < block.outputs; ++j) {
+        out[static_cast<std::int64_t>(r) * width + block.first + j] = paired_output(
+            sums[static_cast<std::size_t>(j)], sums[static_cast<std::size_t>(LinearBlock::up_slot(j))]);
+      }
+    }
+  }
 }
 
 // add_rms_norm()'s host version on a copy of x, then linear()'s: what the

@@ -692,7 +692,8 @@ class LlamaModel {
   // where the step uses its own products (fused::use_own_product: by default
   // batch 1; fused::linear_fits says which shapes they take: 1 to 8, 16, 32,
   // 48, 64 rows; 4 products, the SiLU product computed by the gate and up
-  // product (1 to 8 rows) or by the down product as it loads (16 to 64);
+  // product (1 to 8 rows, unfolded) or by the down product as it loads (16
+  // to 64, and folded);
   // attention; 2 residual-add norms; 5 at one row with
   // fused::fold_norms(), the norms inside the products), 8 elsewhere (torch's GEMMs and
   // the SiLU product's own kernel); one more for a packed prefill; and one

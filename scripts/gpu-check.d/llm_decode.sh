@@ -148,7 +148,7 @@ if [ "$mode" != check ]; then
   for preset in $presets; do
     dir=$(weights_for "$preset") || { failed "writing the $preset weights"; continue; }
     step "C++ benchmark ($preset, prompt $decode_prompt, $decode_new_tokens new tokens)"
-    bounded 300 "$exe" bench --weights "$dir" --prompt "$decode_prompt" --new-tokens "$decode_new_tokens" \
+    bounded 200 "$exe" bench --weights "$dir" --prompt "$decode_prompt" --new-tokens "$decode_new_tokens" \
       --json "$OUT/llm_bench_$preset.json" >"$OUT/llm_bench_$preset.txt" 2>&1 ||
       failed "C++ benchmark $preset (rc=$?)"
     cat "$OUT/llm_bench_$preset.txt"

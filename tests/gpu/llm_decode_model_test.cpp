@@ -283,9 +283,10 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
 
   TEST_CASE("the fused gate_up_silu kernel gives linear then silu_mul, bit for bit, 1 to 8 rows") {
     at::manual_seed(replay_test::case_seed());
-    // small's and 1b's MLPs; one warp and several vectors per thread; an odd
-    // width (a last block of one output).
-    for (const auto& [in, width] : {std::pair{768, 2048}, std::pair{2048, 8192}, std::pair{64, 37}, std::pair{2056, 9}}) {
+    // small's and 1b's MLPs; one warp; an odd width (a last block of one
+    // output); more vectors than the preload takes, so the loop after it runs.
+    for (const auto& [in, width] : {std::pair{768, 2048}, std::pair{2048, 8192}, std::pair{64, 37}, std::pair{2056, 9},
+                                    std::pair{8200, 5}}) {
       for (int rows = 1; rows <= llm_decode::fused::kMaxGemvRows; ++rows) {
         INFO(rows << " rows of " << in << " halves into " << width << " outputs");
         CHECK(llm_decode_test::gate_up_silu_as_two_kernels(llm_decode::fused::kernels(), gpu, {rows, in, width}));

@@ -543,7 +543,9 @@ TEST_SUITE("host") {
   TEST_CASE("the fused gate_up_silu (its host version) gives linear then silu_mul, bit for bit; misuse is named") {
     at::manual_seed(replay_test::case_seed());
     const llm_decode::fused::Kernels& k = llm_decode::fused::host_kernels();
-    for (const auto& [in, width] : {std::pair{64, 37}, std::pair{264, 16}, std::pair{8, 3}}) {
+    // Odd widths (a last block of one output), and more vectors than one
+    // pass of the threads.
+    for (const auto& [in, width] : {std::pair{64, 37}, std::pair{264, 16}, std::pair{8, 3}, std::pair{8200, 5}}) {
       for (const int rows : {1, 3, llm_decode::fused::kMaxGemvRows}) {
         INFO(rows << " rows of " << in << " halves into " << width << " outputs");
         CHECK(llm_decode_test::gate_up_silu_as_two_kernels(k, cpu, {rows, in, width}));

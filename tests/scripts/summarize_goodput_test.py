@@ -34,7 +34,7 @@ def report(tpot, uniform_continuous, uniform_failing, uniform_static, static_fai
                                      "target_met_every_repeat": x["target_met"]}}
                        for m, x in (("uniform", ratios[0]), ("exponential", ratios[1]))},
             "target": 2.0, "mixes": {"uniform": "uniform", "exponential": "exponential"},
-            "bounds": {"uniform": {"rows": 64, "mean_length": 104.0, "mean_longest": 189.7, "ratio": 2.2},
+            "bounds": {"uniform": {"rows": 64, "mean_length": 104.0, "mean_longest": 228.8, "ratio": 2.2},
                        "exponential": {"rows": 64, "mean_length": 126.2, "mean_longest": 539.1, "ratio": 4.27}}}
 
 
@@ -59,7 +59,7 @@ expected = [
     "(at_least); >= 2 in every one: yes; beyond the search's resolution in every one: yes",
     "### Goodput across 2 runs",
     # 0.95 x 2.2 = 2.09: run 1's 2.17 reaches it, run 2's 2.00 does not.
-    "- uniform: the mix's own bound at 64 rows, E[longest] / E[length] = 189.7 / 104.0 = 2.20; continuous (best) / "
+    "- uniform: the mix's own bound at 64 rows, E[longest] / E[length] = 228.8 / 104.0 = 2.20; continuous (best) / "
     "static >= 0.95 x it (2.09) in every run: no",
     "- exponential: the mix's own bound at 64 rows, E[longest] / E[length] = 539.1 / 126.2 = 4.27; continuous (best) "
     "/ static >= 0.95 x it (4.06) in every run: yes",
@@ -73,9 +73,18 @@ single = subprocess.run([sys.executable, str(SCRIPT), "--goodput", str(paths[0])
 if "Goodput across" in single:
     failures.append("(no across-runs section for one run)")
 # One run's repeats against the bound: run 1's 2.17 >= 2.09.
-if ("- uniform: the mix's own bound at 64 rows, E[longest] / E[length] = 189.7 / 104.0 = 2.20; continuous (best) / "
+if ("- uniform: the mix's own bound at 64 rows, E[longest] / E[length] = 228.8 / 104.0 = 2.20; continuous (best) / "
         "static >= 0.95 x it (2.09) in every repeat: yes") not in single:
     failures.append("(one run's uniform repeats judged against the bound)")
+# A run the budget ended before any uniform ratio: its bound meets nothing.
+cut = json.loads(paths[0].read_text())
+cut["ratios"] = [r for r in cut["ratios"] if r["mix"] != "uniform"]
+cut["spread"]["uniform"] = {}
+(folder / "cut.json").write_text(json.dumps(cut))
+ended = subprocess.run([sys.executable, str(SCRIPT), "--goodput", str(folder / "cut.json")], capture_output=True,
+                       text=True, check=True).stdout
+if "(2.09) in every repeat: no" not in ended:
+    failures.append("(a mix without ratios does not meet its bound)")
 # Reports without bounds (written before goodput recorded them) are not judged against one.
 for p in paths:
     r = json.loads(p.read_text())

@@ -377,8 +377,9 @@ inline NormLinearCheck norm_linear_against_two_kernels(const llm_decode::fused::
 
 
 // Kernels::gate_up_silu against linear() into [rows, 2 width] then
-// silu_mul() of the same table, on random data (s.out: the width): whether
-// the outputs are the same bits; they start as NaN, so one left unwritten
+// silu_mul() of the same table, on random data (s.out: SwiGLU's width, the
+// outputs): whether the outputs are the same bits (compared as 16-bit
+// integers, so -0 and +0 differ); they start as NaN, so one left unwritten
 // shows.
 inline bool gate_up_silu_as_two_kernels(const llm_decode::fused::Kernels& kernels, at::Device device,
                                         ProductShape s) {
@@ -393,8 +394,7 @@ inline bool gate_up_silu_as_two_kernels(const llm_decode::fused::Kernels& kernel
   kernels.silu_mul(half_ptr(products), half_ptr(two), s.rows, s.out, stream);
   const at::Tensor one = at::full({s.rows, s.out}, std::numeric_limits<double>::quiet_NaN(), half);
   kernels.gate_up_silu(half_ptr(x), half_ptr(gate_up), half_ptr(one), s.rows, s.in, s.out, stream);
-  // NaN (an output never written) compares unequal.
-  return one.equal(two) && !one.isnan().any().item<bool>();
+  return one.view(at::kShort).equal(two.view(at::kShort)) && !one.isnan().any().item<bool>();
 }
 
 // The fused attention kernels (`kernels`: the CUDA ones or their host
