@@ -39,3 +39,10 @@ if(Python3_Interpreter_FOUND)
            COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/summarize_lengths_test.py)
   set_tests_properties(scripts.summarize_lengths PROPERTIES LABELS host TIMEOUT 60)
 endif()
+# bench/llm_decode/summarize.py: peers files merged batch by batch, and no
+# verdict at a batch where an attempted peer was not measured.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME scripts.summarize_peers
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/summarize_peers_test.py)
+  set_tests_properties(scripts.summarize_peers PROPERTIES LABELS host TIMEOUT 60)
+endif()

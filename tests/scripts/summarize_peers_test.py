@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""bench/llm_decode/summarize.py: peers files are merged batch by batch (the
+first file keeps a batch measured twice), and a goal against the best Python
+peer is judged only where every attempted peer was measured at that batch.
+From made-up `llm_decode bench --json` and `decode_peers.py --json` reports."""
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "llm_decode" / "summarize.py"
+
+
+def cpp():
+    rows = []
+    for batch in (1, 8):
+        rows.append({"method": "cpp_graphed", "batch": batch, "ms_per_step": 0.5, "tokens_per_s": 2000.0 * batch})
+        rows.append({"method": "cpp_graphed_fused", "batch": batch, "ms_per_step": 0.25,
+                     "tokens_per_s": 4000.0 * batch})
+    return {"preset": "small", "prompt": 32, "new_tokens": 128, "rows": rows}
+
+
+def ok(batch, tokens_per_s):
+    return {"batch": batch, "status": "ok", "ms_per_step": 1000.0 * batch / tokens_per_s, "tokens_per_s": tokens_per_s}
+
+
+def report(peers):
+    return {"settings": {"prompt_len": 32, "new_tokens": 128}, "peers": peers}
+
+
+# File 1: reduce-overhead at 1 and 8; max-autotune at 1 only (its budget ran out at 8).
+first = report({
+    "compile": {"status": "ok", "results": [ok(1, 2500.0), ok(8, 20000.0)]},
+    "compile_max_autotune": {"status": "partial", "error": None, "results": [
+        ok(1, 2000.0), {"batch": 8, "status": "skipped", "error": "OutOfTime: the compile time budget ran out"}]},
+})
+# File 2: max-autotune at 8 (faster than reduce-overhead there), and a second batch-1 figure that must not win.
+second = report({"compile_max_autotune": {"status": "ok", "results": [ok(8, 25000.0), ok(1, 8000.0)]}})
+
+
+def summarize(*reports):
+    folder = pathlib.Path(tempfile.mkdtemp())
+    (folder / "cpp.json").write_text(json.dumps(cpp()))
+    paths = []
+    for i, r in enumerate(reports):
+        paths.append(str(folder / f"peers{i}.json"))
+        pathlib.Path(paths[-1]).write_text(json.dumps(r))
+    return subprocess.run([sys.executable, str(SCRIPT), "--cpp", str(folder / "cpp.json"), "--peers", *paths],
+                          capture_output=True, text=True, check=True).stdout
+
+
+failures = []
+
+
+def expect(text, lines, absent=()):
+    for line in lines:
+        if line not in text:
+            failures.append(line)
+    for line in absent:
+        if line in text:
+            failures.append(f"(not expected) {line}")
+
+
+# One file: batch 8 lacks max-autotune, so it is reported with no verdict and the lacking peer named.
+alone = summarize(first)
+expect(alone, [
+    "| replay, fused kernels / best Python peer (compile), batch 1 | 1.600 | >= 1.5 | met |",
+    "| replay, fused kernels / best Python peer (compile; not measured at this batch: compile_max_autotune), "
+    "batch 8 | 1.600 | >= 1.5 |  |",
+    "- compile_max_autotune: partial; batch 8 skipped (OutOfTime: the compile time budget ran out)",
+])
+# Both files: batch 8 takes max-autotune from the second (32000 / 25000 = 1.28, judged); batch 1 keeps the
+# first file's max-autotune (2000, slower than reduce-overhead's 2500), not the second's 8000.
+merged = summarize(first, second)
+expect(merged, [
+    "| replay, fused kernels / best Python peer (compile), batch 1 | 1.600 | >= 1.5 | met |",
+    "| replay, fused kernels / best Python peer (compile_max_autotune), batch 8 | 1.280 | >= 1.5 | MISSED |",
+], absent=["not measured at this batch"])
+if failures:
+    print("FAILED: summarize.py's output:\n  " + "\n  ".join(failures) + "\n--- alone ---\n" + alone +
+          "\n--- merged ---\n" + merged)
+    sys.exit(1)
+print("summarize peers test: 2 passed, 0 failed")
