@@ -72,6 +72,23 @@ struct LlamaConfig {
     throw std::invalid_argument("llm_decode: unknown model preset \"" + std::string(name) +
                                 "\" (the presets are tiny, small and 1b)");
   }
+
+  // The preset whose sizes these are (vocabulary, widths, layers, heads, tied
+  // embeddings; the cache length, rope_theta and eps may differ), or "custom".
+  // A weights directory records its sizes, not the preset that wrote it, and
+  // a report names the model it measured.
+  static std::string_view preset_of(const LlamaConfig& config) {
+    for (const std::string_view name : {"tiny", "small", "1b"}) {
+      const LlamaConfig p = preset(name);
+      if (p.vocab_size == config.vocab_size && p.hidden_size == config.hidden_size &&
+          p.intermediate_size == config.intermediate_size && p.num_layers == config.num_layers &&
+          p.num_heads == config.num_heads && p.num_kv_heads == config.num_kv_heads &&
+          p.tie_embeddings == config.tie_embeddings) {
+        return name;
+      }
+    }
+    return "custom";
+  }
 };
 
 namespace detail {

@@ -130,6 +130,10 @@ LlamaModel load_model(const Common& c) {
   return LlamaModel::random(config, c.seed, device);
 }
 
+// What a report calls the model: the preset of its sizes, read from its
+// weights when --weights names them (not --preset, which then is unused).
+std::string preset_of(const LlamaModel& model) { return std::string(llm_decode::LlamaConfig::preset_of(model.config())); }
+
 // ---- generate: fixed prompts through the engine, checked against eager ----
 
 int generate(const Common& c, std::size_t prompts, std::size_t new_tokens, std::size_t steps, int threads) {
@@ -179,7 +183,7 @@ int generate(const Common& c, std::size_t prompts, std::size_t new_tokens, std::
   // every request's prompt and tokens, and for the first few the logits of
   // the prefill and of the first decode steps (the model alone, eagerly, the
   // engine's tokens fed back).
-  Json out{{"format", "replay.llm_decode.reference/1"}, {"preset", c.preset}, {"steps_per_launch", steps},
+  Json out{{"format", "replay.llm_decode.reference/1"}, {"preset", preset_of(model)}, {"steps_per_launch", steps},
            {"requests", Json::array()}};
   constexpr std::size_t with_logits = 8, logit_steps = 2;
   for (std::size_t i = 0; i < prompts; ++i) {
@@ -401,7 +405,7 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
     }
   }
   std::mt19937_64 rng(c.seed + 7);
-  Json out{{"preset", c.preset},        {"prompt", prompt_len},          {"new_tokens", new_tokens},
+  Json out{{"preset", preset_of(model)},        {"prompt", prompt_len},          {"new_tokens", new_tokens},
            {"rows", Json::array()},     {"batch_buckets", c.batch_buckets}, {"context_buckets", c.context_buckets}};
   out["peak_bytes_per_s"] = peak.bytes_per_s;
   out["peak_source"] = peak.source;
@@ -778,7 +782,7 @@ std::unique_ptr<DecodeEngine> load_engine(const LlamaModel& model, const Common&
 int load(const Common& c, const LoadSettings& settings) {
   check_load_policies(c, settings.policies);
   const LlamaModel model = load_model(c);
-  Json out{{"preset", c.preset},
+  Json out{{"preset", preset_of(model)},
            {"requests", settings.requests},
            {"seconds", settings.seconds},
            {"rows", Json::array()},
@@ -949,7 +953,7 @@ int goodput(const Common& c, const GoodputSettings& settings) {
   std::printf("llm_decode goodput: %zu engines captured, %.1f s since the start\n", engines.size(), elapsed());
   const gp::SearchOptions& so = settings.search;
   Json out{{"format", "replay.llm_decode.goodput/1"},
-           {"preset", c.preset},
+           {"preset", preset_of(model)},
            {"kernels", c.kernels},
            {"prefill", c.prefill},
            {"batch1_step_ms", step_ms},
@@ -1145,8 +1149,12 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   Common c;
   auto add_common = [&c](CLI::App* sub) {
-    sub->add_option("--weights", c.weights, "directory with config.json and weights.pt (default: random weights)");
-    sub->add_option("--preset", c.preset, "model size for random weights: tiny, small or 1b")->capture_default_str();
+    CLI::Option* weights =
+        sub->add_option("--weights", c.weights, "directory with config.json and weights.pt (default: random weights)");
+    // The weights' config.json gives their sizes: a --preset beside them could only disagree.
+    sub->add_option("--preset", c.preset, "model size for random weights: tiny, small or 1b")
+        ->capture_default_str()
+        ->excludes(weights);
     sub->add_option("--seed", c.seed, "seed of the random weights and prompts")->capture_default_str();
     sub->add_option("--max-len", c.max_len, "positions per cache slot (random weights)")->capture_default_str();
     sub->add_option("--batch-buckets", c.batch_buckets, "batch sizes a launch is padded to")->delimiter(',');

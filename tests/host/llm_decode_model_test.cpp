@@ -739,6 +739,20 @@ TEST_SUITE("host") {
     CHECK(big.group_size() == 4);
     CHECK_FALSE(big.tie_embeddings);
     CHECK(LlamaConfig::preset("tiny").group_size() == 2);
+    // A report names the preset of the sizes it measured (weights record sizes, not their preset).
+    for (const char* name : {"tiny", "small", "1b"}) {
+      CAPTURE(name);
+      LlamaConfig config = LlamaConfig::preset(name);
+      CHECK(LlamaConfig::preset_of(config) == name);
+      config.max_len = 4096;  // a longer cache is still the preset
+      config.rope_theta = 500000.0;
+      CHECK(LlamaConfig::preset_of(config) == name);
+      config.num_layers += 1;
+      CHECK(LlamaConfig::preset_of(config) == "custom");
+    }
+    LlamaConfig untied = LlamaConfig::preset("small");
+    untied.tie_embeddings = false;
+    CHECK(LlamaConfig::preset_of(untied) == "custom");
     const std::string unknown = invalid_argument_message([] { (void)LlamaConfig::preset("7b"); });
     CHECK(contains(unknown, "\"7b\""));
     CHECK(contains(unknown, "tiny, small and 1b"));
@@ -752,6 +766,7 @@ TEST_SUITE("host") {
       config.rms_norm_eps = 1e-6;
       llm_decode::write_config(config, path, "bfloat16");
       const LlamaConfig read = llm_decode::read_config(path);
+      CHECK(LlamaConfig::preset_of(read) == name);
       CHECK(read.vocab_size == config.vocab_size);
       CHECK(read.hidden_size == config.hidden_size);
       CHECK(read.intermediate_size == config.intermediate_size);
