@@ -1038,6 +1038,12 @@ TEST_SUITE("host") {
     const std::size_t count = 40;
     replay::DecodeOptions base = small_options();
     Workload work(count, base.max_len, replay_test::rng(), 50);
+    // The last request's prompt is chunked last; it outlives every prompt, so
+    // some launches carry none (whatever the random lengths drew) and must run
+    // K steps.
+    work.prompt[count - 1] = std::min<std::size_t>(work.prompt[count - 1], 32);
+    work.max_new[count - 1] = 16;
+    work.model->eos_position[count - 1] = kNoEos;
     std::size_t prompt_tokens = 0;
     for (const std::size_t p : work.prompt) {
       prompt_tokens += p;
@@ -1099,6 +1105,9 @@ TEST_SUITE("host") {
         }
         CHECK(stats.prefill_chunks > (budget == 5 ? count : 0));  // a budget of 5 cut some prompts
         CHECK(most_chunks >= 1);
+        const bool launches_without_prompts = std::any_of(standin->launch_log.begin(), standin->launch_log.end(),
+                                                          [](const StandIn::Launch& l) { return !l.mixed; });
+        CHECK(launches_without_prompts);
         if (k > 1) {
           CHECK(standin->most_steps == k);  // launches without prompts still run K steps
         }
