@@ -8,10 +8,11 @@ BENCH.json: `llm_decode bench --json` (C++ eager, graphed, graphed K steps per
 launch; graph memory; capture time). PEERS.json: one or more outputs of
 bench/llm_decode/decode_peers.py for the same weights (their peers are merged
 batch by batch; a batch measured in two files keeps the first file's). A goal
-against the best Python peer at a batch is judged only where every peer the
-files attempted was measured at that batch: otherwise it is reported with the
-peers it lacks and no verdict, since a missing peer may be the faster one (a
-budget often ends max-autotune's compilation first). LOAD.json (repeatable): `llm_decode load
+against the best Python peer at a batch, or against a named peer, gets no
+verdict where a peer (of PEER_LABELS) was skipped at that batch for a time
+budget and measured in no file: it may be the faster one, and max-autotune's
+compilation often spends the budget. A peer that failed (it cannot run here)
+does not hold back the verdict; its note says why. LOAD.json (repeatable): `llm_decode load
 --json`. GOODPUT.json (repeatable): `llm_decode goodput --json` (the highest
 offered rate within the TTFT / TPOT p99 SLO, per policy, mix and repeat; with
 two or more, also the ratio across the runs: every repeat's with the bracket
@@ -52,17 +53,37 @@ def load_rows(cpp, peers):
     return rows
 
 
-def peer_notes(peers):
-    """A line per peer that is not all ok, naming each batch it lacks and why."""
-    notes = []
+def out_of_time(peers, rows):
+    """{peer: batches skipped for a time budget and measured in no file}."""
+    skipped = {}
     for report in peers:
+        for name, peer in report.get("peers", {}).items():
+            for r in peer.get("results", []):
+                if (name in PEER_LABELS and r.get("status") == "skipped" and "time budget" in (r.get("error") or "")
+                        and r["batch"] not in rows.get(name, {})):
+                    skipped.setdefault(name, set()).add(r["batch"])
+    return skipped
+
+
+def peer_notes(peers, paths, rows):
+    """A line per peer and file that is not all ok, naming the batches no file
+    measured, grouped by reason (a batch another file measured is left out)."""
+    notes = []
+    for path, report in zip(paths, peers):
         for name, peer in report.get("peers", {}).items():
             if peer.get("status") in ("ok", None):
                 continue
-            lacking = [f"batch {r.get('batch')} {r.get('status')} ({r.get('error') or 'no reason given'})"
-                       for r in peer.get("results", []) if r.get("status") != "ok"]
-            notes.append(f"{name}: {peer.get('status')}" + (f": {peer['error']}" if peer.get("error") else "")
-                         + (f"; {'; '.join(lacking)}" if lacking else ""))
+            reasons = {}
+            for r in peer.get("results", []):
+                if r.get("status") != "ok" and r.get("batch") not in rows.get(name, {}):
+                    why = f"{r.get('status')} ({r.get('error') or 'no reason given'})"
+                    reasons.setdefault(why, []).append(str(r.get("batch")))
+            if not reasons and not peer.get("error"):
+                continue
+            note = (f"{path}: {name}: {peer.get('status')}" + (f": {peer['error']}" if peer.get("error") else "")
+                    + "".join(f"; batch {', '.join(b)} {why}" for why, b in reasons.items()))
+            if note not in notes:
+                notes.append(note)
     return notes
 
 
@@ -256,8 +277,8 @@ def main():
             notes.append(f"peers file {path}: {e}")
     rows = load_rows(cpp, peers)
     mismatch = length_mismatch(cpp, peers, peer_paths)
-    notes.extend(peer_notes(peers))
-    attempted = [m for m in PEER_LABELS if any(m in report.get("peers", {}) for report in peers)]
+    notes.extend(peer_notes(peers, peer_paths, rows))
+    unmeasured = out_of_time(peers, rows)
     batches = sorted({b for m in rows.values() for b in m})
     out = []
     title = f" ({args.name})" if args.name else ""
@@ -301,25 +322,25 @@ def main():
             continue
         best = max(((rows[m][b][1], m) for m in python_peers if b in rows[m]), default=None)
         if best:
-            # A peer attempted but not measured here may be the faster one.
-            lacking = [m for m in attempted if b not in rows.get(m, {})]
-            among = f"; not measured at this batch: {', '.join(lacking)}" if lacking else ""
-
-            def judged(ok):
-                return None if lacking else against_peer(ok)
-
+            # A peer that ran out of time here may be the faster one.
+            lacking = [m for m in PEER_LABELS if b in unmeasured.get(m, ())]
+            lacking_label = f"; not measured at this batch: {', '.join(lacking)}" if lacking else ""
             r = ratio(graphed[b][1], best[0])
-            goals.append((f"replay / best Python peer ({best[1]}{among}), batch {b}", r, ">= 1.0", judged(r >= 1.0)))
+            goals.append((f"replay / best Python peer ({best[1]}{lacking_label}), batch {b}", r, ">= 1.0",
+                          None if lacking else against_peer(r >= 1.0)))
             fused = rows.get("cpp_graphed_fused", {})
             if b in fused:
                 r = ratio(fused[b][1], best[0])
-                goals.append((f"replay, fused kernels / best Python peer ({best[1]}{among}), batch {b}", r, ">= 1.5",
-                              judged(r >= 1.5)))
+                goals.append((f"replay, fused kernels / best Python peer ({best[1]}{lacking_label}), batch {b}", r,
+                              ">= 1.5", None if lacking else against_peer(r >= 1.5)))
     if 1 in graphed:
         for peer, target in (("hf_static", 2.0), ("hf_eager", 10.0)):
             if 1 in rows.get(peer, {}):
                 r = ratio(graphed[1][1], rows[peer][1][1])
                 goals.append((f"replay / {PEER_LABELS[peer]}, batch 1", r, f">= {target:g}", against_peer(r >= target)))
+            elif 1 in unmeasured.get(peer, ()):
+                goals.append((f"replay / {PEER_LABELS[peer]}, batch 1: the peer ran out of time", None,
+                              f">= {target:g}", None))
         host = graphed[1][2].get("host_fraction")
         if host is not None:
             goals.append(("host time per step / step, batch 1", host, "<= 0.05", host <= 0.05))

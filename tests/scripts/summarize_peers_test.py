@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """bench/llm_decode/summarize.py: peers files are merged batch by batch (the
-first file keeps a batch measured twice), and a goal against the best Python
-peer is judged only where every attempted peer was measured at that batch.
-From made-up `llm_decode bench --json` and `decode_peers.py --json` reports."""
+first file keeps a batch measured twice); a goal against the best Python peer
+gets no verdict at a batch where a peer ran out of time and no file measured
+it, while a peer that failed outright does not hold the verdict back; the
+notes name only batches no file measured. From made-up `llm_decode bench
+--json` and `decode_peers.py --json` reports."""
 import json
 import pathlib
 import subprocess
@@ -37,6 +39,14 @@ first = report({
 })
 # File 2: max-autotune at 8 (faster than reduce-overhead there), and a second batch-1 figure that must not win.
 second = report({"compile_max_autotune": {"status": "ok", "results": [ok(8, 25000.0), ok(1, 8000.0)]}})
+# A peer that cannot run here (failed before any batch), and one that ran out of time at batch 1.
+cannot_run = report({"hf_eager": {"status": "failed", "error": "ModuleNotFoundError: No module named 'transformers'",
+                                  "results": [{"batch": b, "status": "skipped",
+                                               "error": "ModuleNotFoundError: No module named 'transformers'"}
+                                              for b in (1, 8)]}})
+out_of_time = report({"hf_static": {"status": "skipped", "error": "OutOfTime: the run time budget ran out",
+                                    "results": [{"batch": 1, "status": "skipped",
+                                                 "error": "the run time budget was spent before this batch"}]}})
 
 
 def summarize(*reports):
@@ -66,9 +76,11 @@ def expect(text, lines, absent=()):
 alone = summarize(first)
 expect(alone, [
     "| replay, fused kernels / best Python peer (compile), batch 1 | 1.600 | >= 1.5 | met |",
+    "| replay / best Python peer (compile; not measured at this batch: compile_max_autotune), "
+    "batch 8 | 0.800 | >= 1.0 |  |",
     "| replay, fused kernels / best Python peer (compile; not measured at this batch: compile_max_autotune), "
     "batch 8 | 1.600 | >= 1.5 |  |",
-    "- compile_max_autotune: partial; batch 8 skipped (OutOfTime: the compile time budget ran out)",
+    "peers0.json: compile_max_autotune: partial; batch 8 skipped (OutOfTime: the compile time budget ran out)",
 ])
 # Both files: batch 8 takes max-autotune from the second (32000 / 25000 = 1.28, judged); batch 1 keeps the
 # first file's max-autotune (2000, slower than reduce-overhead's 2500), not the second's 8000.
@@ -76,9 +88,21 @@ merged = summarize(first, second)
 expect(merged, [
     "| replay, fused kernels / best Python peer (compile), batch 1 | 1.600 | >= 1.5 | met |",
     "| replay, fused kernels / best Python peer (compile_max_autotune), batch 8 | 1.280 | >= 1.5 | MISSED |",
-], absent=["not measured at this batch"])
+], absent=["not measured at this batch", "compile_max_autotune: partial"])  # the second file measured batch 8
+# A peer that failed outright holds no verdict back (its note says why); one that ran out of time at batch 1
+# holds back batch 1's verdicts, its own goal's included.
+others = summarize(first, second, cannot_run, out_of_time)
+expect(others, [
+    "| replay, fused kernels / best Python peer (compile; not measured at this batch: hf_static), batch 1 | "
+    "1.600 | >= 1.5 |  |",
+    "| replay, fused kernels / best Python peer (compile_max_autotune), batch 8 | 1.280 | >= 1.5 | MISSED |",
+    "peers2.json: hf_eager: failed: ModuleNotFoundError: No module named 'transformers'; batch 1, 8 skipped",
+    "| replay / Hugging Face generate, static cache, batch 1: the peer ran out of time | unknown | >= 2 |  |",
+], absent=["hf_eager), batch", "hf_eager, hf_static", "hf_static, hf_eager"])
+without = summarize(first, second, cannot_run)  # the failed peer alone: batch 1 judged
+expect(without, ["| replay, fused kernels / best Python peer (compile), batch 1 | 1.600 | >= 1.5 | met |"])
 if failures:
     print("FAILED: summarize.py's output:\n  " + "\n  ".join(failures) + "\n--- alone ---\n" + alone +
-          "\n--- merged ---\n" + merged)
+          "\n--- merged ---\n" + merged + "\n--- others ---\n" + others + "\n--- without ---\n" + without)
     sys.exit(1)
-print("summarize peers test: 2 passed, 0 failed")
+print("summarize peers test: 4 passed, 0 failed")
