@@ -130,9 +130,11 @@ LlamaModel load_model(const Common& c) {
   return LlamaModel::random(config, c.seed, device);
 }
 
-// What a report calls the model: the preset of its sizes, read from its
-// weights when --weights names them (not --preset, which then is unused).
-std::string preset_of(const LlamaModel& model) { return std::string(llm_decode::LlamaConfig::preset_of(model.config())); }
+// What a report calls the model: the preset of its sizes, which come from
+// the weights' config.json when --weights names them.
+std::string preset_of(const LlamaModel& model) {
+  return std::string(llm_decode::LlamaConfig::preset_of(model.config()));
+}
 
 // ---- generate: fixed prompts through the engine, checked against eager ----
 
@@ -405,8 +407,12 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
     }
   }
   std::mt19937_64 rng(c.seed + 7);
-  Json out{{"preset", preset_of(model)},        {"prompt", prompt_len},          {"new_tokens", new_tokens},
-           {"rows", Json::array()},     {"batch_buckets", c.batch_buckets}, {"context_buckets", c.context_buckets}};
+  Json out{{"preset", preset_of(model)},
+           {"prompt", prompt_len},
+           {"new_tokens", new_tokens},
+           {"rows", Json::array()},
+           {"batch_buckets", c.batch_buckets},
+           {"context_buckets", c.context_buckets}};
   out["peak_bytes_per_s"] = peak.bytes_per_s;
   out["peak_source"] = peak.source;
   out["programmatic_launches"] = !c.no_programmatic_launches;
@@ -1148,15 +1154,20 @@ int main(int argc, char** argv) {
   CLI::App app{"llm_decode: greedy decoding of a Llama-style model with CUDA graphs (replay)"};
   app.require_subcommand(1);
   Common c;
-  auto add_common = [&c](CLI::App* sub) {
-    CLI::Option* weights =
-        sub->add_option("--weights", c.weights, "directory with config.json and weights.pt (default: random weights)");
-    // The weights' config.json gives their sizes: a --preset beside them could only disagree.
-    sub->add_option("--preset", c.preset, "model size for random weights: tiny, small or 1b")
-        ->capture_default_str()
-        ->excludes(weights);
+  // write-weights makes random weights: it reads none (reads_weights false).
+  auto add_common = [&c](CLI::App* sub, bool reads_weights = true) {
+    CLI::Option* preset =
+        sub->add_option("--preset", c.preset, "model size for random weights: tiny, small or 1b")->capture_default_str();
     sub->add_option("--seed", c.seed, "seed of the random weights and prompts")->capture_default_str();
-    sub->add_option("--max-len", c.max_len, "positions per cache slot (random weights)")->capture_default_str();
+    CLI::Option* max_len =
+        sub->add_option("--max-len", c.max_len, "positions per cache slot (random weights)")->capture_default_str();
+    if (reads_weights) {
+      CLI::Option* weights = sub->add_option("--weights", c.weights,
+                                             "directory with config.json and weights.pt (default: random weights)");
+      // The weights' config.json gives their sizes: beside it, these would be ignored.
+      preset->excludes(weights);
+      max_len->excludes(weights);
+    }
     sub->add_option("--batch-buckets", c.batch_buckets, "batch sizes a launch is padded to")->delimiter(',');
     sub->add_option("--context-buckets", c.context_buckets, "context lengths a launch reads up to")->delimiter(',');
     sub->add_option("--kernels", c.kernels, "the decode step's kernels: aten (operators) or fused")
@@ -1181,7 +1192,7 @@ int main(int argc, char** argv) {
   };
   std::string out_dir;
   CLI::App* write = app.add_subcommand("write-weights", "write random weights (config.json, weights.pt)");
-  add_common(write);
+  add_common(write, /*reads_weights=*/false);
   write->add_option("--out", out_dir, "directory to write")->required();
 
   std::size_t prompts = 24, new_tokens = 32, steps = 1;

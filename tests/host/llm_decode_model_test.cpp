@@ -747,12 +747,18 @@ TEST_SUITE("host") {
       config.max_len = 4096;  // a longer cache is still the preset
       config.rope_theta = 500000.0;
       CHECK(LlamaConfig::preset_of(config) == name);
-      config.num_layers += 1;
-      CHECK(LlamaConfig::preset_of(config) == "custom");
+      // Any size changed makes it another model.
+      for (std::int64_t LlamaConfig::*size :
+           {&LlamaConfig::vocab_size, &LlamaConfig::hidden_size, &LlamaConfig::intermediate_size,
+            &LlamaConfig::num_layers, &LlamaConfig::num_heads, &LlamaConfig::num_kv_heads}) {
+        LlamaConfig other = config;
+        other.*size += 1;
+        CHECK(LlamaConfig::preset_of(other) == "custom");
+      }
+      LlamaConfig retied = config;
+      retied.tie_embeddings = !config.tie_embeddings;
+      CHECK(LlamaConfig::preset_of(retied) == "custom");
     }
-    LlamaConfig untied = LlamaConfig::preset("small");
-    untied.tie_embeddings = false;
-    CHECK(LlamaConfig::preset_of(untied) == "custom");
     const std::string unknown = invalid_argument_message([] { (void)LlamaConfig::preset("7b"); });
     CHECK(contains(unknown, "\"7b\""));
     CHECK(contains(unknown, "tiny, small and 1b"));
