@@ -2,13 +2,10 @@
 """bench/llm_decode/summarize.py: the goodput ratio across several runs, with
 the bracket the search's resolution gives each, from made-up
 `llm_decode goodput --json` reports."""
-import json
-import pathlib
-import subprocess
+import copy
 import sys
-import tempfile
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "llm_decode" / "summarize.py"
+from summarize_runner import summarize
 
 
 def search(mix, batching, goodput, bound="measured", failing=None):
@@ -38,15 +35,8 @@ def report(tpot, uniform_continuous, uniform_failing, uniform_static, static_fai
                        "exponential": {"rows": 64, "mean_length": 126.2, "mean_longest": 539.1, "ratio": 4.27}}}
 
 
-folder = pathlib.Path(tempfile.mkdtemp())
-paths = []
-for i, r in enumerate([report(0.66, 1300.0, 1400.0, 600.0, 660.0), report(0.67, 1200.0, 1300.0, 600.0, 660.0)]):
-    paths.append(folder / f"run{i + 1}.json")
-    paths[-1].write_text(json.dumps(r))
-args = [sys.executable, str(SCRIPT)]
-for p in paths:
-    args += ["--goodput", str(p)]
-out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+runs = [report(0.66, 1300.0, 1400.0, 600.0, 660.0), report(0.67, 1200.0, 1300.0, 600.0, 660.0)]
+out = summarize(goodput=runs)
 failures = []
 expected = [
     # run 1: 1300 / 660 = 1.97 to 1400 / 600 = 2.33; run 2: 1200 / 660 = 1.82 to 1300 / 600 = 2.17
@@ -68,8 +58,7 @@ for line in expected:
     if line not in out:
         failures.append(line)
 # One run alone has no across-runs section.
-single = subprocess.run([sys.executable, str(SCRIPT), "--goodput", str(paths[0])], capture_output=True, text=True,
-                        check=True).stdout
+single = summarize(goodput=runs[:1])
 if "Goodput across" in single:
     failures.append("(no across-runs section for one run)")
 # One run's repeats against the bound: run 1's 2.17 >= 2.09.
@@ -77,20 +66,14 @@ if ("- uniform: the mix's own bound at 64 rows, E[longest] / E[length] = 228.8 /
         "static >= 0.95 x it (2.09) in every repeat: yes") not in single:
     failures.append("(one run's uniform repeats judged against the bound)")
 # A run the budget ended before any uniform ratio: its bound meets nothing.
-cut = json.loads(paths[0].read_text())
+cut = copy.deepcopy(runs[0])
 cut["ratios"] = [r for r in cut["ratios"] if r["mix"] != "uniform"]
 cut["spread"]["uniform"] = {}
-(folder / "cut.json").write_text(json.dumps(cut))
-ended = subprocess.run([sys.executable, str(SCRIPT), "--goodput", str(folder / "cut.json")], capture_output=True,
-                       text=True, check=True).stdout
+ended = summarize(goodput=[cut])
 if "(2.09) in every repeat: no" not in ended:
     failures.append("(a mix without ratios does not meet its bound)")
 # Reports without bounds (written before goodput recorded them) are not judged against one.
-for p in paths:
-    r = json.loads(p.read_text())
-    del r["bounds"]
-    p.write_text(json.dumps(r))
-unbounded = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+unbounded = summarize(goodput=[{k: v for k, v in r.items() if k != "bounds"} for r in runs])
 if "the mix's own bound" in unbounded:
     failures.append("(no bound line for reports without bounds)")
 if failures:

@@ -3,13 +3,9 @@
 compared only where they decoded the same prompt and new tokens; otherwise
 their ratios are reported with no verdict and the output says why. From
 made-up `llm_decode bench --json` and `decode_peers.py --json` reports."""
-import json
-import pathlib
-import subprocess
 import sys
-import tempfile
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "llm_decode" / "summarize.py"
+from summarize_runner import summarize
 
 
 def cpp(new_tokens):
@@ -24,17 +20,9 @@ def peers(new_tokens):
             "peers": {"compile": {"status": "ok", "results": results}}}
 
 
-def summarize(cpp_report, peers_report):
-    folder = pathlib.Path(tempfile.mkdtemp())
-    (folder / "cpp.json").write_text(json.dumps(cpp_report))
-    (folder / "peers.json").write_text(json.dumps(peers_report))
-    return subprocess.run([sys.executable, str(SCRIPT), "--cpp", str(folder / "cpp.json"), "--peers",
-                           str(folder / "peers.json")], capture_output=True, text=True, check=True).stdout
-
-
 failures = []
 # Same lengths: judged (fused 4000 / 2500 = 1.6 >= 1.5; plain 2000 / 2500 = 0.8 < 1.0).
-same = summarize(cpp(128), peers(128))
+same = summarize(cpp(128), [peers(128)])
 for line in ("| replay, fused kernels / best Python peer (compile), batch 1 | 1.600 | >= 1.5 | met |",
              "| replay / best Python peer (compile), batch 1 | 0.800 | >= 1.0 | MISSED |"):
     if line not in same:
@@ -42,7 +30,7 @@ for line in ("| replay, fused kernels / best Python peer (compile), batch 1 | 1.
 if "Not the same lengths" in same:
     failures.append("(no length warning at the same lengths)")
 # 32 against 128 new tokens: the same ratios, no verdict, and the reason.
-differ = summarize(cpp(32), peers(128))
+differ = summarize(cpp(32), [peers(128)])
 for line in ("| replay, fused kernels / best Python peer (compile), batch 1 | 1.600 | >= 1.5 |  |",
              "| replay / best Python peer (compile), batch 1 | 0.800 | >= 1.0 |  |",
              "**Not the same lengths:** the C++ bench decoded prompt 32, new tokens 32; the peers"):

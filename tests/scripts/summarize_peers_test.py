@@ -5,13 +5,9 @@ gets no verdict at a batch where a peer ran out of time and no file measured
 it, while a peer that failed outright does not hold the verdict back; the
 notes name only batches no file measured. From made-up `llm_decode bench
 --json` and `decode_peers.py --json` reports."""
-import json
-import pathlib
-import subprocess
 import sys
-import tempfile
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "llm_decode" / "summarize.py"
+from summarize_runner import summarize
 
 
 def cpp():
@@ -49,17 +45,6 @@ out_of_time = report({"hf_static": {"status": "skipped", "error": "OutOfTime: th
                                                  "error": "the run time budget was spent before this batch"}]}})
 
 
-def summarize(*reports):
-    folder = pathlib.Path(tempfile.mkdtemp())
-    (folder / "cpp.json").write_text(json.dumps(cpp()))
-    paths = []
-    for i, r in enumerate(reports):
-        paths.append(str(folder / f"peers{i}.json"))
-        pathlib.Path(paths[-1]).write_text(json.dumps(r))
-    return subprocess.run([sys.executable, str(SCRIPT), "--cpp", str(folder / "cpp.json"), "--peers", *paths],
-                          capture_output=True, text=True, check=True).stdout
-
-
 failures = []
 
 
@@ -73,7 +58,7 @@ def expect(text, lines, absent=()):
 
 
 # One file: batch 8 lacks max-autotune, so it is reported with no verdict and the lacking peer named.
-alone = summarize(first)
+alone = summarize(cpp(), [first])
 expect(alone, [
     "| replay, fused kernels / best Python peer (compile), batch 1 | 1.600 | >= 1.5 | met |",
     "| replay / best Python peer (compile; not measured at this batch: compile_max_autotune), "
@@ -84,14 +69,14 @@ expect(alone, [
 ])
 # Both files: batch 8 takes max-autotune from the second (32000 / 25000 = 1.28, judged); batch 1 keeps the
 # first file's max-autotune (2000, slower than reduce-overhead's 2500), not the second's 8000.
-merged = summarize(first, second)
+merged = summarize(cpp(), [first, second])
 expect(merged, [
     "| replay, fused kernels / best Python peer (compile), batch 1 | 1.600 | >= 1.5 | met |",
     "| replay, fused kernels / best Python peer (compile_max_autotune), batch 8 | 1.280 | >= 1.5 | MISSED |",
 ], absent=["not measured at this batch", "compile_max_autotune: partial"])  # the second file measured batch 8
 # A peer that failed outright holds no verdict back (its note says why); one that ran out of time at batch 1
 # holds back batch 1's verdicts, its own goal's included.
-others = summarize(first, second, cannot_run, out_of_time)
+others = summarize(cpp(), [first, second, cannot_run, out_of_time])
 expect(others, [
     "| replay, fused kernels / best Python peer (compile; not measured at this batch: hf_static), batch 1 | "
     "1.600 | >= 1.5 |  |",
@@ -99,7 +84,7 @@ expect(others, [
     "peers2.json: hf_eager: failed: ModuleNotFoundError: No module named 'transformers'; batch 1, 8 skipped",
     "| replay / Hugging Face generate, static cache, batch 1: the peer ran out of time | unknown | >= 2 |  |",
 ], absent=["hf_eager), batch", "hf_eager, hf_static", "hf_static, hf_eager"])
-without = summarize(first, second, cannot_run)  # the failed peer alone: batch 1 judged
+without = summarize(cpp(), [first, second, cannot_run])  # the failed peer alone: batch 1 judged
 expect(without, ["| replay, fused kernels / best Python peer (compile), batch 1 | 1.600 | >= 1.5 | met |"])
 if failures:
     print("FAILED: summarize.py's output:\n  " + "\n  ".join(failures) + "\n--- alone ---\n" + alone +
