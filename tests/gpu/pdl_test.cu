@@ -350,40 +350,38 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     auto other = builder.add_kernel(fill_kernel, dim3(1), dim3(32), 0, {}, x.data(), 32, 2.0F);
     auto memset = builder.add_fill(std::span<float>(x.data(), 32), 0.0F, {});
     auto empty = builder.add_empty();
-    const auto message = [](auto&& call) {
-      try {
-        call();
-      } catch (const replay::usage_error& e) {
-        return std::string(e.what());
-      }
-      return std::string("no usage_error");
-    };
     // Not kernel nodes: refused whatever the device.
-    CHECK(message([&] { builder.add_programmatic_dependency(memset, kernel); }).find("upstream node (memset node)") !=
-          std::string::npos);
-    CHECK(message([&] { builder.add_programmatic_dependency(kernel, empty); }).find("downstream node (empty node)") !=
-          std::string::npos);
-    CHECK(message([&] { builder.add_programmatic_dependency(kernel, other, replay::EdgeKind::plain); })
-              .find("add_dependency") != std::string::npos);
-    CHECK(message([&] { builder.add_programmatic_dependency(replay::Node{}, other); }).find("empty node handle") !=
-          std::string::npos);
+    CHECK(contains(usage_message([&] { builder.add_programmatic_dependency(memset, kernel); }),
+                   "upstream node (memset node)"));
+    CHECK(contains(usage_message([&] { builder.add_programmatic_dependency(kernel, empty); }),
+                   "downstream node (empty node)"));
+    CHECK(contains(usage_message([&] { builder.add_programmatic_dependency(kernel, other, replay::EdgeKind::plain); }),
+                   "add_dependency"));
+    CHECK(contains(usage_message([&] { builder.add_programmatic_dependency(replay::Node{}, other); }),
+                   "empty node handle"));
     // Deps::programmatic: only from kernel nodes, only to a kernel node.
     const std::size_t nodes_before = builder.node_count();
-    CHECK(message([&] {
-            (void)builder.add_kernel(fill_kernel, dim3(1), dim3(32), 0, replay::Deps::programmatic(memset), x.data(), 32,
-                                     3.0F);
-          }).find("upstream node (memset node)") != std::string::npos);
+    CHECK(contains(usage_message([&] {
+                     (void)builder.add_kernel(fill_kernel, dim3(1), dim3(32), 0, replay::Deps::programmatic(memset),
+                                              x.data(), 32, 3.0F);
+                   }),
+                   "upstream node (memset node)"));
     CHECK(builder.node_count() == nodes_before);  // refused before the node was added
-    CHECK(message([&] { (void)builder.add_fill(std::span<float>(x.data(), 32), 1.0F, replay::Deps::programmatic(kernel)); })
-              .find("lead only to a kernel node") != std::string::npos);
-    CHECK(message([&] { (void)builder.capture(s, [](replay::StreamRef) {}, replay::Deps::programmatic(kernel)); })
-              .find("lead only to a kernel node") != std::string::npos);
+    CHECK(contains(usage_message([&] {
+                     (void)builder.add_fill(std::span<float>(x.data(), 32), 1.0F, replay::Deps::programmatic(kernel));
+                   }),
+                   "lead only to a kernel node"));
+    CHECK(contains(usage_message([&] {
+                     (void)builder.capture(s, [](replay::StreamRef) {}, replay::Deps::programmatic(kernel));
+                   }),
+                   "lead only to a kernel node"));
     CHECK(builder.edges().empty());  // nothing was added
     // A cluster that does not divide the grid, before CUDA sees it.
-    CHECK(message([&] {
-            replay::launch(s, {dim3(3), dim3(32), 0, replay::LaunchAttributes{}.with_cluster_dims(dim3(2))},
-                           fill_kernel, x.data(), 32, 1.0F);
-          }).find("whole number of clusters") != std::string::npos);
+    CHECK(contains(usage_message([&] {
+                     replay::launch(s, {dim3(3), dim3(32), 0, replay::LaunchAttributes{}.with_cluster_dims(dim3(2))},
+                                    fill_kernel, x.data(), 32, 1.0F);
+                   }),
+                   "whole number of clusters"));
     // The device's compute capability decides the rest.
     const auto pdl_launch = [&] {
       replay::launch(s, {dim3(1), dim3(32), 0, replay::LaunchAttributes::programmatic()}, fill_kernel, x.data(), 32,
@@ -394,9 +392,9 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       CHECK_NOTHROW(builder.add_programmatic_dependency(kernel, other));
       CHECK(builder.edges().size() == 1);
     } else {
-      CHECK(message(pdl_launch).find("compute capability 9.0") != std::string::npos);
-      CHECK(message([&] { builder.add_programmatic_dependency(kernel, other); }).find("compute capability 9.0") !=
-            std::string::npos);
+      CHECK(contains(usage_message(pdl_launch), "compute capability 9.0"));
+      CHECK(contains(usage_message([&] { builder.add_programmatic_dependency(kernel, other); }),
+                     "compute capability 9.0"));
     }
     s.synchronize();
   }
