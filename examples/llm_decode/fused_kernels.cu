@@ -1213,18 +1213,17 @@ std::atomic<bool> fold_norms_on{false};            // set_fold_norms()
 // The one place the fused kernels are launched: replay::launch on `stream`
 // (the arguments checked against the kernel's parameters at compile time,
 // errors naming the call's line), with programmatic stream serialization
-// where it is on and replay::programmatic_launch_supported(kernel) (the device
-// is sm_90 or later and the kernel's code there was compiled for it, so that
-// it waits for its predecessor: code JIT-compiled from older PTX has its wait
-// compiled out); plainly elsewhere.
+// where it is on and supported (LaunchAttributes::programmatic_where_supported:
+// the device is sm_90 or later and the kernel's code there was compiled for
+// it, so that it waits for its predecessor); plainly elsewhere.
 template <typename... Params, typename... Args>
 void launch_programmatic(void (*kernel)(Params...), const replay::LaunchOptions& options, cudaStream_t stream,
                          Args&&... args) {
-  const bool programmatic = programmatic_launches_on.load(std::memory_order_relaxed) &&
-                            replay::programmatic_launch_supported(kernel, options.where());
+  const bool programmatic = programmatic_launches_on.load(std::memory_order_relaxed);
   replay::launch(replay::StreamRef(stream),
                  replay::LaunchOptions(options.config(),
-                                       programmatic ? replay::LaunchAttributes::programmatic() : replay::LaunchAttributes{},
+                                       programmatic ? replay::LaunchAttributes::programmatic_where_supported()
+                                                    : replay::LaunchAttributes{},
                                        options.where()),
                  kernel, std::forward<Args>(args)...);
 }

@@ -13,6 +13,7 @@
 //
 //   replay::launch(s, {blocks, threads}, scale, x, n, 2.0f);
 //   replay::launch(s, {config, replay::LaunchAttributes::programmatic()}, next_layer, x, y);
+//   replay::launch(s, {config, replay::LaunchAttributes::programmatic_where_supported()}, next_layer, x, y);
 //
 // The kernel's arguments are variadic, so a defaulted std::source_location
 // cannot follow them; the caller's line rides on LaunchOptions' converting
@@ -67,11 +68,13 @@ inline void refuse_unsupported_attributes(const LaunchAttributes& attributes, in
   }
 }
 
-// The attributes as CUDA's list; returns how many were written (at most 3).
-inline unsigned int fill_launch_attributes(const LaunchAttributes& attributes,
+// The attributes as CUDA's list, programmatic stream serialization where
+// `programmatic` (launch() has resolved "where supported"); returns how many
+// were written (at most 3).
+inline unsigned int fill_launch_attributes(const LaunchAttributes& attributes, bool programmatic,
                                            ::cudaLaunchAttribute (&out)[3]) noexcept {
   unsigned int n = 0;
-  if (attributes.programmatic_serialization()) {
+  if (programmatic) {
     out[n] = ::cudaLaunchAttribute{};
     out[n].id = ::cudaLaunchAttributeProgrammaticStreamSerialization;
     out[n].val.programmaticStreamSerializationAllowed = 1;
@@ -113,7 +116,9 @@ void validate_launch_options(Kernel kernel, const LaunchOptions& options, const 
 // usage_error where it is older. Programmatic serialization is also refused
 // for a kernel whose code there was JIT-compiled from PTX older than 9.0 (its
 // waits compiled out; queried once per kernel and device):
-// programmatic_launch_supported(kernel) asks first. Works under stream capture.
+// programmatic_launch_supported(kernel) asks first, or ask for it where
+// supported (LaunchAttributes::programmatic_where_supported()), which launches
+// plainly where it would be refused. Works under stream capture.
 template <class... Params, class... Args>
 void launch(StreamRef stream, const LaunchOptions& options, void (*kernel)(Params...), Args&&... args) {
   detail::kernel_arguments_check<Params...>::template check<Args...>();  // names a mismatched argument
@@ -134,6 +139,9 @@ void launch(StreamRef stream, const LaunchOptions& options, void (*kernel)(Param
                                     where);
     }
   }
+  const bool programmatic = attributes.programmatic_serialization() ||
+                            (attributes.programmatic_serialization_where_supported() &&
+                             programmatic_launch_supported(kernel, where));
   detail::KernelArgPack<Params...> pack(::std::forward<Args>(args)...);
   ::cudaLaunchAttribute list[3];
   ::cudaLaunchConfig_t config{};
@@ -141,7 +149,7 @@ void launch(StreamRef stream, const LaunchOptions& options, void (*kernel)(Param
   config.blockDim = options.config().block;
   config.dynamicSmemBytes = options.config().shared_bytes;
   config.stream = stream.get();
-  config.numAttrs = detail::fill_launch_attributes(attributes, list);
+  config.numAttrs = detail::fill_launch_attributes(attributes, programmatic, list);
   config.attrs = config.numAttrs == 0 ? nullptr : list;
   check(::cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), pack.data()), "cudaLaunchKernelExC",
         where);

@@ -31,7 +31,9 @@ struct LaunchConfig {
 //
 // Programmatic stream serialization and cluster dimensions need a device of
 // compute capability 9.0 or newer; replay::launch refuses them elsewhere with
-// a usage_error.
+// a usage_error. Code that runs on any GPU asks for programmatic stream
+// serialization where supported instead: launch() then decides per launch,
+// as programmatic_launch_supported(kernel) would, with one query.
 class LaunchAttributes {
  public:
   constexpr LaunchAttributes() noexcept = default;
@@ -40,6 +42,11 @@ class LaunchAttributes {
   [[nodiscard]] static constexpr LaunchAttributes programmatic() noexcept {
     return LaunchAttributes{}.with_programmatic_serialization();
   }
+  // Attributes asking for programmatic dependent launch where the device and
+  // the kernel take it, and for a plain launch elsewhere.
+  [[nodiscard]] static constexpr LaunchAttributes programmatic_where_supported() noexcept {
+    return LaunchAttributes{}.with_programmatic_serialization_where_supported();
+  }
 
   // Lets this kernel start before the previous kernel on its stream has
   // finished (cudaLaunchAttributeProgrammaticStreamSerialization): it must call
@@ -47,7 +54,16 @@ class LaunchAttributes {
   // kernel writes. Captured into a graph, the edge from the previous kernel is
   // a programmatic edge (EdgeKind::programmatic).
   constexpr LaunchAttributes& with_programmatic_serialization() noexcept {
-    programmatic_ = true;
+    programmatic_ = Programmatic::required;
+    return *this;
+  }
+  // Programmatic stream serialization where programmatic_launch_supported(kernel)
+  // holds when the kernel is launched (compute capability 9.0 or newer, the
+  // kernel's code compiled for it), a plain launch elsewhere, never a refusal:
+  // the kernel's replay::wait_for_prerequisite_grid() is then a no-op or
+  // compiled out, and it starts after its predecessor has finished.
+  constexpr LaunchAttributes& with_programmatic_serialization_where_supported() noexcept {
+    programmatic_ = Programmatic::where_supported;
     return *this;
   }
   // The launch's priority among the device's work (cudaLaunchAttributePriority;
@@ -64,23 +80,30 @@ class LaunchAttributes {
     return *this;
   }
 
-  // Whether programmatic stream serialization is asked for.
-  constexpr bool programmatic_serialization() const noexcept { return programmatic_; }
+  // Whether programmatic stream serialization is asked for unconditionally.
+  constexpr bool programmatic_serialization() const noexcept { return programmatic_ == Programmatic::required; }
+  // Whether it is asked for where supported.
+  constexpr bool programmatic_serialization_where_supported() const noexcept {
+    return programmatic_ == Programmatic::where_supported;
+  }
   // The priority asked for, if any.
   constexpr ::std::optional<int> priority() const noexcept { return priority_; }
   // The cluster dimensions asked for, if any.
   constexpr ::std::optional<::dim3> cluster_dims() const noexcept { return cluster_; }
-  // How many attributes are set (the number passed to CUDA).
+  // How many attributes are set (the number passed to CUDA; programmatic
+  // serialization where supported is passed only there).
   constexpr unsigned int count() const noexcept {
-    return (programmatic_ ? 1U : 0U) + (priority_ ? 1U : 0U) + (cluster_ ? 1U : 0U);
+    return (programmatic_ != Programmatic::off ? 1U : 0U) + (priority_ ? 1U : 0U) + (cluster_ ? 1U : 0U);
   }
   // Whether any attribute is set.
   constexpr bool empty() const noexcept { return count() == 0; }
-  // Whether an attribute needs compute capability 9.0 or newer.
-  constexpr bool needs_sm90() const noexcept { return programmatic_ || cluster_.has_value(); }
+  // Whether an attribute needs compute capability 9.0 or newer (launch()
+  // refuses it elsewhere; programmatic serialization where supported does not).
+  constexpr bool needs_sm90() const noexcept { return programmatic_ == Programmatic::required || cluster_.has_value(); }
 
  private:
-  bool programmatic_ = false;
+  enum class Programmatic : unsigned char { off, required, where_supported };
+  Programmatic programmatic_ = Programmatic::off;
   ::std::optional<int> priority_;
   ::std::optional<::dim3> cluster_;
 };

@@ -3,9 +3,11 @@
 // DOT; updates that keep the edges; a chain whose kernels read their
 // predecessor's output only after the wait, against eager over many replays;
 // and the refusals, of kernels compiled from PTX older than 9.0 too (their
-// wait compiled out), with the capability queries, from many threads.
+// wait compiled out), with the capability queries, from many threads; and
+// programmatic launches where supported, which launch such kernels plainly.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <exception>
 #include <string>
@@ -211,6 +213,9 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
         replay::capture(s, [&](replay::StreamRef c) { chain.launched(c, 1.0F, replay::LaunchAttributes{}); });
     replay::Graph captured_pdl = replay::capture(
         s, [&](replay::StreamRef c) { chain.launched(c, 1.0F, replay::LaunchAttributes::programmatic()); });
+    replay::Graph captured_where_supported = replay::capture(s, [&](replay::StreamRef c) {
+      chain.launched(c, 1.0F, replay::LaunchAttributes::programmatic_where_supported());
+    });
     replay::Graph built_plain = replay::make_graph();
     (void)chain.build(built_plain, 1.0F, Chain::Edges::plain);
     replay::Graph built_pdl = replay::make_graph();
@@ -221,6 +226,8 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(captured_plain.count_edges(replay::EdgeKind::programmatic) == 0);
     CHECK(captured_pdl.count_edges(replay::EdgeKind::programmatic) == kStages - 1);
     CHECK(captured_pdl.count_edges(replay::EdgeKind::plain) == 0);
+    CHECK(captured_where_supported.count_edges(replay::EdgeKind::programmatic) == kStages - 1);
+    CHECK(captured_where_supported.count_edges(replay::EdgeKind::plain) == 0);
     CHECK(built_plain.count_edges(replay::EdgeKind::plain) == kStages - 1);
     CHECK(built_pdl.count_edges(replay::EdgeKind::programmatic) == kStages - 1);
     CHECK(built_pdl.edges().size() == static_cast<std::size_t>(kStages - 1));
@@ -229,6 +236,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
 
     CHECK(run(captured_plain) == want);
     CHECK(run(captured_pdl) == want);
+    CHECK(run(captured_where_supported) == want);
     CHECK(run(built_plain) == want);
     CHECK(run(built_pdl) == want);
     CHECK(run(built_pdl_deps) == want);
@@ -455,6 +463,49 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     }
   }
 
+  TEST_CASE("programmatic where supported launches 9.0 kernels programmatically and older PTX plainly, never refused") {
+    const bool pdl = device_has_pdl();
+    replay::Stream s;
+    replay::DeviceBuffer<float> x(64);
+    replay::DeviceBuffer<float> y(64);
+    const auto where_supported = replay::LaunchAttributes::programmatic_where_supported();
+    // Two 9.0 kernels: a programmatic edge where the device takes it, a plain one elsewhere.
+    replay::Graph both = replay::capture(s, [&](replay::StreamRef c) {
+      replay::launch(c, {dim3(1), dim3(64), 0, where_supported}, fill_kernel, x.data(), 64, 2.0F);
+      replay::launch(c, {dim3(1), dim3(64), 0, where_supported}, fill_kernel, y.data(), 64, 3.0F);
+    });
+    REQUIRE(both.edges().size() == 1);
+    CHECK(both.edges()[0].kind == (pdl ? replay::EdgeKind::programmatic : replay::EdgeKind::plain));
+    // Into a kernel compiled from PTX 8.0 (its wait compiled out): launched
+    // plainly, so the edge into it is plain; the capture stays valid.
+    replay::Graph into_old = replay::capture(s, [&](replay::StreamRef c) {
+      replay::launch(c, {dim3(1), dim3(64), 0, where_supported}, fill_kernel, x.data(), 64, 4.0F);
+      replay::launch(c, {dim3(1), dim3(64), 0, where_supported}, fill_from_ptx80, y.data(), 64, 5.0F);
+    });
+    REQUIRE(into_old.edges().size() == 1);
+    CHECK(into_old.edges()[0].kind == replay::EdgeKind::plain);
+    x.fill(0.0F, s);
+    y.fill(0.0F, s);
+    replay::GraphExec exec(into_old);
+    exec.launch(s);
+    CHECK(read_back(x, s) == std::vector<float>(64, 4.0F));
+    CHECK(read_back(y, s) == std::vector<float>(64, 5.0F));
+    // Eager, on any device: no refusal, no error left behind, the kernels' results.
+    replay::launch(s, {dim3(1), dim3(64), 0, where_supported}, fill_from_ptx80, y.data(), 40, 6.0F);
+    replay::launch(s, {dim3(1), dim3(64), 0, where_supported}, fill_kernel, x.data(), 64, 7.0F);
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+    std::vector<float> want_y(64, 5.0F);
+    std::fill(want_y.begin(), want_y.begin() + 40, 6.0F);
+    CHECK(read_back(y, s) == want_y);
+    CHECK(read_back(x, s) == std::vector<float>(64, 7.0F));
+    // The unconditional form is still refused where this one launches plainly.
+    CHECK(contains(usage_message([&] {
+                     replay::launch(s, {dim3(1), dim3(64), 0, replay::LaunchAttributes::programmatic()},
+                                    fill_from_ptx80, y.data(), 64, 8.0F);
+                   }),
+                   pdl ? "from PTX 8.0" : "compute capability 9.0"));
+  }
+
   TEST_CASE("the refusal during a global-mode capture leaves the capture valid") {
     if (!device_has_pdl()) {
       CHECK_FALSE(replay::programmatic_launch_supported());
@@ -562,8 +613,14 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
                                  "from PTX 8.0")
                             ? 0
                             : 1;
-            replay::launch(s, {dim3(1), dim3(n), 0, replay::LaunchAttributes::programmatic()}, stage_kernel,
-                           zeros.data(), zeros.data(), x.data(), n, 0, static_cast<float>(t * 1000 + r));
+            // Where supported: the PTX 8.0 kernel plainly, then the stage
+            // kernel programmatically, whose wait orders its write after it.
+            replay::launch(s, {dim3(1), dim3(n), 0, replay::LaunchAttributes::programmatic_where_supported()},
+                           fill_from_ptx80, x.data(), n, -2.0F);
+            const auto attributes = r % 2 == 0 ? replay::LaunchAttributes::programmatic()
+                                               : replay::LaunchAttributes::programmatic_where_supported();
+            replay::launch(s, {dim3(1), dim3(n), 0, attributes}, stage_kernel, zeros.data(), zeros.data(), x.data(), n,
+                           0, static_cast<float>(t * 1000 + r));
           }
           outputs[t] = read_back(x, s);
         } catch (...) {

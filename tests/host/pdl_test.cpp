@@ -39,6 +39,16 @@ static_assert(!replay::LaunchAttributes{}.with_priority(-2).needs_sm90());
 static_assert(replay::LaunchAttributes{}.with_cluster_dims(dim3(2)).needs_sm90());
 static_assert(replay::LaunchAttributes{}.with_programmatic_serialization().with_priority(0).with_cluster_dims(dim3(2)).count() ==
               3);
+// Where supported: asked for, never refused, so it needs no 9.0 device; the last call of the two wins.
+static_assert(replay::LaunchAttributes::programmatic_where_supported().programmatic_serialization_where_supported());
+static_assert(!replay::LaunchAttributes::programmatic_where_supported().programmatic_serialization());
+static_assert(!replay::LaunchAttributes::programmatic_where_supported().needs_sm90());
+static_assert(replay::LaunchAttributes::programmatic_where_supported().count() == 1);
+static_assert(replay::LaunchAttributes::programmatic_where_supported().with_programmatic_serialization().needs_sm90());
+static_assert(!replay::LaunchAttributes::programmatic()
+                   .with_programmatic_serialization_where_supported()
+                   .programmatic_serialization());
+static_assert(!replay::LaunchAttributes::programmatic().programmatic_serialization_where_supported());
 
 static_assert(replay::to_string(replay::EdgeKind::programmatic) == "programmatic");
 static_assert(replay::to_string(replay::EdgeKind::launch_completion) == "launch_completion");
@@ -131,9 +141,12 @@ TEST_SUITE("host") {
 
   TEST_CASE("launch attributes become CUDA's list, in order, only those set") {
     cudaLaunchAttribute list[3];
-    CHECK(replay::detail::fill_launch_attributes(replay::LaunchAttributes{}, list) == 0);
+    CHECK(replay::detail::fill_launch_attributes(replay::LaunchAttributes{}, false, list) == 0);
     const auto all = replay::LaunchAttributes{}.with_cluster_dims(dim3(2, 1, 1)).with_priority(-1).with_programmatic_serialization();
-    REQUIRE(replay::detail::fill_launch_attributes(all, list) == 3);
+    // Only launch()'s resolved choice puts programmatic serialization in the list.
+    REQUIRE(replay::detail::fill_launch_attributes(all, false, list) == 2);
+    CHECK(list[0].id == cudaLaunchAttributePriority);
+    REQUIRE(replay::detail::fill_launch_attributes(all, true, list) == 3);
     CHECK(list[0].id == cudaLaunchAttributeProgrammaticStreamSerialization);
     CHECK(list[0].val.programmaticStreamSerializationAllowed == 1);
     CHECK(list[1].id == cudaLaunchAttributePriority);
