@@ -977,6 +977,19 @@ __device__ __forceinline__ float linear_block_sum(const LinearWarpSums<Rows>& wa
   return total;
 }
 
+// store(j, r) for each of the block's outputs j (of at most `per_block`) and
+// input rows r, one thread each: thread j * Rows + r, the index of that
+// output's sum in LinearWarpSums.
+template <int Rows, class Store>
+__device__ __forceinline__ void store_block_outputs(int per_block, const LinearBlock& block, Store store) {
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < per_block * Rows) {
+    const int j = tid / Rows;
+    const int r = tid % Rows;
+    if (j < block.outputs) store(j, r);
+  }
+}
+
 // The block's products after the preload, stored to y ([Rows, out]).
 template <int Rows, bool Gated>
 __device__ __forceinline__ void linear_block_sums(const HalfVector (&preloaded)[kLinearPreload][kLinearOutputs],
@@ -984,14 +997,10 @@ __device__ __forceinline__ void linear_block_sums(const HalfVector (&preloaded)[
                                                   const LinearBlock& block) {
   __shared__ LinearWarpSums<Rows> warp_sums;
   linear_warp_sums<Rows, Gated>(preloaded, x, weight, in, block, warp_sums);
-  const int tid = static_cast<int>(threadIdx.x);
-  if (tid < kLinearOutputs * Rows) {
-    const int j = tid / Rows;
-    const int r = tid % Rows;
-    if (j < block.outputs) {
-      y[static_cast<std::int64_t>(r) * out + block.first + j] = __float2half(linear_block_sum<Rows>(warp_sums, tid));
-    }
-  }
+  store_block_outputs<Rows>(kLinearOutputs, block, [&](int j, int r) {
+    y[static_cast<std::int64_t>(r) * out + block.first + j] =
+        __float2half(linear_block_sum<Rows>(warp_sums, j * Rows + r));
+  });
 }
 
 // linear() and gated_linear(): kLinearOutputs weight rows per block, Rows
@@ -1016,16 +1025,11 @@ __global__ void __launch_bounds__(kLinearWarps * 32)
   preload_then_wait(preloaded, gate_up, in, block);
   __shared__ LinearWarpSums<Rows> warp_sums;
   linear_warp_sums<Rows, false>(preloaded, x, gate_up, in, block, warp_sums);
-  const int tid = static_cast<int>(threadIdx.x);
-  if (tid < kLinearPairs * Rows) {
-    const int j = tid / Rows;
-    const int r = tid % Rows;
-    if (j < block.outputs) {
-      out[static_cast<std::int64_t>(r) * width + block.first + j] =
-          paired_output(linear_block_sum<Rows>(warp_sums, tid),
-                        linear_block_sum<Rows>(warp_sums, LinearBlock::up_slot(j) * Rows + r));
-    }
-  }
+  store_block_outputs<Rows>(kLinearPairs, block, [&](int j, int r) {
+    out[static_cast<std::int64_t>(r) * width + block.first + j] =
+        paired_output(linear_block_sum<Rows>(warp_sums, j * Rows + r),
+                      linear_block_sum<Rows>(warp_sums, LinearBlock::up_slot(j) * Rows + r));
+  });
 }
 
 // norm_linear(): add_rms_norm() of one row computed by every block for
