@@ -20,6 +20,9 @@
 #   REPLAY_SKIP_TORCH=1              do not look for libtorch (test_torch and test_llm_decode are then not expected)
 #   REPLAY_BENCH_MISS_OK=1           a benchmark ratio below its target is reported as
 #                                    MISS but does not fail the run (noisy machines)
+#   REPLAY_SANITIZER_UNSUPPORTED_OK=1 where compute-sanitizer refuses the device
+#                                    ("Device not supported", a sandboxed driver), the
+#                                    summary says "sanitizer: NOT RUN" without failing
 #
 # A GPU is required (REPLAY_REQUIRE_GPU=1 for every program): a case that
 # would be skipped fails. Every program in tests/expected_cases.txt must be
@@ -159,13 +162,17 @@ run_sanitizer() {
       --report-api-errors no "$exe" --test-suite=gpu --no-version "${exclude[@]}" >"$OUT/san-$lane.tmp" 2>&1
     rc=$?
     unset REPLAY_UNDER_SANITIZER
-    if grep -q 'Device not supported' "$OUT/san-$lane.tmp"; then
-      grep -m1 'Device not supported' "$OUT/san-$lane.tmp" >"$OUT/sanitizer-unsupported"
+    errs=$(grep -Eo '(ERROR SUMMARY|RACECHECK SUMMARY): [0-9]+' "$OUT/san-$lane.tmp" | grep -Eo '[0-9]+$' | awk '{s+=$1} END {print s+0}')
+    # compute-sanitizer's own refusal (its "========= " lines) and no error
+    # found: it checked nothing (the program then fails at its first
+    # allocation, error 999, which says nothing of the program).
+    if grep -qE '^========= .*Device not supported' "$OUT/san-$lane.tmp" && [ "$errs" -eq 0 ]; then
+      grep -m1 -E '^========= .*Device not supported' "$OUT/san-$lane.tmp" >"$OUT/sanitizer-unsupported"
+      echo "=== $tool $name rc=$rc: compute-sanitizer refused the device" >>"$OUT/sanitizer.log"
       note "  sanitizer $tool $name: compute-sanitizer refuses this device ($(head -c 200 "$OUT/sanitizer-unsupported")); no sanitizer run on this machine"
       rm -f "$OUT/san-$lane.tmp"
       return 0
     fi
-    errs=$(grep -Eo '(ERROR SUMMARY|RACECHECK SUMMARY): [0-9]+' "$OUT/san-$lane.tmp" | grep -Eo '[0-9]+$' | awk '{s+=$1} END {print s+0}')
     internal=$(grep -c 'Internal Sanitizer Error' "$OUT/san-$lane.tmp")
     { echo "=== $tool $name rc=$rc errors=$errs$again"
       grep -E 'SUMMARY|test cases:|^========= [A-Z]|TEST CASE:|ERROR:|FATAL|THREW|values:|\[replay_test\] FAILED' "$OUT/san-$lane.tmp" | head -80; } >>"$OUT/sanitizer.log"
@@ -491,7 +498,7 @@ ls "$OUT"/lane-*.failed >/dev/null 2>&1 && status=1
     heavy) echo "lane: the heavy lane alone (--lane heavy); --lane cuda checks the rest (CUDA-only tests, sanitizer runs, benchmarks, examples)" ;;
   esac
   if ! $tests_only && $sanitizer_unsupported; then
-    echo "sanitizer: NOT RUN: compute-sanitizer refuses this device ($(head -c 200 "$OUT/sanitizer-unsupported"))$([ "${REPLAY_SANITIZER_UNSUPPORTED_OK:-0}" = 1 ] && echo "; not failing: REPLAY_SANITIZER_UNSUPPORTED_OK=1" || echo "; failing (REPLAY_SANITIZER_UNSUPPORTED_OK=1 to accept)"); $sanitizer_errors errors in the runs before it"
+    echo "sanitizer: NOT RUN: compute-sanitizer refuses this device ($(head -c 200 "$OUT/sanitizer-unsupported"))$([ "${REPLAY_SANITIZER_UNSUPPORTED_OK:-0}" = 1 ] && echo "; not failing: REPLAY_SANITIZER_UNSUPPORTED_OK=1" || echo "; failing (REPLAY_SANITIZER_UNSUPPORTED_OK=1 to accept)"); $sanitizer_errors errors in the runs that ran"
   elif ! $tests_only; then
     if $run_cuda; then
       echo "sanitizer: $sanitizer_errors errors ($($quick && echo memcheck || echo memcheck, racecheck, synccheck)$($run_heavy && echo "; memcheck on the test_torch programs"))"

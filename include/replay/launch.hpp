@@ -57,9 +57,10 @@ inline void validate_attributes(const LaunchAttributes& attributes, const Launch
 // usage_error for an attribute a device of compute capability `major` lacks.
 inline void refuse_unsupported_attributes(const LaunchAttributes& attributes, int major, int device,
                                           const char* what, const ::std::source_location& where) {
-  if (attributes.programmatic_serialization()) {
+  if (attributes.programmatic_serialization() == ProgrammaticSerialization::required) {
     refuse_below_sm90(major, device, what, "programmatic dependent launch (programmatic stream serialization)",
-                      "launch without with_programmatic_serialization() there (the kernel's waits do nothing)",
+                      "launch without with_programmatic_serialization() there (the kernel's waits do nothing), or "
+                      "ask for it where supported (LaunchAttributes::programmatic_where_supported())",
                       where);
   }
   if (attributes.cluster_dims()) {
@@ -68,13 +69,13 @@ inline void refuse_unsupported_attributes(const LaunchAttributes& attributes, in
   }
 }
 
-// The attributes as CUDA's list, programmatic stream serialization where
-// `programmatic` (launch() has resolved "where supported"); returns how many
-// were written (at most 3).
-inline unsigned int fill_launch_attributes(const LaunchAttributes& attributes, bool programmatic,
+// The attributes as CUDA's list; returns how many were written (at most 3).
+// Programmatic serialization is passed where required: launch() resolves
+// where_supported to required or off first.
+inline unsigned int fill_launch_attributes(const LaunchAttributes& attributes,
                                            ::cudaLaunchAttribute (&out)[3]) noexcept {
   unsigned int n = 0;
-  if (programmatic) {
+  if (attributes.programmatic_serialization() == ProgrammaticSerialization::required) {
     out[n] = ::cudaLaunchAttribute{};
     out[n].id = ::cudaLaunchAttributeProgrammaticStreamSerialization;
     out[n].val.programmaticStreamSerializationAllowed = 1;
@@ -117,31 +118,37 @@ void validate_launch_options(Kernel kernel, const LaunchOptions& options, const 
 // for a kernel whose code there was JIT-compiled from PTX older than 9.0 (its
 // waits compiled out; queried once per kernel and device):
 // programmatic_launch_supported(kernel) asks first, or ask for it where
-// supported (LaunchAttributes::programmatic_where_supported()), which launches
+// supported (ProgrammaticSerialization::where_supported), which launches
 // plainly where it would be refused. Works under stream capture.
 template <class... Params, class... Args>
 void launch(StreamRef stream, const LaunchOptions& options, void (*kernel)(Params...), Args&&... args) {
   detail::kernel_arguments_check<Params...>::template check<Args...>();  // names a mismatched argument
   const ::std::source_location& where = options.where();
   detail::validate_launch_options(kernel, options, "launch");
-  const LaunchAttributes& attributes = options.attributes();
-  if (attributes.needs_sm90()) {
+  LaunchAttributes attributes = options.attributes();
+  const bool where_supported = attributes.programmatic_serialization() == ProgrammaticSerialization::where_supported;
+  if (attributes.needs_sm90() || where_supported) {
     // A kernel runs on the current device (a launch into another device's
     // stream fails), so that is the device to ask; cudaStreamGetDevice would
     // also be refused, invalidating the capture, while the stream captures.
     int device = 0;
     check(::cudaGetDevice(&device), "cudaGetDevice", where);
+    const void* code = reinterpret_cast<const void*>(kernel);
+    if (where_supported) {  // resolved here, so nothing below refuses it
+      attributes.with_programmatic_serialization(detail::takes_programmatic_launch(code, device, where)
+                                                     ? ProgrammaticSerialization::required
+                                                     : ProgrammaticSerialization::off);
+    }
     detail::refuse_unsupported_attributes(attributes, detail::compute_capability_major(device, where), device,
                                           "launch", where);
-    if (attributes.programmatic_serialization()) {  // the kernel's own waits must be compiled in
-      detail::refuse_ptx_below_sm90(detail::kernel_ptx_version(reinterpret_cast<const void*>(kernel), device, where),
-                                    device, "launch", "the kernel", "launch it without programmatic serialization",
+    if (!where_supported && attributes.programmatic_serialization() == ProgrammaticSerialization::required) {
+      // the kernel's own waits must be compiled in
+      detail::refuse_ptx_below_sm90(detail::kernel_ptx_version(code, device, where), device, "launch", "the kernel",
+                                    "launch it without programmatic serialization, or where supported "
+                                    "(LaunchAttributes::programmatic_where_supported())",
                                     where);
     }
   }
-  const bool programmatic = attributes.programmatic_serialization() ||
-                            (attributes.programmatic_serialization_where_supported() &&
-                             programmatic_launch_supported(kernel, where));
   detail::KernelArgPack<Params...> pack(::std::forward<Args>(args)...);
   ::cudaLaunchAttribute list[3];
   ::cudaLaunchConfig_t config{};
@@ -149,7 +156,7 @@ void launch(StreamRef stream, const LaunchOptions& options, void (*kernel)(Param
   config.blockDim = options.config().block;
   config.dynamicSmemBytes = options.config().shared_bytes;
   config.stream = stream.get();
-  config.numAttrs = detail::fill_launch_attributes(attributes, programmatic, list);
+  config.numAttrs = detail::fill_launch_attributes(attributes, list);
   config.attrs = config.numAttrs == 0 ? nullptr : list;
   check(::cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), pack.data()), "cudaLaunchKernelExC",
         where);

@@ -24,16 +24,28 @@ struct LaunchConfig {
   unsigned int shared_bytes = 0;
 };
 
+// Whether a launch asks for programmatic stream serialization
+// (cudaLaunchAttributeProgrammaticStreamSerialization):
+// - off: a plain launch;
+// - required: programmatic, and replay::launch refuses it with a usage_error
+//   where the device is older than 9.0 or the kernel's code there was
+//   compiled from older PTX (its wait compiled out);
+// - where_supported: programmatic where programmatic_launch_supported(kernel)
+//   holds when the kernel is launched, a plain launch elsewhere, never a
+//   refusal (the kernel's wait_for_prerequisite_grid() is then a no-op or
+//   compiled out, and it starts after its predecessor has finished). For code
+//   that runs on any GPU.
+enum class ProgrammaticSerialization : unsigned char { off, required, where_supported };
+
 // The attributes of a launch (cudaLaunchAttribute), each set by its own
-// builder call; those not set are not passed to CUDA.
+// builder call (a later call for the same attribute replaces the earlier
+// one); those not set are not passed to CUDA.
 //
 //   auto attributes = replay::LaunchAttributes{}.with_programmatic_serialization().with_priority(-1);
 //
 // Programmatic stream serialization and cluster dimensions need a device of
 // compute capability 9.0 or newer; replay::launch refuses them elsewhere with
-// a usage_error. Code that runs on any GPU asks for programmatic stream
-// serialization where supported instead: launch() then decides per launch,
-// as programmatic_launch_supported(kernel) would, with one query.
+// a usage_error, except programmatic serialization asked for where supported.
 class LaunchAttributes {
  public:
   constexpr LaunchAttributes() noexcept = default;
@@ -45,25 +57,18 @@ class LaunchAttributes {
   // Attributes asking for programmatic dependent launch where the device and
   // the kernel take it, and for a plain launch elsewhere.
   [[nodiscard]] static constexpr LaunchAttributes programmatic_where_supported() noexcept {
-    return LaunchAttributes{}.with_programmatic_serialization_where_supported();
+    return LaunchAttributes{}.with_programmatic_serialization(ProgrammaticSerialization::where_supported);
   }
 
   // Lets this kernel start before the previous kernel on its stream has
   // finished (cudaLaunchAttributeProgrammaticStreamSerialization): it must call
   // replay::wait_for_prerequisite_grid() (pdl.hpp) before it reads what that
   // kernel writes. Captured into a graph, the edge from the previous kernel is
-  // a programmatic edge (EdgeKind::programmatic).
-  constexpr LaunchAttributes& with_programmatic_serialization() noexcept {
-    programmatic_ = Programmatic::required;
-    return *this;
-  }
-  // Programmatic stream serialization where programmatic_launch_supported(kernel)
-  // holds when the kernel is launched (compute capability 9.0 or newer, the
-  // kernel's code compiled for it), a plain launch elsewhere, never a refusal:
-  // the kernel's replay::wait_for_prerequisite_grid() is then a no-op or
-  // compiled out, and it starts after its predecessor has finished.
-  constexpr LaunchAttributes& with_programmatic_serialization_where_supported() noexcept {
-    programmatic_ = Programmatic::where_supported;
+  // a programmatic edge (EdgeKind::programmatic). `mode` as above; off takes
+  // an earlier request back.
+  constexpr LaunchAttributes& with_programmatic_serialization(
+      ProgrammaticSerialization mode = ProgrammaticSerialization::required) noexcept {
+    programmatic_ = mode;
     return *this;
   }
   // The launch's priority among the device's work (cudaLaunchAttributePriority;
@@ -80,30 +85,28 @@ class LaunchAttributes {
     return *this;
   }
 
-  // Whether programmatic stream serialization is asked for unconditionally.
-  constexpr bool programmatic_serialization() const noexcept { return programmatic_ == Programmatic::required; }
-  // Whether it is asked for where supported.
-  constexpr bool programmatic_serialization_where_supported() const noexcept {
-    return programmatic_ == Programmatic::where_supported;
-  }
+  // How programmatic stream serialization is asked for.
+  constexpr ProgrammaticSerialization programmatic_serialization() const noexcept { return programmatic_; }
   // The priority asked for, if any.
   constexpr ::std::optional<int> priority() const noexcept { return priority_; }
   // The cluster dimensions asked for, if any.
   constexpr ::std::optional<::dim3> cluster_dims() const noexcept { return cluster_; }
-  // How many attributes are set (the number passed to CUDA; programmatic
-  // serialization where supported is passed only there).
+  // How many attributes are set: the number passed to CUDA, or one more where
+  // programmatic serialization asked for where supported is not supported.
   constexpr unsigned int count() const noexcept {
-    return (programmatic_ != Programmatic::off ? 1U : 0U) + (priority_ ? 1U : 0U) + (cluster_ ? 1U : 0U);
+    return (programmatic_ != ProgrammaticSerialization::off ? 1U : 0U) + (priority_ ? 1U : 0U) +
+           (cluster_ ? 1U : 0U);
   }
   // Whether any attribute is set.
   constexpr bool empty() const noexcept { return count() == 0; }
   // Whether an attribute needs compute capability 9.0 or newer (launch()
   // refuses it elsewhere; programmatic serialization where supported does not).
-  constexpr bool needs_sm90() const noexcept { return programmatic_ == Programmatic::required || cluster_.has_value(); }
+  constexpr bool needs_sm90() const noexcept {
+    return programmatic_ == ProgrammaticSerialization::required || cluster_.has_value();
+  }
 
  private:
-  enum class Programmatic : unsigned char { off, required, where_supported };
-  Programmatic programmatic_ = Programmatic::off;
+  ProgrammaticSerialization programmatic_ = ProgrammaticSerialization::off;
   ::std::optional<int> priority_;
   ::std::optional<::dim3> cluster_;
 };

@@ -6,7 +6,7 @@
 // is compiled in). These are what replay::launch with
 // LaunchAttributes::programmatic() and GraphBuilder's programmatic edges
 // check, and refuse with a usage_error otherwise: ask first to launch plainly
-// instead.
+// instead, or let the launch ask (LaunchAttributes::programmatic_where_supported()).
 //
 //   const auto attributes = replay::programmatic_launch_supported(next_layer)
 //                               ? replay::LaunchAttributes::programmatic()
@@ -53,8 +53,7 @@ template <class... Params>
   detail::refuse_null_kernel(kernel, "programmatic_launch_supported", where);
   int device = 0;
   check(::cudaGetDevice(&device), "cudaGetDevice", where);
-  return programmatic_launch_supported(device, where) &&
-         detail::kernel_ptx_version(reinterpret_cast<const void*>(kernel), device, where) >= detail::sm90_ptx_version;
+  return detail::takes_programmatic_launch(reinterpret_cast<const void*>(kernel), device, where);
 }
 
 }  // namespace replay

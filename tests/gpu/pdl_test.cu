@@ -484,14 +484,22 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     });
     REQUIRE(into_old.edges().size() == 1);
     CHECK(into_old.edges()[0].kind == replay::EdgeKind::plain);
+    // Out of it into a 9.0 kernel: that one is launched programmatically where the device takes it.
+    replay::Graph out_of_old = replay::capture(s, [&](replay::StreamRef c) {
+      replay::launch(c, {dim3(1), dim3(64), 0, where_supported}, fill_from_ptx80, y.data(), 64, 1.0F);
+      replay::launch(c, {dim3(1), dim3(64), 0, where_supported}, fill_kernel, x.data(), 64, 1.0F);
+    });
+    REQUIRE(out_of_old.edges().size() == 1);
+    CHECK(out_of_old.edges()[0].kind == (pdl ? replay::EdgeKind::programmatic : replay::EdgeKind::plain));
     x.fill(0.0F, s);
     y.fill(0.0F, s);
     replay::GraphExec exec(into_old);
     exec.launch(s);
     CHECK(read_back(x, s) == std::vector<float>(64, 4.0F));
     CHECK(read_back(y, s) == std::vector<float>(64, 5.0F));
-    // Eager, on any device: no refusal, no error left behind, the kernels' results.
-    replay::launch(s, {dim3(1), dim3(64), 0, where_supported}, fill_from_ptx80, y.data(), 40, 6.0F);
+    // Eager, on any device, beside another attribute: no refusal, no error left behind, the kernels' results.
+    replay::launch(s, {dim3(1), dim3(64), 0, replay::LaunchAttributes(where_supported).with_priority(-1)},
+                   fill_from_ptx80, y.data(), 40, 6.0F);
     replay::launch(s, {dim3(1), dim3(64), 0, where_supported}, fill_kernel, x.data(), 64, 7.0F);
     CHECK(cudaPeekAtLastError() == cudaSuccess);
     std::vector<float> want_y(64, 5.0F);
@@ -591,6 +599,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     constexpr int n = 96;
     std::vector<int> wrong(threads, 0);
     std::vector<std::vector<float>> outputs(threads);
+    std::vector<std::vector<float>> filled(threads);
     std::vector<std::exception_ptr> errors(threads);
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t) {
@@ -602,6 +611,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
           // that each launch's writes follow its predecessor's.
           replay::DeviceBuffer<float> zeros(n);
           replay::DeviceBuffer<float> x(n);
+          replay::DeviceBuffer<float> y(n);
           zeros.fill(0.0F, s);
           for (int r = 0; r < rounds; ++r) {
             wrong[t] += replay::programmatic_launch_supported(fill_from_ptx80) ? 1 : 0;
@@ -613,16 +623,17 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
                                  "from PTX 8.0")
                             ? 0
                             : 1;
-            // Where supported: the PTX 8.0 kernel plainly, then the stage
-            // kernel programmatically, whose wait orders its write after it.
+            // Where supported, not refused from any thread: the PTX 8.0
+            // kernel launched plainly, then the stage kernel programmatically.
             replay::launch(s, {dim3(1), dim3(n), 0, replay::LaunchAttributes::programmatic_where_supported()},
-                           fill_from_ptx80, x.data(), n, -2.0F);
+                           fill_from_ptx80, y.data(), n, static_cast<float>(t * 1000 + r));
             const auto attributes = r % 2 == 0 ? replay::LaunchAttributes::programmatic()
                                                : replay::LaunchAttributes::programmatic_where_supported();
             replay::launch(s, {dim3(1), dim3(n), 0, attributes}, stage_kernel, zeros.data(), zeros.data(), x.data(), n,
                            0, static_cast<float>(t * 1000 + r));
           }
           outputs[t] = read_back(x, s);
+          filled[t] = read_back(y, s);
         } catch (...) {
           errors[t] = std::current_exception();
         }
@@ -636,6 +647,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       CHECK(wrong[t] == 0);
       // Eager: the last fill of the thread's own buffer.
       CHECK(outputs[t] == std::vector<float>(n, static_cast<float>(t * 1000 + rounds - 1)));
+      CHECK(filled[t] == std::vector<float>(n, static_cast<float>(t * 1000 + rounds - 1)));
     }
   }
 }

@@ -31,7 +31,9 @@ static_assert(replay::kernel_arguments_for<decltype(&no_args)>);
 // Attributes are typed values, built by their own calls, usable in constant expressions.
 static_assert(replay::LaunchAttributes{}.empty());
 static_assert(!replay::LaunchAttributes{}.needs_sm90());
-static_assert(replay::LaunchAttributes::programmatic().programmatic_serialization());
+using replay::ProgrammaticSerialization;
+static_assert(replay::LaunchAttributes{}.programmatic_serialization() == ProgrammaticSerialization::off);
+static_assert(replay::LaunchAttributes::programmatic().programmatic_serialization() == ProgrammaticSerialization::required);
 static_assert(replay::LaunchAttributes::programmatic().needs_sm90());
 static_assert(replay::LaunchAttributes::programmatic().count() == 1);
 static_assert(replay::LaunchAttributes{}.with_priority(-2).priority() == -2);
@@ -39,16 +41,24 @@ static_assert(!replay::LaunchAttributes{}.with_priority(-2).needs_sm90());
 static_assert(replay::LaunchAttributes{}.with_cluster_dims(dim3(2)).needs_sm90());
 static_assert(replay::LaunchAttributes{}.with_programmatic_serialization().with_priority(0).with_cluster_dims(dim3(2)).count() ==
               3);
-// Where supported: asked for, never refused, so it needs no 9.0 device; the last call of the two wins.
-static_assert(replay::LaunchAttributes::programmatic_where_supported().programmatic_serialization_where_supported());
-static_assert(!replay::LaunchAttributes::programmatic_where_supported().programmatic_serialization());
-static_assert(!replay::LaunchAttributes::programmatic_where_supported().needs_sm90());
-static_assert(replay::LaunchAttributes::programmatic_where_supported().count() == 1);
+// Where supported: asked for and counted, never refused, so it needs no 9.0 device.
+constexpr auto where_supported = replay::LaunchAttributes::programmatic_where_supported();
+static_assert(where_supported.programmatic_serialization() == ProgrammaticSerialization::where_supported);
+static_assert(!where_supported.needs_sm90());
+static_assert(where_supported.count() == 1);
+static_assert(!where_supported.empty());
+static_assert(replay::LaunchAttributes{}
+                  .with_programmatic_serialization(ProgrammaticSerialization::where_supported)
+                  .with_cluster_dims(dim3(2))
+                  .needs_sm90());
+// One setting: a later call replaces an earlier one, off takes it back.
 static_assert(replay::LaunchAttributes::programmatic_where_supported().with_programmatic_serialization().needs_sm90());
-static_assert(!replay::LaunchAttributes::programmatic()
-                   .with_programmatic_serialization_where_supported()
-                   .programmatic_serialization());
-static_assert(!replay::LaunchAttributes::programmatic().programmatic_serialization_where_supported());
+static_assert(replay::LaunchAttributes::programmatic()
+                  .with_programmatic_serialization(ProgrammaticSerialization::where_supported)
+                  .programmatic_serialization() == ProgrammaticSerialization::where_supported);
+static_assert(replay::LaunchAttributes::programmatic()
+                  .with_programmatic_serialization(ProgrammaticSerialization::off)
+                  .empty());
 
 static_assert(replay::to_string(replay::EdgeKind::programmatic) == "programmatic");
 static_assert(replay::to_string(replay::EdgeKind::launch_completion) == "launch_completion");
@@ -68,7 +78,7 @@ TEST_SUITE("host") {
     CHECK(static_cast<int>(with.where().line()) == line);
     CHECK(with.config().grid.y == 3);
     CHECK(with.config().shared_bytes == 128);
-    CHECK(with.attributes().programmatic_serialization());
+    CHECK(with.attributes().programmatic_serialization() == ProgrammaticSerialization::required);
     CHECK(with.attributes().priority() == 1);
     CHECK_FALSE(with.attributes().cluster_dims().has_value());
   }
@@ -141,12 +151,13 @@ TEST_SUITE("host") {
 
   TEST_CASE("launch attributes become CUDA's list, in order, only those set") {
     cudaLaunchAttribute list[3];
-    CHECK(replay::detail::fill_launch_attributes(replay::LaunchAttributes{}, false, list) == 0);
-    const auto all = replay::LaunchAttributes{}.with_cluster_dims(dim3(2, 1, 1)).with_priority(-1).with_programmatic_serialization();
-    // Only launch()'s resolved choice puts programmatic serialization in the list.
-    REQUIRE(replay::detail::fill_launch_attributes(all, false, list) == 2);
+    CHECK(replay::detail::fill_launch_attributes(replay::LaunchAttributes{}, list) == 0);
+    // Where supported is resolved by launch() before the list is made: unresolved, it is not passed.
+    auto unresolved = replay::LaunchAttributes::programmatic_where_supported().with_priority(-1);
+    REQUIRE(replay::detail::fill_launch_attributes(unresolved, list) == 1);
     CHECK(list[0].id == cudaLaunchAttributePriority);
-    REQUIRE(replay::detail::fill_launch_attributes(all, true, list) == 3);
+    const auto all = replay::LaunchAttributes{}.with_cluster_dims(dim3(2, 1, 1)).with_priority(-1).with_programmatic_serialization();
+    REQUIRE(replay::detail::fill_launch_attributes(all, list) == 3);
     CHECK(list[0].id == cudaLaunchAttributeProgrammaticStreamSerialization);
     CHECK(list[0].val.programmaticStreamSerializationAllowed == 1);
     CHECK(list[1].id == cudaLaunchAttributePriority);

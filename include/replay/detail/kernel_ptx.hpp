@@ -17,6 +17,7 @@
 #include <source_location>
 #include <unordered_map>
 
+#include "replay/detail/device_caps.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 
@@ -117,6 +118,15 @@ inline int kernel_ptx_version(const void* kernel, int device, const ::std::sourc
   const int ptx_version = shared_kernel_ptx_version(key, where);
   slot = Recent{key, ptx_version};
   return ptx_version;
+}
+
+// Whether `kernel` may be launched programmatically on `device`, the current
+// device: the device is 9.0 or newer and the kernel's code there was compiled
+// for it (programmatic_launch_supported(kernel), and launch()'s resolution of
+// ProgrammaticSerialization::where_supported).
+inline bool takes_programmatic_launch(const void* kernel, int device, const ::std::source_location& where) {
+  return compute_capability_major(device, where) >= sm90_major &&
+         kernel_ptx_version(kernel, device, where) >= sm90_ptx_version;
 }
 
 }  // namespace replay::detail
