@@ -19,7 +19,11 @@ else()
 endif()
 find_program(REPLAY_BASH bash)
 if(REPLAY_BASH)
-  add_test(NAME scripts.gpu_check_arguments
-           COMMAND ${REPLAY_BASH} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/gpu_check_arguments_test.sh ${PROJECT_SOURCE_DIR})
-  set_tests_properties(scripts.gpu_check_arguments PROPERTIES LABELS host TIMEOUT 60)
+  # gpu_check_arguments: bad arguments refused before anything is written;
+  # gpu_check_sanitizer: a device compute-sanitizer refuses is reported as such.
+  foreach(name gpu_check_arguments gpu_check_sanitizer)
+    add_test(NAME scripts.${name}
+             COMMAND ${REPLAY_BASH} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/${name}_test.sh ${PROJECT_SOURCE_DIR})
+    set_tests_properties(scripts.${name} PROPERTIES LABELS host TIMEOUT 60)
+  endforeach()
 endif()
