@@ -6,7 +6,8 @@
 #   summarize_goodput  bench/llm_decode/summarize.py: the goodput ratio across runs and the bracket the
 #                      search's resolution gives each;
 #   summarize_lengths  the same: the C++ bench and the Python peers judged only at the same prompt and new tokens;
-#   summarize_peers    the same: peers files merged batch by batch, no verdict where a peer ran out of time;
+#   summarize_peers    the same: peers files merged batch by batch, no verdict where a peer ran out of time,
+#                      and --pair: each peer against its own run's C++ step;
 # and scripts/gpu-check.sh's refusal of bad arguments.
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_Interpreter_FOUND)

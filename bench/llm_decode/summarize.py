@@ -2,6 +2,7 @@
 """Tables and goal ratios of the LLM decode benchmarks (docs/llm_decode.md).
 
     python3 bench/llm_decode/summarize.py [--cpp BENCH.json] [--peers PEERS.json ...]
+        [--pair BENCH.json PEERS.json ... [--pair ...]]
         [--load LOAD.json ...] [--goodput GOODPUT.json ...] [--name small] [--markdown OUT.md]
 
 BENCH.json: `llm_decode bench --json` (C++ eager, graphed, graphed K steps per
@@ -12,7 +13,10 @@ against the best Python peer at a batch, or against a named peer, gets no
 verdict where a peer (of PEER_LABELS) was skipped at that batch for a time
 budget and measured in no file: it may be the faster one, and max-autotune's
 compilation often spends the budget. A peer that failed (it cannot run here)
-does not hold back the verdict; its note says why. LOAD.json (repeatable): `llm_decode load
+does not hold back the verdict; its note says why. --pair (repeatable): a
+C++ bench report and the peers reports of the same run; each peer is divided
+by its own run's C++ step, and the goal at a batch is against the lowest of
+those ratios (for peers measured over several runs, hosts or sessions). LOAD.json (repeatable): `llm_decode load
 --json`. GOODPUT.json (repeatable): `llm_decode goodput --json` (the highest
 offered rate within the TTFT / TPOT p99 SLO, per policy, mix and repeat; with
 two or more, also the ratio across the runs: every repeat's with the bracket
@@ -256,15 +260,68 @@ def length_mismatch(cpp, peers, paths):
     return None
 
 
+def paired_ratios(pairs, out, goals):
+    """--pair: each peer against the C++ bench of its own run. Peers measured
+    in runs of their own (max-autotune compiles for minutes per batch size, so
+    a session measures a few batches a run) are each divided by the C++ step
+    of the run that measured them, so that differences between hosts or
+    sessions stay out of the ratio. The fused step where the bench has it,
+    else the graphed one. A (peer, batch) measured in two runs keeps the first
+    run's. The goal at a batch is against the peer with the lowest ratio; no
+    verdict where that run's lengths differ, or where a peer ran out of time
+    in a run and no run measured it."""
+    entries = {}  # (peer, batch) -> (peer ms, C++ ms, run, mismatch, the C++ step's label)
+    skipped = {}
+    for run, (cpp_path, cpp, peer_paths, peers) in enumerate(pairs, start=1):
+        rows = load_rows(cpp, peers)
+        mismatch = length_mismatch(cpp, peers, peer_paths)
+        step = "replay, fused kernels" if "cpp_graphed_fused" in rows else "replay"
+        mine = rows.get("cpp_graphed_fused") or rows.get("cpp_graphed", {})
+        for peer in PEER_LABELS:
+            for batch, (ms, _, _) in sorted(rows.get(peer, {}).items()):
+                if batch in mine and (peer, batch) not in entries:
+                    entries[(peer, batch)] = (ms, mine[batch][0], run, mismatch, step)
+        for peer, batches in out_of_time(peers, rows).items():
+            skipped.setdefault(peer, set()).update(batches)
+    if not entries:
+        return
+    out.append("### Each peer against the C++ step of its own run (--pair)")
+    out.append("")
+    for run, (cpp_path, _, peer_paths, _) in enumerate(pairs, start=1):
+        out.append(f"- run {run}: {cpp_path} with {', '.join(peer_paths)}")
+    out.append("")
+    out.append("| peer | batch | peer ms | C++ ms (its run) | peer / C++ |")
+    out.append("|---|---:|---:|---:|---:|")
+    for (peer, batch), (ms, cpp_ms, run, _, _) in sorted(entries.items(), key=lambda e: (e[0][1], e[0][0])):
+        out.append(f"| {label(peer)} | {batch} | {ms:.3f} | {cpp_ms:.3f} (run {run}) | {ms / cpp_ms:.3f} |")
+    out.append("")
+    for batch in sorted({b for _, b in entries}):
+        here = [(ms / cpp_ms, peer, run, mismatch, step)
+                for (peer, b), (ms, cpp_ms, run, mismatch, step) in entries.items() if b == batch]
+        r, peer, run, mismatch, step = min(here)
+        lacking = [m for m in PEER_LABELS if batch in skipped.get(m, ()) and (m, batch) not in entries]
+        lacking_label = f"; not measured at this batch: {', '.join(lacking)}" if lacking else ""
+        goals.append((f"{step} / best Python peer ({peer}, run {run}{lacking_label}), each against its own run's "
+                      f"C++ step, batch {batch}", r, ">= 1.5", None if lacking or mismatch else r >= 1.5))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cpp", help="llm_decode bench --json")
     p.add_argument("--peers", nargs="*", default=[])
+    p.add_argument("--pair", nargs="+", action="append", metavar="FILE",
+                   help="CPP.json PEERS.json [PEERS.json ...]: these peers against this C++ bench, their own run's "
+                        "(repeatable; see paired_ratios)")
     p.add_argument("--load", action="append", help="llm_decode load --json (repeatable)")
     p.add_argument("--goodput", action="append", help="llm_decode goodput --json (repeatable)")
     p.add_argument("--name", default="")
     p.add_argument("--markdown")
     args = p.parse_args()
+    pairs = []
+    for files in args.pair or []:
+        if len(files) < 2:
+            p.error(f"--pair {' '.join(files)}: takes a C++ bench report, then one or more peers reports")
+        pairs.append((files[0], json.load(open(files[0])), files[1:], [json.load(open(f)) for f in files[1:]]))
     cpp = json.load(open(args.cpp)) if args.cpp else {}
     peers = []
     peer_paths = []  # the files that loaded, beside their reports
@@ -416,6 +473,7 @@ def main():
         goodput_tables(report, title, out, goals)
     if len(goodput_reports) > 1:
         goodput_across_runs(goodput_reports, args.goodput, out, goals)
+    paired_ratios(pairs, out, goals)
     out.append(f"### Goals{title}")
     out.append("")
     out.append("| goal | measured | target | |")

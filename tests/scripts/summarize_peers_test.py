@@ -3,8 +3,10 @@
 first file keeps a batch measured twice); a goal against the best Python peer
 gets no verdict at a batch where a peer ran out of time and no file measured
 it, while a peer that failed outright does not hold the verdict back; the
-notes name only batches no file measured. From made-up `llm_decode bench
---json` and `decode_peers.py --json` reports."""
+notes name only batches no file measured; with --pair, each peer is judged
+against the C++ step of its own run, by the lowest such ratio, and not where
+that run's lengths differ. From made-up `llm_decode bench --json` and
+`decode_peers.py --json` reports."""
 import sys
 
 from summarize_runner import summarize
@@ -86,8 +88,31 @@ expect(others, [
 ], absent=["hf_eager), batch", "hf_eager, hf_static", "hf_static, hf_eager"])
 without = summarize(cpp(), [first, second, cannot_run])  # the failed peer alone: batch 1 judged
 expect(without, ["| replay, fused kernels / best Python peer (compile), batch 1 | 1.600 | >= 1.5 | met |"])
+# --pair: each peer against the C++ step of its own run. Run 2 is a slower host (fused 0.35 ms at batch 8):
+# its max-autotune (0.42 ms) is slower than run 1's reduce-overhead (0.40 ms) but the closer to its own C++
+# step (1.20 against 1.60), so batch 8 is judged against it; run 2's batch-1 reduce-overhead, measured in run
+# 1 too, is left out.
+slower = {"preset": "small", "prompt": 32, "new_tokens": 128, "rows": [
+    {"method": "cpp_graphed_fused", "batch": b, "ms_per_step": 0.35, "tokens_per_s": 1000.0 * b / 0.35} for b in (1, 8)]}
+second_run = report({"compile_max_autotune": {"status": "ok", "results": [ok(8, 8000.0 / 0.42)]},
+                     "compile": {"status": "ok", "results": [ok(1, 5000.0)]}})
+paired = summarize(pairs=[(cpp(), [report({"compile": first["peers"]["compile"]})]), (slower, [second_run])])
+expect(paired, [
+    "| Python torch.compile reduce-overhead | 1 | 0.400 | 0.250 (run 1) | 1.600 |",
+    "| Python torch.compile max-autotune | 8 | 0.420 | 0.350 (run 2) | 1.200 |",
+    "| replay, fused kernels / best Python peer (compile, run 1), each against its own run's C++ step, batch 1 | "
+    "1.600 | >= 1.5 | met |",
+    "| replay, fused kernels / best Python peer (compile_max_autotune, run 2), each against its own run's C++ step, "
+    "batch 8 | 1.200 | >= 1.5 | MISSED |",
+], absent=["| 1 | 0.200 |"])
+# A run whose C++ bench decoded other lengths than its peers: its ratios get no verdict.
+shorter = dict(cpp(), new_tokens=32)
+unequal = summarize(pairs=[(shorter, [first])])
+expect(unequal, ["| replay, fused kernels / best Python peer (compile, run 1), each against its own run's C++ step, "
+                 "batch 1 | 1.600 | >= 1.5 |  |"])
 if failures:
     print("FAILED: summarize.py's output:\n  " + "\n  ".join(failures) + "\n--- alone ---\n" + alone +
-          "\n--- merged ---\n" + merged + "\n--- others ---\n" + others + "\n--- without ---\n" + without)
+          "\n--- merged ---\n" + merged + "\n--- others ---\n" + others + "\n--- without ---\n" + without +
+          "\n--- paired ---\n" + paired + "\n--- unequal ---\n" + unequal)
     sys.exit(1)
-print("summarize peers test: 4 passed, 0 failed")
+print("summarize peers test: 6 passed, 0 failed")

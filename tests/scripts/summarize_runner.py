@@ -10,10 +10,12 @@ import tempfile
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "llm_decode" / "summarize.py"
 
 
-def summarize(cpp=None, peers=(), goodput=()):
+def summarize(cpp=None, peers=(), goodput=(), pairs=()):
     """cpp: a `llm_decode bench --json` report or None; peers, goodput: lists of
-    `decode_peers.py --json` and `llm_decode goodput --json` reports. The files
-    are named peers<i>.json and run<i + 1>.json, as the output names them."""
+    `decode_peers.py --json` and `llm_decode goodput --json` reports; pairs:
+    (bench report, [peers reports]) for --pair. The files are named
+    peers<i>.json, run<i + 1>.json and pair<i>_cpp.json / pair<i>_peers<j>.json,
+    as the output names them."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = pathlib.Path(tmp)
         args = [sys.executable, str(SCRIPT)]
@@ -25,6 +27,12 @@ def summarize(cpp=None, peers=(), goodput=()):
             for i, report in enumerate(peers):
                 (folder / f"peers{i}.json").write_text(json.dumps(report))
                 args.append(str(folder / f"peers{i}.json"))
+        for i, (bench, reports) in enumerate(pairs):
+            (folder / f"pair{i}_cpp.json").write_text(json.dumps(bench))
+            args += ["--pair", str(folder / f"pair{i}_cpp.json")]
+            for j, report in enumerate(reports):
+                (folder / f"pair{i}_peers{j}.json").write_text(json.dumps(report))
+                args.append(str(folder / f"pair{i}_peers{j}.json"))
         for i, report in enumerate(goodput):
             (folder / f"run{i + 1}.json").write_text(json.dumps(report))
             args += ["--goodput", str(folder / f"run{i + 1}.json")]
