@@ -13,15 +13,21 @@ against the best Python peer at a batch, or against a named peer, gets no
 verdict where a peer (of PEER_LABELS) was skipped at that batch for a time
 budget and measured in no file: it may be the faster one, and max-autotune's
 compilation often spends the budget. A peer that failed (it cannot run here)
-does not hold back the verdict; its note says why. --pair (repeatable): a
-C++ bench report and the peers reports of the same run; each peer is divided
-by its own run's C++ step, and the goal at a batch is against the lowest of
-those ratios (for peers measured over several runs, hosts or sessions). LOAD.json (repeatable): `llm_decode load
---json`. GOODPUT.json (repeatable): `llm_decode goodput --json` (the highest
-offered rate within the TTFT / TPOT p99 SLO, per policy, mix and repeat; with
-two or more, also the ratio across the runs: every repeat's with the bracket
-the search's resolution gives it, and the spread). Prints ms per step and tokens/s per method and batch size, then each
-goal of the issue as measured / target; exits 0 (the goals are reported, not
+does not hold back the verdict; its note says why.
+
+--pair (repeatable): a C++ bench report and the peers reports of the same
+run, for peers measured over several runs, hosts or sessions: each peer is
+divided by its own run's C++ step, and the goal at a batch is against the
+lowest of those ratios (paired_ratios). One model per call.
+
+LOAD.json (repeatable): `llm_decode load --json`. GOODPUT.json (repeatable):
+`llm_decode goodput --json` (the highest offered rate within the TTFT / TPOT
+p99 SLO, per policy, mix and repeat; with two or more, also the ratio across
+the runs: every repeat's with the bracket the search's resolution gives it,
+and the spread).
+
+Prints ms per step and tokens/s per method and batch size, then each goal of
+the issue as measured / target; exits 0 (the goals are reported, not
 enforced: a benchmark's result is information, the tests check correctness).
 """
 import argparse
@@ -260,49 +266,90 @@ def length_mismatch(cpp, peers, paths):
     return None
 
 
-def paired_ratios(pairs, out, goals):
+def ratio(a, b):
+    return a / b if b else float("nan")
+
+
+# The steps judged against the best Python peer, and their targets.
+STEP_TARGETS = (("cpp_graphed", "replay", 1.0), ("cpp_graphed_fused", "replay, fused kernels", 1.5))
+
+
+def lacking_label(lacking):
+    """The words a goal carries for the peers that no file measured at its batch."""
+    return f"; not measured at this batch: {', '.join(lacking)}" if lacking else ""
+
+
+def paired_ratios(pairs, title, out, goals, notes):
     """--pair: each peer against the C++ bench of its own run. Peers measured
     in runs of their own (max-autotune compiles for minutes per batch size, so
-    a session measures a few batches a run) are each divided by the C++ step
-    of the run that measured them, so that differences between hosts or
-    sessions stay out of the ratio. The fused step where the bench has it,
-    else the graphed one. A (peer, batch) measured in two runs keeps the first
-    run's. The goal at a batch is against the peer with the lowest ratio; no
-    verdict where that run's lengths differ, or where a peer ran out of time
-    in a run and no run measured it."""
-    entries = {}  # (peer, batch) -> (peer ms, C++ ms, run, mismatch, the C++ step's label)
-    skipped = {}
+    a run measures a few batch sizes) are each divided by the C++ step of the
+    run that measured them, so that differences between hosts or sessions
+    stay out of the ratio. Each C++ step (STEP_TARGETS) gets its own ratios
+    and goals. A (peer, batch) measured in two runs keeps the first run's. The
+    goal at a batch is against the peer with the lowest ratio; it gets no
+    verdict where any run with a ratio at that batch decoded other lengths
+    than its peers, or where a peer was not measured at that batch in any run
+    for a time budget, or was measured only in a run whose bench lacks that
+    batch. The runs must be of one model: bench presets and peers' parameter
+    counts that differ between runs are refused (SystemExit)."""
+    if not pairs:
+        return
+    presets = {cpp.get("preset") for _, cpp, _, _ in pairs} - {None}
+    sizes = {report.get("model", {}).get("parameters") for _, _, _, peers in pairs for report in peers} - {None}
+    if len(presets) > 1 or len(sizes) > 1:
+        raise SystemExit(f"summarize.py: --pair runs of different models (bench presets {sorted(presets)}, "
+                         f"peers' parameters {sorted(sizes)}): give each model's runs a call of its own")
+    entries = {}   # (step, peer, batch) -> (peer ms, C++ ms, run)
+    unpaired = {}  # peer -> batches measured only where the run's bench lacks them
+    skipped = {}   # peer -> batches skipped for a time budget
+    unequal = {}   # run -> why its lengths differ
+    out.append(f"### Each peer against the C++ step of its own run{title} (--pair)")
+    out.append("")
     for run, (cpp_path, cpp, peer_paths, peers) in enumerate(pairs, start=1):
         rows = load_rows(cpp, peers)
         mismatch = length_mismatch(cpp, peers, peer_paths)
-        step = "replay, fused kernels" if "cpp_graphed_fused" in rows else "replay"
-        mine = rows.get("cpp_graphed_fused") or rows.get("cpp_graphed", {})
+        if mismatch:
+            unequal[run] = mismatch
+        out.append(f"- run {run}: {cpp_path} with {', '.join(peer_paths)}"
+                   + (f". **Not the same lengths:** {mismatch}" if mismatch else ""))
+        notes.extend(n for n in peer_notes(peers, peer_paths, rows) if n not in notes)
         for peer in PEER_LABELS:
             for batch, (ms, _, _) in sorted(rows.get(peer, {}).items()):
-                if batch in mine and (peer, batch) not in entries:
-                    entries[(peer, batch)] = (ms, mine[batch][0], run, mismatch, step)
+                paired = False
+                for step, _, _ in STEP_TARGETS:
+                    if batch in rows.get(step, {}):
+                        paired = True
+                        entries.setdefault((step, peer, batch), (ms, rows[step][batch][0], run))
+                if not paired:
+                    unpaired.setdefault(peer, set()).add(batch)
+                    notes.append(f"run {run}: {peer} at batch {batch} has no C++ row of its run to be set against")
         for peer, batches in out_of_time(peers, rows).items():
             skipped.setdefault(peer, set()).update(batches)
+    out.append("")
     if not entries:
+        out.append("No peer's batch has a C++ row in its own run.")
+        out.append("")
         return
-    out.append("### Each peer against the C++ step of its own run (--pair)")
-    out.append("")
-    for run, (cpp_path, _, peer_paths, _) in enumerate(pairs, start=1):
-        out.append(f"- run {run}: {cpp_path} with {', '.join(peer_paths)}")
-    out.append("")
-    out.append("| peer | batch | peer ms | C++ ms (its run) | peer / C++ |")
-    out.append("|---|---:|---:|---:|---:|")
-    for (peer, batch), (ms, cpp_ms, run, _, _) in sorted(entries.items(), key=lambda e: (e[0][1], e[0][0])):
-        out.append(f"| {label(peer)} | {batch} | {ms:.3f} | {cpp_ms:.3f} (run {run}) | {ms / cpp_ms:.3f} |")
-    out.append("")
-    for batch in sorted({b for _, b in entries}):
-        here = [(ms / cpp_ms, peer, run, mismatch, step)
-                for (peer, b), (ms, cpp_ms, run, mismatch, step) in entries.items() if b == batch]
-        r, peer, run, mismatch, step = min(here)
-        lacking = [m for m in PEER_LABELS if batch in skipped.get(m, ()) and (m, batch) not in entries]
-        lacking_label = f"; not measured at this batch: {', '.join(lacking)}" if lacking else ""
-        goals.append((f"{step} / best Python peer ({peer}, run {run}{lacking_label}), each against its own run's "
-                      f"C++ step, batch {batch}", r, ">= 1.5", None if lacking or mismatch else r >= 1.5))
+    for step, step_label, target in STEP_TARGETS:
+        mine = {key: value for key, value in entries.items() if key[0] == step}
+        if not mine:
+            continue
+        out.append(f"| peer | batch | peer ms | {step_label} ms (its run) | peer / C++ |")
+        out.append("|---|---:|---:|---:|---:|")
+        order = list(PEER_LABELS)
+        for (_, peer, batch), (ms, cpp_ms, run) in sorted(mine.items(), key=lambda e: (e[0][2], order.index(e[0][1]))):
+            out.append(f"| {label(peer)} | {batch} | {ms:.3f} | {cpp_ms:.3f} (run {run}) | {ratio(ms, cpp_ms):.3f} |")
+        out.append("")
+        for batch in sorted({key[2] for key in mine}):
+            here = [(ratio(ms, cpp_ms), peer, run) for (_, peer, b), (ms, cpp_ms, run) in mine.items() if b == batch]
+            measured = {peer for _, peer, _ in here}
+            lacking = [m for m in PEER_LABELS
+                       if m not in measured and batch in skipped.get(m, set()) | unpaired.get(m, set())]
+            r, peer, run = min(here)
+            judged = not lacking and not any(run_of in unequal for _, _, run_of in here)
+            goals.append((f"{step_label} / best Python peer ({peer}, run {run}{lacking_label(lacking)}), each against "
+                          f"its own run's C++ step, batch {batch}", r, f">= {target:.1f}",
+                          r >= target if judged else None))
 
 
 def main():
@@ -310,8 +357,8 @@ def main():
     p.add_argument("--cpp", help="llm_decode bench --json")
     p.add_argument("--peers", nargs="*", default=[])
     p.add_argument("--pair", nargs="+", action="append", metavar="FILE",
-                   help="CPP.json PEERS.json [PEERS.json ...]: these peers against this C++ bench, their own run's "
-                        "(repeatable; see paired_ratios)")
+                   help="BENCH.json PEERS.json [PEERS.json ...]: these peers against the C++ bench of their own "
+                        "run (repeatable; one model per call)")
     p.add_argument("--load", action="append", help="llm_decode load --json (repeatable)")
     p.add_argument("--goodput", action="append", help="llm_decode goodput --json (repeatable)")
     p.add_argument("--name", default="")
@@ -365,9 +412,6 @@ def main():
         out.append(f"**Not the same lengths:** {mismatch}.")
         out.append("")
 
-    def ratio(a, b):
-        return a / b if b else float("nan")
-
     def against_peer(ok):
         """A verdict against a peer: none where the lengths differ."""
         return None if mismatch else ok
@@ -381,15 +425,11 @@ def main():
         if best:
             # A peer that ran out of time here may be the faster one.
             lacking = [m for m in PEER_LABELS if b in unmeasured.get(m, ())]
-            lacking_label = f"; not measured at this batch: {', '.join(lacking)}" if lacking else ""
-            r = ratio(graphed[b][1], best[0])
-            goals.append((f"replay / best Python peer ({best[1]}{lacking_label}), batch {b}", r, ">= 1.0",
-                          None if lacking else against_peer(r >= 1.0)))
-            fused = rows.get("cpp_graphed_fused", {})
-            if b in fused:
-                r = ratio(fused[b][1], best[0])
-                goals.append((f"replay, fused kernels / best Python peer ({best[1]}{lacking_label}), batch {b}", r,
-                              ">= 1.5", None if lacking else against_peer(r >= 1.5)))
+            for step, step_label, target in STEP_TARGETS:
+                if b in rows.get(step, {}):
+                    r = ratio(rows[step][b][1], best[0])
+                    goals.append((f"{step_label} / best Python peer ({best[1]}{lacking_label(lacking)}), batch {b}", r,
+                                  f">= {target:.1f}", None if lacking else against_peer(r >= target)))
     if 1 in graphed:
         for peer, target in (("hf_static", 2.0), ("hf_eager", 10.0)):
             if 1 in rows.get(peer, {}):
@@ -473,7 +513,7 @@ def main():
         goodput_tables(report, title, out, goals)
     if len(goodput_reports) > 1:
         goodput_across_runs(goodput_reports, args.goodput, out, goals)
-    paired_ratios(pairs, out, goals)
+    paired_ratios(pairs, title, out, goals, notes)
     out.append(f"### Goals{title}")
     out.append("")
     out.append("| goal | measured | target | |")

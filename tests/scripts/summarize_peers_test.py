@@ -5,8 +5,10 @@ gets no verdict at a batch where a peer ran out of time and no file measured
 it, while a peer that failed outright does not hold the verdict back; the
 notes name only batches no file measured; with --pair, each peer is judged
 against the C++ step of its own run, by the lowest such ratio, and not where
-that run's lengths differ. From made-up `llm_decode bench --json` and
+where any run's lengths differ, where a peer is missing or cannot be paired,
+or across two models. From made-up `llm_decode bench --json` and
 `decode_peers.py --json` reports."""
+import subprocess
 import sys
 
 from summarize_runner import summarize
@@ -93,7 +95,8 @@ expect(without, ["| replay, fused kernels / best Python peer (compile), batch 1 
 # step (1.20 against 1.60), so batch 8 is judged against it; run 2's batch-1 reduce-overhead, measured in run
 # 1 too, is left out.
 slower = {"preset": "small", "prompt": 32, "new_tokens": 128, "rows": [
-    {"method": "cpp_graphed_fused", "batch": b, "ms_per_step": 0.35, "tokens_per_s": 1000.0 * b / 0.35} for b in (1, 8)]}
+    {"method": "cpp_graphed_fused", "batch": b, "ms_per_step": 0.35, "tokens_per_s": 1000.0 * b / 0.35}
+    for b in (1, 8)]}
 second_run = report({"compile_max_autotune": {"status": "ok", "results": [ok(8, 8000.0 / 0.42)]},
                      "compile": {"status": "ok", "results": [ok(1, 5000.0)]}})
 paired = summarize(pairs=[(cpp(), [report({"compile": first["peers"]["compile"]})]), (slower, [second_run])])
@@ -105,14 +108,38 @@ expect(paired, [
     "| replay, fused kernels / best Python peer (compile_max_autotune, run 2), each against its own run's C++ step, "
     "batch 8 | 1.200 | >= 1.5 | MISSED |",
 ], absent=["| 1 | 0.200 |"])
-# A run whose C++ bench decoded other lengths than its peers: its ratios get no verdict.
+expect(paired, ["| replay / best Python peer (compile, run 1), each against its own run's C++ step, batch 1 | "
+                "0.800 | >= 1.0 | MISSED |"])  # the plain step: its own goal, against 1.0
+# A run whose C++ bench decoded other lengths than its peers: no verdict at a batch where any of its ratios
+# stands, even where another run's ratio is the lower one; the run says why.
 shorter = dict(cpp(), new_tokens=32)
-unequal = summarize(pairs=[(shorter, [first])])
-expect(unequal, ["| replay, fused kernels / best Python peer (compile, run 1), each against its own run's C++ step, "
-                 "batch 1 | 1.600 | >= 1.5 |  |"])
+unequal = summarize(pairs=[(shorter, [report({"compile_max_autotune": {"status": "ok", "results": [ok(1, 2000.0)]}})]),
+                           (cpp(), [report({"compile": {"status": "ok", "results": [ok(1, 2500.0)]}})])])
+expect(unequal, ["| replay, fused kernels / best Python peer (compile, run 2), each against its own run's C++ step, "
+                 "batch 1 | 1.600 | >= 1.5 |  |",
+                 "**Not the same lengths:** the C++ bench decoded prompt 32, new tokens 32"])
+# A peer out of time in one run and measured in none holds its batch's verdict back, and so does a peer
+# measured only in a run whose bench lacks that batch (noted).
+only_one = dict(cpp(), rows=[r for r in cpp()["rows"] if r["batch"] == 1])
+hf_at_8 = report({"hf_static": {"status": "ok", "results": [ok(8, 9.0)]}})
+holes = summarize(pairs=[(cpp(), [first]), (only_one, [hf_at_8])])
+expect(holes, [
+    "| replay, fused kernels / best Python peer (compile, run 1; not measured at this batch: compile_max_autotune, "
+    "hf_static), each against its own run's C++ step, batch 8 | 1.600 | >= 1.5 |  |",
+    "run 2: hf_static at batch 8 has no C++ row of its run to be set against",
+    "| replay, fused kernels / best Python peer (compile, run 1), each against its own run's C++ step, batch 1 | "
+    "1.600 | >= 1.5 | met |",
+])
+# Runs of two models in one call are refused.
+try:
+    summarize(pairs=[(cpp(), [first]), (dict(cpp(), preset="1b"), [second])])
+    failures.append("(expected a refusal) --pair runs of two presets")
+except subprocess.CalledProcessError as e:
+    if "--pair runs of different models" not in e.stderr:
+        failures.append(f"(expected the refusal's words) {e.stderr}")
 if failures:
     print("FAILED: summarize.py's output:\n  " + "\n  ".join(failures) + "\n--- alone ---\n" + alone +
           "\n--- merged ---\n" + merged + "\n--- others ---\n" + others + "\n--- without ---\n" + without +
-          "\n--- paired ---\n" + paired + "\n--- unequal ---\n" + unequal)
+          "\n--- paired ---\n" + paired + "\n--- unequal ---\n" + unequal + "\n--- holes ---\n" + holes)
     sys.exit(1)
-print("summarize peers test: 6 passed, 0 failed")
+print("summarize peers test: 8 passed, 0 failed")
