@@ -1210,20 +1210,26 @@ __global__ void step_update_kernel(StepRows state, const std::int64_t* next) {
   if (threadIdx.x == 0) step_update_loop(state, any_live);
 }
 
-std::atomic<bool> programmatic_launches_on{true};  // set_programmatic_launches()
+std::atomic<ProgrammaticLaunches> programmatic_launches_set{ProgrammaticLaunches::always};  // set_programmatic_launches()
+// note_foreign_kernel(): the next launch on this thread follows a kernel of torch's.
+thread_local bool after_foreign_kernel = false;
 std::atomic<int> own_product_rows_set{1};          // set_own_product_rows()
 std::atomic<bool> fold_norms_on{false};            // set_fold_norms()
 
 // The one place the fused kernels are launched: replay::launch on `stream`
 // (the arguments checked against the kernel's parameters at compile time,
 // errors naming the call's line), with programmatic stream serialization
-// where it is on and supported (LaunchAttributes::programmatic_where_supported:
-// the device is sm_90 or later and the kernel's code there was compiled for
-// it, so that it waits for its predecessor); plainly elsewhere.
+// where set_programmatic_launches() puts it and the device supports it
+// (LaunchAttributes::programmatic_where_supported: the device is sm_90 or
+// later and the kernel's code there was compiled for it, so that it waits
+// for its predecessor); plainly elsewhere.
 template <typename... Params, typename... Args>
 void launch_programmatic(void (*kernel)(Params...), const replay::LaunchOptions& options, cudaStream_t stream,
                          Args&&... args) {
-  const bool programmatic = programmatic_launches_on.load(std::memory_order_relaxed);
+  const ProgrammaticLaunches where = programmatic_launches_set.load(std::memory_order_relaxed);
+  const bool after_foreign = std::exchange(after_foreign_kernel, false);
+  const bool programmatic = where == ProgrammaticLaunches::always ||
+                            (where == ProgrammaticLaunches::after_own_kernels && !after_foreign);
   replay::launch(replay::StreamRef(stream),
                  replay::LaunchOptions(options.config(),
                                        programmatic ? replay::LaunchAttributes::programmatic_where_supported()
@@ -1848,9 +1854,13 @@ void check_norm_width(int width) {
   }
 }
 
-void set_programmatic_launches(bool enabled) { programmatic_launches_on.store(enabled, std::memory_order_relaxed); }
+void set_programmatic_launches(ProgrammaticLaunches where) {
+  programmatic_launches_set.store(where, std::memory_order_relaxed);
+}
 
-bool programmatic_launches() { return programmatic_launches_on.load(std::memory_order_relaxed); }
+ProgrammaticLaunches programmatic_launches() { return programmatic_launches_set.load(std::memory_order_relaxed); }
+
+void note_foreign_kernel() { after_foreign_kernel = true; }
 
 void set_fold_norms(bool enabled) { fold_norms_on.store(enabled, std::memory_order_relaxed); }
 

@@ -86,7 +86,7 @@ struct Common {
   std::vector<std::int64_t> prefill_buckets;   // empty: the executor's default
   std::size_t prefill_chunk = 0;               // generate: > 0: chunked prefill of this many prompt tokens per launch
   std::string json;
-  bool no_programmatic_launches = false;  // --no-pdl: the fused kernels' (fused::set_programmatic_launches)
+  std::string programmatic_launches = "always";  // --pdl (--no-pdl: off): fused::set_programmatic_launches
   int own_product_rows = 1;               // --own-product-rows: fused::set_own_product_rows
   bool fold_norms = false;                // --fold-norms: fused::set_fold_norms
 
@@ -99,6 +99,12 @@ struct Common {
     }
   }
 
+  llm_decode::fused::ProgrammaticLaunches programmatic_launches_where() const {
+    using llm_decode::fused::ProgrammaticLaunches;
+    if (programmatic_launches == "off") return ProgrammaticLaunches::off;
+    return programmatic_launches == "after-own" ? ProgrammaticLaunches::after_own_kernels
+                                                : ProgrammaticLaunches::always;
+  }
   llm_decode::DecodeKernels decode_kernels() const {
     return kernels == "fused" ? llm_decode::DecodeKernels::fused : llm_decode::DecodeKernels::aten;
   }
@@ -120,7 +126,7 @@ ExecutorOptions executor_options(const Common& c, StepMode mode, std::size_t ste
 }
 
 LlamaModel load_model(const Common& c) {
-  llm_decode::fused::set_programmatic_launches(!c.no_programmatic_launches);
+  llm_decode::fused::set_programmatic_launches(c.programmatic_launches_where());
   llm_decode::fused::set_own_product_rows(c.own_product_rows);
   llm_decode::fused::set_fold_norms(c.fold_norms);
   const at::Device device(at::kCUDA, 0);
@@ -396,7 +402,7 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
   const PeakBandwidth peak = peak_bandwidth(model.device().index(), peak_tbps);
   std::printf("llm_decode bench: HBM peak %.2f TB/s, from %s; fused kernels' programmatic launches %s; own products "
               "up to %d row(s), cuBLAS above; norms %s\n",
-              peak.bytes_per_s / 1e12, peak.source.c_str(), c.no_programmatic_launches ? "off (--no-pdl)" : "on",
+              peak.bytes_per_s / 1e12, peak.source.c_str(), c.programmatic_launches.c_str(),
               c.own_product_rows,
               c.fold_norms ? "folded into the products at one row (--fold-norms)" : "kernels of their own");
   // Refused before any measurement, not after minutes of them.
@@ -415,7 +421,7 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
            {"context_buckets", c.context_buckets}};
   out["peak_bytes_per_s"] = peak.bytes_per_s;
   out["peak_source"] = peak.source;
-  out["programmatic_launches"] = !c.no_programmatic_launches;
+  out["programmatic_launches"] = c.programmatic_launches;
   out["own_product_rows"] = c.own_product_rows;
   out["fold_norms"] = c.fold_norms;
   std::vector<BenchRow> rows;
@@ -1179,8 +1185,16 @@ int main(int argc, char** argv) {
     sub->add_option("--prefill-buckets", c.prefill_buckets, "packed prompt tokens a prefill is padded to")
         ->delimiter(',');
     sub->add_option("--json", c.json, "write the results to this file");
-    sub->add_flag("--no-pdl", c.no_programmatic_launches,
-                  "launch the fused kernels plainly, without programmatic dependent launch (to measure its gain)");
+    CLI::Option* pdl =
+        sub->add_option("--pdl", c.programmatic_launches,
+                        "where the fused kernels are launched with programmatic dependent launch: always, after-own "
+                        "(plainly after a kernel of torch's: a cuBLAS product, index_select, a fill) or off")
+            ->check(CLI::IsMember({"always", "after-own", "off"}))
+            ->capture_default_str();
+    sub->add_flag_callback(
+           "--no-pdl", [&c] { c.programmatic_launches = "off"; },
+           "launch the fused kernels plainly (--pdl off), to measure what programmatic dependent launch gains")
+        ->excludes(pdl);
     sub->add_option("--own-product-rows", c.own_product_rows,
                     "the fused step's own products (GEMV, tensor-core skinny GEMM) up to this many rows, cuBLAS above "
                     "(0: cuBLAS everywhere; 64: every row count they take)")

@@ -13,6 +13,8 @@
 #include "kv_cache.hpp"
 #include "model.hpp"
 #include "replay/torch.hpp"
+#include "replay/graph.hpp"
+#include "replay/programmatic_launch.hpp"
 
 #undef CHECK
 #include <doctest/doctest.h>
@@ -39,6 +41,21 @@ const at::Device gpu(at::kCUDA, 0);
 // the layers, relative to the largest logit.
 constexpr double kFp16Tolerance = 2e-2;
 
+// A cache's keys and values as they are now; restore() puts them back (a
+// decode step writes one position of each row's slot).
+class CacheSnapshot {
+ public:
+  explicit CacheSnapshot(KvCache& cache) : cache_(cache), saved_(at::stack({cache.k, cache.v}).clone()) {}
+  void restore() const {
+    cache_.k.copy_(saved_.select(0, 0));
+    cache_.v.copy_(saved_.select(0, 1));
+  }
+
+ private:
+  KvCache& cache_;
+  at::Tensor saved_;
+};
+
 // decode() with the fused kernels captured in a CUDA graph (TorchGraphBackend:
 // torch's CUDAGraph on a private pool), then `replays(launch, logits)`:
 // launch() replays the graph, which writes `logits`.
@@ -55,6 +72,34 @@ void with_captured_fused_decode(const LlamaModel& model, KvCache& cache, const a
   });
   REQUIRE(graphed.defined());
   replays([&] { backend.launch(captured.exec, stream); }, graphed);
+}
+
+// The programmatic edges of decode() with the fused kernels, captured (the
+// graph inspected before it is instantiated): how many, and how many leave
+// a kernel that is not one of the fused kernels (torch's: cuBLAS products,
+// index_select, fills).
+struct ProgrammaticEdges {
+  std::size_t total = 0;
+  std::size_t from_torch = 0;
+};
+ProgrammaticEdges fused_decode_programmatic_edges(const LlamaModel& model, KvCache& cache, const at::Tensor& slots,
+                                                  const at::Tensor& positions, const at::Tensor& tokens,
+                                                  std::int64_t context) {
+  ProgrammaticEdges counted;
+  auto capture_context = std::make_shared<replay::TorchCaptureContext>(gpu);
+  replay::TorchGraphBackend backend(capture_context, [&](replay::GraphRef captured, replay::StreamRef) {
+    for (const replay::GraphEdge& edge : captured.edges()) {
+      if (edge.kind == replay::EdgeKind::plain) continue;
+      ++counted.total;
+      if (replay::describe_node(edge.from).find("llm_decode") == std::string::npos) ++counted.from_torch;
+    }
+    return captured.clone();
+  });
+  const replay::StreamRef stream(at::cuda::getCurrentCUDAStream().stream());
+  (void)backend.capture(stream, [&](replay::StreamRef) {
+    (void)model.decode(cache, slots, positions, tokens, context, llm_decode::DecodeKernels::fused);
+  });
+  return counted;
 }
 
 // decode() with the fused kernels captured, then replayed `replays` times,
@@ -220,14 +265,13 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     const at::Tensor positions = llm_decode_test::int64_tensor({11, 5, 0, 2}, gpu);
     const at::Tensor tokens = llm_decode_test::int64_tensor(llm_decode_test::random_tokens(4, config.vocab_size), gpu);
     const auto fused = llm_decode::DecodeKernels::fused;
-    const at::Tensor cache_before = at::stack({cache.k, cache.v}).clone();
+    const CacheSnapshot snapshot(cache);
     const at::Tensor eager = model.decode(cache, slots, positions, tokens, context, fused).clone();
     const at::Tensor cache_after_eager = at::stack({cache.k, cache.v}).clone();
 
     with_captured_fused_decode(model, cache, slots, positions, tokens, context,
                                [&](const auto& launch, const at::Tensor& graphed) {
-                                 cache.k.copy_(cache_before.select(0, 0));
-                                 cache.v.copy_(cache_before.select(0, 1));
+                                 snapshot.restore();
                                  launch();
                                  CHECK(graphed.equal(eager));
                                  CHECK(at::stack({cache.k, cache.v}).equal(cache_after_eager));
@@ -246,22 +290,75 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       KvCache cache(config, rows, gpu, at::kHalf);
       cache.k.normal_();
       cache.v.normal_();
-      const at::Tensor cache_before = at::stack({cache.k, cache.v}).clone();
+      const CacheSnapshot snapshot(cache);
       const at::Tensor slots = at::arange(rows, at::TensorOptions().device(gpu).dtype(at::kLong));
       const at::Tensor positions = at::randint(0, context, {rows}, slots.options());
       const at::Tensor tokens = at::randint(0, config.vocab_size, {rows}, slots.options());
-      const auto restore = [&] {
-        cache.k.copy_(cache_before.select(0, 0));
-        cache.v.copy_(cache_before.select(0, 1));
-      };
-      llm_decode::fused::set_programmatic_launches(false);
-      const at::Tensor plain = model.decode(cache, slots, positions, tokens, context, fused).clone();
-      const at::Tensor plain_cache = at::stack({cache.k, cache.v}).clone();
-      llm_decode::fused::set_programmatic_launches(true);
+      const auto restore = [&] { snapshot.restore(); };
+      at::Tensor plain;
+      at::Tensor plain_cache;
+      {
+        const llm_decode_test::ProgrammaticLaunchesSetting plain_launches(
+            llm_decode::fused::ProgrammaticLaunches::off);
+        plain = model.decode(cache, slots, positions, tokens, context, fused).clone();
+        plain_cache = at::stack({cache.k, cache.v}).clone();
+      }
+      const llm_decode_test::ProgrammaticLaunchesSetting programmatic(llm_decode::fused::ProgrammaticLaunches::always);
       restore();
       CHECK(model.decode(cache, slots, positions, tokens, context, fused).equal(plain));
 
       CHECK(differing_fused_replays(model, cache, slots, positions, tokens, context, 50, restore, plain,
+                                    plain_cache) == 0);
+    }
+  }
+
+  TEST_CASE("programmatic launches after own kernels only: no programmatic edge leaves a torch kernel, the same logits bit for bit") {
+    using llm_decode::fused::ProgrammaticLaunches;
+    const LlamaConfig config = LlamaConfig::preset("tiny");
+    const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
+    const std::int64_t context = 32;
+    const std::int64_t rows = 4;
+    KvCache cache(config, rows, gpu, at::kHalf);
+    const at::Tensor slots = at::arange(rows, at::TensorOptions().device(gpu).dtype(at::kLong));
+    const at::Tensor positions = at::randint(0, context, {rows}, slots.options());
+    const at::Tensor tokens = at::randint(0, config.vocab_size, {rows}, slots.options());
+    cache.k.normal_();
+    cache.v.normal_();
+    const CacheSnapshot snapshot(cache);
+    const auto restore = [&] { snapshot.restore(); };
+    const bool pdl = replay::programmatic_launch_supported();
+    // 0: cuBLAS for every product, so every fused kernel follows one of
+    // torch's; 8: the step's own products, so only the first norm (after the
+    // embedding's index_select) and a product after the workspaces' fills do.
+    for (const int own_rows : {0, 8}) {
+      INFO("own products up to " << own_rows << " rows");
+      const llm_decode_test::OwnProductRows own_products(own_rows);
+      const auto decode_with = [&](ProgrammaticLaunches where) {
+        const llm_decode_test::ProgrammaticLaunchesSetting setting(where);
+        restore();
+        return model.decode(cache, slots, positions, tokens, context, llm_decode::DecodeKernels::fused).clone();
+      };
+      const auto edges_with = [&](ProgrammaticLaunches where) {
+        const llm_decode_test::ProgrammaticLaunchesSetting setting(where);
+        return fused_decode_programmatic_edges(model, cache, slots, positions, tokens, context);
+      };
+      const at::Tensor plain = decode_with(ProgrammaticLaunches::off);
+      const at::Tensor plain_cache = at::stack({cache.k, cache.v}).clone();
+      const ProgrammaticEdges always = edges_with(ProgrammaticLaunches::always);
+      const ProgrammaticEdges after_own = edges_with(ProgrammaticLaunches::after_own_kernels);
+      CHECK(after_own.from_torch == 0);
+      if (pdl) {
+        // Always: edges out of torch's kernels too (the index_select, the products).
+        CHECK(always.from_torch > 0);
+        CHECK(after_own.total == always.total - always.from_torch);
+        if (own_rows > 0) CHECK(after_own.total > 0);
+      } else {
+        CHECK(always.total == 0);
+      }
+      // Eager and graphed after own kernels only: the plain launches' logits and cache, bit for bit.
+      CHECK(decode_with(ProgrammaticLaunches::after_own_kernels).equal(plain));
+      const llm_decode_test::ProgrammaticLaunchesSetting after_own_launches(ProgrammaticLaunches::after_own_kernels);
+      CHECK(differing_fused_replays(model, cache, slots, positions, tokens, context, 20, restore, plain,
                                     plain_cache) == 0);
     }
   }
@@ -302,11 +399,8 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     KvCache cache(config, 2, gpu, at::kHalf);
     cache.k.normal_();
     cache.v.normal_();
-    const at::Tensor cache_before = at::stack({cache.k, cache.v}).clone();
-    const auto restore = [&] {
-      cache.k.copy_(cache_before.select(0, 0));
-      cache.v.copy_(cache_before.select(0, 1));
-    };
+    const CacheSnapshot snapshot(cache);
+    const auto restore = [&] { snapshot.restore(); };
     const at::Tensor slots = llm_decode_test::int64_tensor({1}, gpu);
     const at::Tensor positions = llm_decode_test::int64_tensor({13}, gpu);
     const at::Tensor tokens = llm_decode_test::int64_tensor(llm_decode_test::random_tokens(1, config.vocab_size), gpu);
@@ -340,7 +434,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     model.check_decode_values(cache, slots, positions, tokens, context);
 
     // The eager step first (it also warms up the kernels the capture records).
-    const at::Tensor cache_before = at::stack({cache.k, cache.v}).clone();
+    const CacheSnapshot snapshot(cache);
     const at::Tensor eager = model.decode(cache, slots, positions, tokens, context).clone();
     const at::Tensor cache_after_eager = at::stack({cache.k, cache.v}).clone();
 
@@ -354,8 +448,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     CHECK(cache.k.equal(cache_after_eager.select(0, 0)));  // a capture records, it runs nothing
 
     // Replayed from the cache as the eager step found it.
-    cache.k.copy_(cache_before.select(0, 0));
-    cache.v.copy_(cache_before.select(0, 1));
+    snapshot.restore();
     backend.launch(captured.exec, stream);
     CHECK(graphed.equal(eager));
     CHECK(at::stack({cache.k, cache.v}).equal(cache_after_eager));

@@ -215,33 +215,30 @@ inline BookkeepingComparison compare_step_bookkeeping(const llm_decode::fused::K
   return result;
 }
 
-// fused::own_product_rows() for a scope, restored after: the step's own
-// products at every row count they take (the default uses them at batch 1
-// only), so that a test covers them inside a whole step.
-class OwnProductRows {
+// One of the fused kernels' process-wide settings for a scope, the previous
+// value restored after (the settings are read when a step is issued).
+template <typename Value, Value (*Get)(), void (*Set)(Value)>
+class ScopedFusedSetting {
  public:
-  explicit OwnProductRows(int rows) : previous_(llm_decode::fused::own_product_rows()) {
-    llm_decode::fused::set_own_product_rows(rows);
-  }
-  OwnProductRows(const OwnProductRows&) = delete;
-  OwnProductRows& operator=(const OwnProductRows&) = delete;
-  ~OwnProductRows() { llm_decode::fused::set_own_product_rows(previous_); }
+  explicit ScopedFusedSetting(Value value) : previous_(Get()) { Set(value); }
+  ScopedFusedSetting(const ScopedFusedSetting&) = delete;
+  ScopedFusedSetting& operator=(const ScopedFusedSetting&) = delete;
+  ~ScopedFusedSetting() { Set(previous_); }
 
  private:
-  int previous_;
+  Value previous_;
 };
 
-// fused::set_fold_norms(on) for a scope, the previous setting restored after.
-class FoldNorms {
- public:
-  explicit FoldNorms(bool on) : previous_(llm_decode::fused::fold_norms()) { llm_decode::fused::set_fold_norms(on); }
-  FoldNorms(const FoldNorms&) = delete;
-  FoldNorms& operator=(const FoldNorms&) = delete;
-  ~FoldNorms() { llm_decode::fused::set_fold_norms(previous_); }
-
- private:
-  bool previous_;
-};
+// The step's own products up to this many rows (the default uses them at
+// batch 1 only), so that a test covers them inside a whole step.
+using OwnProductRows =
+    ScopedFusedSetting<int, &llm_decode::fused::own_product_rows, &llm_decode::fused::set_own_product_rows>;
+// Where the fused kernels are launched programmatically.
+using ProgrammaticLaunchesSetting =
+    ScopedFusedSetting<llm_decode::fused::ProgrammaticLaunches, &llm_decode::fused::programmatic_launches,
+                       &llm_decode::fused::set_programmatic_launches>;
+// Whether one-row steps fold their norms into the products.
+using FoldNorms = ScopedFusedSetting<bool, &llm_decode::fused::fold_norms, &llm_decode::fused::set_fold_norms>;
 
 // Whether a one-row decode step of `config` folds its norms (fused::folds_norms).
 inline bool folds_norms(const llm_decode::LlamaConfig& config) {
