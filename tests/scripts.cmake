@@ -8,10 +8,13 @@
 #   summarize_lengths  the same: the C++ bench and the Python peers judged only at the same prompt and new tokens;
 #   summarize_peers    the same: peers files merged batch by batch, no verdict where a peer ran out of time,
 #                      and --pair: each peer against its own run's C++ step;
+#   summarize_trace    bench/kernel_trace/summarize_trace.py: steps cut at idle time or at an anchor kernel,
+#                      graphed work only, each step's span split into durations and idle time;
 # and scripts/gpu-check.sh's refusal of bad arguments.
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_Interpreter_FOUND)
-  foreach(name IN ITEMS bench_ratios include_layout test_summary summarize_goodput summarize_lengths summarize_peers)
+  foreach(name IN ITEMS bench_ratios include_layout test_summary summarize_goodput summarize_lengths summarize_peers
+                    summarize_trace)
     add_test(NAME scripts.${name} COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/${name}_test.py)
     set_tests_properties(scripts.${name} PROPERTIES LABELS host TIMEOUT 60)
   endforeach()

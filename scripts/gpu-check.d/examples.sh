@@ -3,6 +3,7 @@
 # kernel_chain itself). Each example checks its own results and exits non-zero
 # when they are wrong. capture_audit's libtorch program, capture_audit_torchscript,
 # is the heavy lane's: gpu-check.d/torch.sh runs it after the libtorch build.
+# Last, kernel_chain once more under the kernel trace (bench/kernel_trace).
 set -uo pipefail
 status=0
 for ex in dynamic_batch piecewise_chain pipeline_throughput device_loop capture_audit; do
@@ -18,4 +19,22 @@ for ex in dynamic_batch piecewise_chain pipeline_throughput device_loop capture_
     echo "== $ex: not built"; status=1
   fi
 done
+# The kernel trace (bench/kernel_trace): kernel_chain run under it writes its
+# graph's kernels (a graph node each), and summarize_trace.py reads them.
+trace_library=build/gpu/bench/libreplay_kernel_trace.so
+if [ -f "$trace_library" ]; then
+  echo "== kernel trace"
+  trace=$(mktemp --suffix=.csv)
+  if REPLAY_KERNEL_TRACE="$trace" CUDA_INJECTION64_PATH="$PWD/$trace_library" \
+       build/gpu/examples/kernel_chain/kernel_chain 100 4096 5 &&
+     awk -F, '$4 != 0 && $5 ~ /step_kernel/' "$trace" | grep -q . &&
+     python3 bench/kernel_trace/summarize_trace.py "$trace"; then
+    :
+  else
+    echo "kernel trace FAILED"; status=1
+  fi
+  rm -f "$trace"
+else
+  echo "== kernel trace: not built"; status=1
+fi
 exit $status
