@@ -79,14 +79,13 @@ bool linear_fits(int rows, int in, int out);
 void check_linear_shape(int rows, int in, int out);
 
 // The most rows for which the decode step uses these products rather than
-// cuBLAS (through at::linear), where linear_fits() takes the shape. Default 1:
-// on an H100 with every product its own, the `small` step took 0.325 ms at
-// batch 1, where an earlier run of the step with cuBLAS products took 0.470
-// (`1b`: 1.061 against 1.052 ms), but 0.563 / 0.886 / 1.273 ms at batch
-// 8 / 32 / 64 against that run's 0.475 / 0.476 / 0.497 (`1b`: 3.785 / 2.791
-// / 4.778 against 1.098 / 1.141 / 1.416): the GEMV's sums on the CUDA cores
-// grow with the rows, and the skinny GEMM reads its input from L2 once per
-// tile. Rows 2 to 4 were not measured.
+// cuBLAS (through at::linear), where linear_fits() takes the shape. Default 1.
+// On an H100, at batch 2 / 4 / 8 the GEMV made the `small` step 1.34 / 1.33
+// / 1.30x as fast as with cuBLAS's products (0.353 / 0.355 / 0.369 against
+// 0.473 / 0.472 / 0.480 ms) and the `1b` step 1.01 / 0.97 / 0.94x (1.238 /
+// 1.290 / 1.354 against 1.253 / 1.255 / 1.271 ms), so no one row count
+// suits both. At 64 rows the skinny GEMM lost by far (`small`: 1.273
+// against 0.511 ms): it reads its input from L2 once per tile.
 // 0: cuBLAS for every product. Read when a step is issued, so a graph keeps
 // what was set when it was captured; `llm_decode --own-product-rows N`.
 void set_own_product_rows(int rows);
