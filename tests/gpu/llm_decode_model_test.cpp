@@ -74,10 +74,10 @@ void with_captured_fused_decode(const LlamaModel& model, KvCache& cache, const a
   replays([&] { backend.launch(captured.exec, stream); }, graphed);
 }
 
-// The programmatic edges of decode() with the fused kernels, captured (the
-// graph inspected before it is instantiated): how many, and how many leave
-// a kernel that is not one of the fused kernels (torch's: cuBLAS products,
-// index_select, fills).
+// The programmatic edges into a fused kernel of decode() with the fused
+// kernels, captured (the graph inspected before it is instantiated): how
+// many, and how many leave a node that is not one of the fused kernels
+// (torch's: cuBLAS products, index_select, fills).
 struct ProgrammaticEdges {
   std::size_t total = 0;
   std::size_t from_torch = 0;
@@ -88,10 +88,13 @@ ProgrammaticEdges fused_decode_programmatic_edges(const LlamaModel& model, KvCac
   ProgrammaticEdges counted;
   auto capture_context = std::make_shared<replay::TorchCaptureContext>(gpu);
   replay::TorchGraphBackend backend(capture_context, [&](replay::GraphRef captured, replay::StreamRef) {
+    const auto fused_kernel = [](cudaGraphNode_t node) {
+      return replay::describe_node(node).find("llm_decode") != std::string::npos;
+    };
     for (const replay::GraphEdge& edge : captured.edges()) {
-      if (edge.kind == replay::EdgeKind::plain) continue;
+      if (edge.kind == replay::EdgeKind::plain || !fused_kernel(edge.to)) continue;
       ++counted.total;
-      if (replay::describe_node(edge.from).find("llm_decode") == std::string::npos) ++counted.from_torch;
+      if (!fused_kernel(edge.from)) ++counted.from_torch;
     }
     return captured.clone();
   });
@@ -314,25 +317,29 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
 
   TEST_CASE("programmatic launches after own kernels only: no programmatic edge leaves a torch kernel, the same logits bit for bit") {
     using llm_decode::fused::ProgrammaticLaunches;
-    const LlamaConfig config = LlamaConfig::preset("tiny");
+    LlamaConfig config = LlamaConfig::preset("tiny");
+    config.max_len = 512;  // room for a context past fused::kSplitKeys
     const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
-    const std::int64_t context = 32;
     const std::int64_t rows = 4;
-    KvCache cache(config, rows, gpu, at::kHalf);
-    const at::Tensor slots = at::arange(rows, at::TensorOptions().device(gpu).dtype(at::kLong));
-    const at::Tensor positions = at::randint(0, context, {rows}, slots.options());
-    const at::Tensor tokens = at::randint(0, config.vocab_size, {rows}, slots.options());
-    cache.k.normal_();
-    cache.v.normal_();
-    const CacheSnapshot snapshot(cache);
-    const auto restore = [&] { snapshot.restore(); };
     const bool pdl = replay::programmatic_launch_supported();
-    // 0: cuBLAS for every product, so every fused kernel follows one of
-    // torch's; 8: the step's own products, so only the first norm (after the
-    // embedding's index_select) and a product after the workspaces' fills do.
-    for (const int own_rows : {0, 8}) {
-      INFO("own products up to " << own_rows << " rows");
+    // Own products up to 0 rows: cuBLAS for every product, so every fused
+    // kernel follows one of torch's. Up to 8: the step's own products, so
+    // only the first norm does (after the embedding's index_select); past
+    // kSplitKeys positions the attention's counters are zeroed by torch
+    // too, so the first product follows that fill.
+    static_assert(llm_decode::fused::kSplitKeys < 300);
+    for (const auto& [own_rows, context] : {std::pair{0, std::int64_t{32}}, std::pair{8, std::int64_t{32}},
+                                            std::pair{8, std::int64_t{300}}}) {
+      INFO("own products up to " << own_rows << " rows, context " << context);
       const llm_decode_test::OwnProductRows own_products(own_rows);
+      KvCache cache(config, rows, gpu, at::kHalf);
+      const at::Tensor slots = at::arange(rows, at::TensorOptions().device(gpu).dtype(at::kLong));
+      const at::Tensor positions = at::randint(0, context, {rows}, slots.options());
+      const at::Tensor tokens = at::randint(0, config.vocab_size, {rows}, slots.options());
+      cache.k.normal_();
+      cache.v.normal_();
+      const CacheSnapshot snapshot(cache);
+      const auto restore = [&] { snapshot.restore(); };
       const auto decode_with = [&](ProgrammaticLaunches where) {
         const llm_decode_test::ProgrammaticLaunchesSetting setting(where);
         restore();
