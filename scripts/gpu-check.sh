@@ -205,7 +205,7 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 
 # ---- build the CUDA-only targets ---------------------------------------------
 light_targets=$(cmake --build build/gpu --target help 2>/dev/null | sed -nE 's/^([A-Za-z0-9_]+): phony$/\1/p' |
-  grep -E '^(test_[a-z0-9_]+|[a-z0-9_]+_bench|kernel_chain|dynamic_batch|piecewise_chain|pipeline_throughput|device_loop|capture_audit)$' | grep -v -e torch -e llm_decode | tr '\n' ' ')
+  grep -E '^(test_[a-z0-9_]+|[a-z0-9_]+_bench|kernel_chain|dynamic_batch|piecewise_chain|pipeline_throughput|device_loop|capture_audit|replay_kernel_trace)$' | grep -v -e torch -e llm_decode | tr '\n' ' ')
 if $run_cuda; then
   log "build (CUDA-only): $light_targets"
   start=$SECONDS
@@ -336,6 +336,7 @@ cuda_lane() {
   for exe in build/gpu/bench/*; do
     $tests_only && break
     [ -x "$exe" ] && [ -f "$exe" ] || continue
+    case "$exe" in *.so) continue ;; esac  # the kernel trace's library (bench/kernel_trace.cmake), no benchmark
     name=$(basename "$exe")
     # A program that is no longer a target (a benchmark program renamed or
     # split) stays in an old build folder: its rows would stand beside the

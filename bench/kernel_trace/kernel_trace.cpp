@@ -54,7 +54,7 @@ bool checked(CUptiResult result, const char* api) {
   return false;
 }
 
-// The kernel's name without its parameter list, demangled; commas become ';' (the file is CSV).
+// The kernel's name, demangled, without its parameter list; commas become ';' (the file is CSV).
 const std::string& display_name(const char* mangled) {
   const std::string key = mangled != nullptr ? mangled : "(unnamed)";
   if (const auto found = demangled_names.find(key); found != demangled_names.end()) return found->second;
@@ -66,7 +66,18 @@ const std::string& display_name(const char* mangled) {
        at = name.find("(anonymous namespace)::")) {
     name.erase(at, sizeof("(anonymous namespace)::") - 1);
   }
-  if (const auto parameters = name.find('('); parameters != std::string::npos) name.resize(parameters);
+  // The parameter list is the last parenthesized group; a '(' inside the template arguments (a lambda's or a
+  // cast's) stays.
+  if (!name.empty() && name.back() == ')') {
+    int depth = 0;
+    for (std::string::size_type at = name.size(); at-- > 0;) {
+      depth += name[at] == ')' ? 1 : name[at] == '(' ? -1 : 0;
+      if (depth == 0) {
+        name.resize(at);
+        break;
+      }
+    }
+  }
   for (char& c : name) {
     if (c == ',') c = ';';
   }

@@ -14,7 +14,9 @@ Steps are cut one of two ways:
 For the steps kept it prints the median span of a step, the sum over its
 positions of the median duration (the kernels' own time) and of the median
 idle gap before each (time with nothing of the step running), and a table by
-name. --json writes the same as JSON.
+name. Kernels launched programmatically may start before their predecessor
+ends: the overlap printed is durations + idle - span. The steps kept must run
+the same kernels in the same order. --json writes the same as JSON.
 """
 import argparse
 import collections
@@ -33,6 +35,8 @@ def read_trace(path, graph_only):
             if len(fields) != 5:
                 raise ValueError(f"{path}:{number}: expected start_ns,end_ns,stream,graph_node,name")
             start, end, stream, node = (int(f) for f in fields[:4])
+            if start == 0 or end < start:  # a record CUPTI did not complete
+                continue
             if graph_only and node == 0:
                 continue
             activities.append((start, end, stream, node, fields[4]))
@@ -41,32 +45,39 @@ def read_trace(path, graph_only):
 
 
 def steps_by_idle_time(activities, gap_ns):
+    """(steps, spans): a step's span from its first start to its last end."""
     steps, current, current_end = [], [], 0
     for activity in activities:
         if current and activity[0] - current_end > gap_ns:
             steps.append(current)
             current = []
+        current_end = max(current_end, activity[1]) if current else activity[1]
         current.append(activity)
-        current_end = max(current_end, activity[1]) if len(current) > 1 else activity[1]
     if current:
         steps.append(current)
-    return steps
+    return steps, [(max(a[1] for a in step) - step[0][0]) / 1e3 for step in steps]
 
 
 def steps_by_anchor(activities, anchor, warmup):
+    """(steps, spans): a step's span from its first start to the next step's (steps launched back to back)."""
     starts = [i for i, a in enumerate(activities) if anchor in a[4]]
     steps = [activities[a:b] for a, b in zip(starts, starts[1:])]
-    return steps[warmup:]
+    spans = [(activities[b][0] - activities[a][0]) / 1e3 for a, b in zip(starts, starts[1:])]
+    return steps[warmup:], spans[warmup:]
 
 
-def summarize(steps, kernels, spans):
+def summarize(steps, spans, kernels):
     counts = collections.Counter(len(step) for step in steps)
     if not counts:
         raise ValueError("no steps found")
-    length = kernels or counts.most_common(1)[0][0]
-    kept = [step for step in steps if len(step) == length]
-    if not kept:
+    length = kernels if kernels is not None else counts.most_common(1)[0][0]
+    of_length = [(step, span) for step, span in zip(steps, spans) if len(step) == length]
+    if not of_length:
         raise ValueError(f"no step of {length} activities (step lengths found: {dict(counts.most_common(8))})")
+    # Positions are compared across steps: keep the steps that run the most common sequence of kernels.
+    sequence = collections.Counter(tuple(a[4] for a in step) for step, _ in of_length).most_common(1)[0][0]
+    kept = [step for step, _ in of_length if tuple(a[4] for a in step) == sequence]
+    kept_spans = [span for step, span in of_length if tuple(a[4] for a in step) == sequence]
     positions = []
     for j in range(length):
         duration = statistics.median((step[j][1] - step[j][0]) / 1e3 for step in kept)
@@ -79,13 +90,18 @@ def summarize(steps, kernels, spans):
         entry["count"] += 1
         entry["duration_us"] += p["duration_us"]
         entry["gaps_us"] += p["gap_before_us"]
+    span = statistics.median(kept_spans)
+    durations = sum(p["duration_us"] for p in positions)
+    idle = sum(p["gap_before_us"] for p in positions)
     return {
         "steps": len(kept),
         "activities_per_step": length,
         "step_lengths": dict(counts.most_common(8)),
-        "span_us": statistics.median(spans(kept)),
-        "durations_us": sum(p["duration_us"] for p in positions),
-        "idle_us": sum(p["gap_before_us"] for p in positions),
+        "other_sequences": len(of_length) - len(kept),
+        "span_us": span,
+        "durations_us": durations,
+        "idle_us": idle,
+        "overlap_us": durations + idle - span,
         "by_name": sorted(by_name.values(), key=lambda e: -e["duration_us"]),
         "positions": positions,
     }
@@ -105,21 +121,20 @@ def main():
     try:
         activities = read_trace(args.trace, not args.all)
         if args.anchor:
-            steps = steps_by_anchor(activities, args.anchor, args.warmup)
-            # Back to back: a step lasts from its first start to the next step's first start.
-            spans = lambda kept: [(b[0][0] - a[0][0]) / 1e3 for a, b in zip(kept, kept[1:])] or [
-                (kept[0][-1][1] - kept[0][0][0]) / 1e3]
+            steps, spans = steps_by_anchor(activities, args.anchor, args.warmup)
         else:
-            steps = steps_by_idle_time(activities, args.gap_us * 1e3)
-            spans = lambda kept: [(max(a[1] for a in step) - step[0][0]) / 1e3 for step in kept]
-        summary = summarize(steps, args.kernels, spans)
+            steps, spans = steps_by_idle_time(activities, args.gap_us * 1e3)
+        summary = summarize(steps, spans, args.kernels)
     except (OSError, ValueError) as error:
         print(f"summarize_trace: {error}", file=sys.stderr)
         return 2
     print(f"{summary['steps']} steps of {summary['activities_per_step']} activities "
           f"(step lengths: {summary['step_lengths']})")
+    if summary["other_sequences"]:
+        print(f"({summary['other_sequences']} steps of that length ran other kernels or another order: left out)")
     print(f"median step {summary['span_us']:.1f} us: the activities' durations sum to {summary['durations_us']:.1f} us, "
-          f"idle time between them {summary['idle_us']:.1f} us")
+          f"idle time between them {summary['idle_us']:.1f} us; durations + idle - step {summary['overlap_us']:.1f} us "
+          f"(positive: kernels overlapped)")
     print(f"{'us/step':>9} {'count':>5} {'mean us':>8} {'idle us':>8}  name")
     for e in summary["by_name"]:
         print(f"{e['duration_us']:9.1f} {e['count']:5d} {e['duration_us'] / e['count']:8.2f} {e['gaps_us']:8.1f}  "

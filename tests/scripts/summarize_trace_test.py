@@ -63,6 +63,8 @@ for s in range(3):
     t += 50_000
 part, t = step(t, 200, [("void ns::A<1; 2>", 2), ("B", 3), ("C", 1), ("D", 4)])
 lines += part
+# Records CUPTI did not complete (no start, or an end before the start) are skipped.
+lines += ["0,5000,7,300,incomplete", f"{t + 90_000},{t + 80_000},7,301,incomplete"]
 
 result, summary = run(lines)
 check(result.returncode == 0, f"idle-time steps: exit 0 (got {result.returncode}: {result.stderr})")
@@ -85,11 +87,12 @@ check(summary is not None and summary["steps"] == 3 and summary["by_name"][0]["n
       "--all counts ungraphed work")
 
 # Back to back (no idle time long enough to cut): --anchor cuts at each A, skipping --warmup steps.
-lines, t = [], 0
+lines, t = [], 1000
 for s in range(8):
     part, t = step(t, 1, [("first", 1), ("mid", 2), ("last", 1)], gap_us=0.25)
     lines += part
     t += 250  # 0.25 us to the next step
+back_to_back = lines
 result, summary = run(lines, "--anchor", "first", "--warmup", "2", compress=True)
 check(result.returncode == 0, f"anchor steps from a .gz trace: exit 0 (got {result.returncode}: {result.stderr})")
 if summary:
@@ -101,9 +104,43 @@ result, summary = run(lines)
 check(summary is not None and summary["steps"] == 1 and summary["activities_per_step"] == 24,
       "without --anchor, back-to-back steps are one")
 
+# Overlap (a programmatic launch starts before its predecessor ends): A 0-10 us, B 2-4, C 11-12 in each step.
+# B's idle time is 0, C's is 1 us after the latest end before it (A's, not B's); durations + idle - span = 2.
+lines = []
+for s in range(4):
+    t = 1_000_000 + s * 100_000
+    lines += [f"{t},{t + 10_000},7,1,A", f"{t + 2_000},{t + 4_000},7,2,B", f"{t + 11_000},{t + 12_000},7,3,C"]
+result, summary = run(lines)
+check(summary is not None and abs(summary["idle_us"] - 1.0) < 1e-6 and abs(summary["overlap_us"] - 2.0) < 1e-6
+      and abs(summary["span_us"] - 12.0) < 1e-6,
+      f"overlapping kernels: idle 1 us after the latest end, overlap 2 us (got {summary})")
+
+# A step of another length between kept ones: each kept step's span is its own (start to next start), and a
+# step of the common length whose kernels differ is left out, not mixed into the positions.
+lines, t = [], 1000
+for s in range(6):
+    kernels = [("first", 1), ("mid", 2), ("last", 1)]
+    if s == 2:
+        kernels.append(("extra", 10))
+    if s == 4:
+        kernels = [("first", 1), ("other", 5), ("last", 1)]
+    part, t = step(t, 1, kernels, gap_us=0.25)
+    lines += part
+    t += 250
+result, summary = run(lines, "--anchor", "first", "--warmup", "0")
+check(summary is not None and abs(summary["span_us"] - 4.75) < 1e-6,
+      f"a dropped step does not stretch its neighbour's span (got {summary and summary['span_us']})")
+check(summary is not None and summary["steps"] == 3 and summary["other_sequences"] == 1
+      and all(e["name"] != "other" for e in summary["by_name"]),
+      f"the step with other kernels left out (got {summary and (summary['steps'], summary['other_sequences'])})")
+
+result, summary = run(lines, "--anchor", "first", "--warmup", "1")
+check(summary is not None and summary["steps"] == 2 and abs(summary["span_us"] - 4.75) < 1e-6,
+      f"after the warm-up, each step keeps its own span (got {summary and (summary['steps'], summary['span_us'])})")
+
 # Refusals: no step of the asked length (the lengths found named), a malformed line, an empty trace.
-result, _ = run(lines, "--anchor", "first", "--kernels", "9")
-check(result.returncode == 2 and "no step of 9 activities" in result.stderr and "3" in result.stderr,
+result, _ = run(back_to_back, "--anchor", "first", "--warmup", "2", "--kernels", "9")
+check(result.returncode == 2 and "no step of 9 activities" in result.stderr and "{3: 5}" in result.stderr,
       f"--kernels 9 refused naming the lengths found (got {result.returncode}: {result.stderr})")
 result, _ = run(["1,2,3"])
 check(result.returncode == 2 and "trace.csv:1" in result.stderr, f"a malformed line named (got {result.stderr})")
