@@ -991,9 +991,19 @@ TEST_SUITE("host") {
       options.static_batch_delay = 2ms;
       auto standin = std::make_shared<StandIn>(work.model, options);
       standin->static_batches = batching == replay::DecodeBatching::static_batches;
+      // The first call waits until every request is queued, so that requests
+      // wait for a slot while others run, however the threads are scheduled
+      // (a submitter descheduled between requests let every sequence finish
+      // before the next arrived, and nothing could join).
+      standin->block_at = {1};
       Recorder recorder;
       Scheduler scheduler(StandInExecutor(standin), options);
-      results[batching] = run_all(scheduler, recorder, work);
+      for (std::size_t id = 0; id < count; ++id) {
+        scheduler.submit(work.request(id), recorder.callback(id));
+      }
+      standin->release();
+      REQUIRE(recorder.wait_finals(count));
+      results[batching] = recorder.outcomes();
       check_exact(results[batching], work, options.max_len);
       std::lock_guard lock(standin->mutex);
       for (const std::string& v : standin->violations) {
