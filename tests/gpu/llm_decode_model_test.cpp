@@ -12,15 +12,16 @@
 
 #include "kv_cache.hpp"
 #include "model.hpp"
-#include "replay/torch.hpp"
 #include "replay/graph.hpp"
 #include "replay/programmatic_launch.hpp"
+#include "replay/torch.hpp"
 
 #undef CHECK
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
