@@ -1226,10 +1226,7 @@ std::atomic<bool> fold_norms_on{false};            // set_fold_norms()
 template <typename... Params, typename... Args>
 void launch_programmatic(void (*kernel)(Params...), const replay::LaunchOptions& options, cudaStream_t stream,
                          Args&&... args) {
-  const ProgrammaticLaunches where = programmatic_launches_set.load(std::memory_order_relaxed);
-  const bool after_foreign = std::exchange(after_foreign_kernel, false);
-  const bool programmatic = where == ProgrammaticLaunches::always ||
-                            (where == ProgrammaticLaunches::after_own_kernels && !after_foreign);
+  const bool programmatic = next_launch_programmatic();
   replay::launch(replay::StreamRef(stream),
                  replay::LaunchOptions(options.config(),
                                        programmatic ? replay::LaunchAttributes::programmatic_where_supported()
@@ -1861,6 +1858,12 @@ void set_programmatic_launches(ProgrammaticLaunches where) {
 ProgrammaticLaunches programmatic_launches() { return programmatic_launches_set.load(std::memory_order_relaxed); }
 
 void note_foreign_kernel() { after_foreign_kernel = true; }
+
+bool next_launch_programmatic() {
+  const ProgrammaticLaunches where = programmatic_launches_set.load(std::memory_order_relaxed);
+  const bool after_foreign = std::exchange(after_foreign_kernel, false);
+  return where == ProgrammaticLaunches::always || (where == ProgrammaticLaunches::after_own_kernels && !after_foreign);
+}
 
 void set_fold_norms(bool enabled) { fold_norms_on.store(enabled, std::memory_order_relaxed); }
 

@@ -168,7 +168,14 @@ void set_programmatic_launches(ProgrammaticLaunches where);
 ProgrammaticLaunches programmatic_launches();
 // Tells the next fused launch on this thread that the kernel before it on
 // its stream is not one of these (ProgrammaticLaunches::after_own_kernels).
+// The mark is the thread's own: steps issued on other threads at the same
+// time neither see nor clear it.
 void note_foreign_kernel();
+// What the next fused launch on this thread asks for: programmatic stream
+// serialization (true) or a plain launch, from set_programmatic_launches()
+// and this thread's mark, which it clears. Every fused launch asks it once;
+// the device then launches programmatically only where it can.
+bool next_launch_programmatic();
 
 // Whether a one-row decode step whose products are its own folds each
 // residual add and RMSNorm into the product after it (Kernels::norm_linear:

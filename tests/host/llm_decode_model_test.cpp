@@ -20,15 +20,18 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <latch>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -587,6 +590,54 @@ TEST_SUITE("host") {
       CHECK(folded_cache.k.equal(plain_cache.k));
       CHECK(folded_cache.v.equal(plain_cache.v));
     }
+  }
+
+  TEST_CASE("programmatic launches: a torch kernel's mark makes the next launch plain once, on its own thread only (8 threads)") {
+    using llm_decode::fused::next_launch_programmatic;
+    using llm_decode::fused::note_foreign_kernel;
+    using llm_decode::fused::ProgrammaticLaunches;
+    CHECK(llm_decode::fused::programmatic_launches() == ProgrammaticLaunches::always);  // the default
+    const llm_decode_test::ProgrammaticLaunchesSetting after_own(ProgrammaticLaunches::after_own_kernels);
+    (void)next_launch_programmatic();  // whatever an earlier case left on this thread
+    CHECK(next_launch_programmatic());
+    note_foreign_kernel();
+    CHECK_FALSE(next_launch_programmatic());
+    CHECK(next_launch_programmatic());  // the mark was taken
+    {
+      const llm_decode_test::ProgrammaticLaunchesSetting always(ProgrammaticLaunches::always);
+      note_foreign_kernel();
+      CHECK(next_launch_programmatic());  // always: after torch's kernels too, and the mark is taken
+    }
+    CHECK(next_launch_programmatic());
+    {
+      const llm_decode_test::ProgrammaticLaunchesSetting off(ProgrammaticLaunches::off);
+      CHECK_FALSE(next_launch_programmatic());
+      note_foreign_kernel();
+      CHECK_FALSE(next_launch_programmatic());
+    }
+    CHECK(next_launch_programmatic());
+
+    // Steps issued on several threads at once: each launch sees its own
+    // thread's mark and no other's.
+    constexpr int kThreads = 8;
+    constexpr int kLaunches = 200000;
+    std::atomic<int> wrong{0};
+    std::latch start(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        start.arrive_and_wait();
+        int mistaken = 0;
+        for (int i = 0; i < kLaunches; ++i) {
+          const bool marked = (i + t) % 3 == 0;
+          if (marked) note_foreign_kernel();
+          mistaken += next_launch_programmatic() == marked ? 1 : 0;
+        }
+        wrong += mistaken;
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+    CHECK(wrong.load() == 0);
   }
 
   TEST_CASE("the fused step bookkeeping (its host versions) writes what the ATen bookkeeping writes, bit for bit") {
