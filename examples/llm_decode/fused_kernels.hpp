@@ -157,9 +157,10 @@ enum class ProgrammaticLaunches {
   // cuBLAS product, the embedding's index_select, a fill), as the step says
   // through note_foreign_kernel(). Such a kernel never releases its
   // dependents early, so a programmatic edge from it gains no overlap, and
-  // it cost more than a plain one: on an H100 at `1b`'s batch 8, 0.64 µs
+  // it cost more than a plain one: on H100s at `1b`'s batch 8, 0.64 µs
   // from the end of cuBLAS's kernel to the start of the next fused kernel,
-  // against 0.42 µs plainly (a kernel trace of the graphed step).
+  // against 0.42 µs plainly (kernel traces of the graphed step, the plain
+  // one on another host); the step's idle time did not fall with it.
   after_own_kernels,
   // Programmatic after torch's kernels too (the default).
   always,
