@@ -16,7 +16,7 @@ compilation often spends the budget. A peer that failed (it cannot run here)
 does not hold back the verdict; its note says why.
 
 --pair (repeatable): a C++ bench report and the peers reports of the same
-run, for peers measured over several runs, hosts or sessions: each peer is
+run, for peers measured over several runs or hosts: each peer is
 divided by its own run's C++ step, and the goal at a batch is against the
 lowest of those ratios (paired_ratios). One model per call.
 
@@ -283,7 +283,7 @@ def paired_ratios(pairs, title, out, goals, notes):
     """--pair: each peer against the C++ bench of its own run. Peers measured
     in runs of their own (max-autotune compiles for minutes per batch size, so
     a run measures a few batch sizes) are each divided by the C++ step of the
-    run that measured them, so that differences between hosts or sessions
+    run that measured them, so that differences between hosts or runs
     stay out of the ratio. Each C++ step (STEP_TARGETS) gets its own ratios
     and goals. A (peer, batch) measured in two runs keeps the first run's. The
     goal at a batch is against the peer with the lowest ratio; it gets no
