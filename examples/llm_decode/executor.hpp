@@ -728,13 +728,8 @@ class LlamaExecutor {
       // The stream the model's operators run on: the capturing one under a capture.
       const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
       const at::Tensor live = at::empty({2, batch}, state_.options());
-      // Each of these two follows work that may be torch's (what ran before
-      // on the stream; argmax): launched plainly with
-      // fused::ProgrammaticLaunches::after_own_kernels.
-      fused::note_foreign_kernel();
       kernels.step_inputs(rows_state, live[0].data_ptr<std::int64_t>(), live[1].data_ptr<std::int64_t>(), stream);
       const at::Tensor next = model_->decode(*cache_, live[0], live[1], s.tokens, context, options_.kernels).argmax(-1);
-      fused::note_foreign_kernel();
       kernels.step_update(rows_state, next.data_ptr<std::int64_t>(), stream);
       return;
     }

@@ -1210,9 +1210,9 @@ __global__ void step_update_kernel(StepRows state, const std::int64_t* next) {
   if (threadIdx.x == 0) step_update_loop(state, any_live);
 }
 
-std::atomic<ProgrammaticLaunches> programmatic_launches_set{ProgrammaticLaunches::always};  // set_programmatic_launches()
-// note_foreign_kernel(): the next launch on this thread follows a kernel of torch's.
-thread_local bool after_foreign_kernel = false;
+std::atomic<ProgrammaticLaunches> programmatic_launches_set{ProgrammaticLaunches::after_own_kernels};  // set_programmatic_launches()
+// The nodes this thread's launches added to the capture under way (after_own_kernels).
+thread_local OwnCapturedKernels own_captured_kernels;
 std::atomic<int> own_product_rows_set{1};          // set_own_product_rows()
 std::atomic<bool> fold_norms_on{false};            // set_fold_norms()
 
@@ -1226,13 +1226,35 @@ std::atomic<bool> fold_norms_on{false};            // set_fold_norms()
 template <typename... Params, typename... Args>
 void launch_programmatic(void (*kernel)(Params...), const replay::LaunchOptions& options, cudaStream_t stream,
                          Args&&... args) {
-  const bool programmatic = next_launch_programmatic();
+  const ProgrammaticLaunches where = programmatic_launches_set.load(std::memory_order_relaxed);
+  // after_own_kernels under a capture: what the launch will depend on.
+  cudaStreamCaptureStatus capture_status = cudaStreamCaptureStatusNone;
+  unsigned long long capture = 0;
+  std::optional<bool> follows_own_kernels;
+  if (where == ProgrammaticLaunches::after_own_kernels) {
+    const cudaGraphNode_t* dependencies = nullptr;
+    std::size_t count = 0;
+    replay::check(cudaStreamGetCaptureInfo(stream, &capture_status, &capture, nullptr, &dependencies, nullptr, &count),
+                  "cudaStreamGetCaptureInfo", options.where());
+    if (capture_status == cudaStreamCaptureStatusActive) {
+      follows_own_kernels = own_captured_kernels.only_own(capture, dependencies, count);
+    }
+  }
   replay::launch(replay::StreamRef(stream),
                  replay::LaunchOptions(options.config(),
-                                       programmatic ? replay::LaunchAttributes::programmatic_where_supported()
-                                                    : replay::LaunchAttributes{},
+                                       launch_programmatically(where, follows_own_kernels)
+                                           ? replay::LaunchAttributes::programmatic_where_supported()
+                                           : replay::LaunchAttributes{},
                                        options.where()),
                  kernel, std::forward<Args>(args)...);
+  if (capture_status == cudaStreamCaptureStatusActive) {
+    // The stream's one dependency now: the launch's own node.
+    const cudaGraphNode_t* added = nullptr;
+    std::size_t count = 0;
+    replay::check(cudaStreamGetCaptureInfo(stream, &capture_status, nullptr, nullptr, &added, nullptr, &count),
+                  "cudaStreamGetCaptureInfo", options.where());
+    if (count == 1) own_captured_kernels.add(capture, added[0]);
+  }
 }
 
 // The kernels read and write 16 bytes at a time where these point; a
@@ -1857,12 +1879,35 @@ void set_programmatic_launches(ProgrammaticLaunches where) {
 
 ProgrammaticLaunches programmatic_launches() { return programmatic_launches_set.load(std::memory_order_relaxed); }
 
-void note_foreign_kernel() { after_foreign_kernel = true; }
+bool OwnCapturedKernels::only_own(unsigned long long capture, const cudaGraphNode_t* dependencies,
+                                  std::size_t count) const {
+  if (count == 0) return true;
+  if (!holding_ || capture != capture_) return false;
+  // From the back: the node a launch follows is most often the last one added.
+  return std::all_of(dependencies, dependencies + count, [&](cudaGraphNode_t node) {
+    return std::find(nodes_.rbegin(), nodes_.rend(), node) != nodes_.rend();
+  });
+}
 
-bool next_launch_programmatic() {
-  const ProgrammaticLaunches where = programmatic_launches_set.load(std::memory_order_relaxed);
-  const bool after_foreign = std::exchange(after_foreign_kernel, false);
-  return where == ProgrammaticLaunches::always || (where == ProgrammaticLaunches::after_own_kernels && !after_foreign);
+void OwnCapturedKernels::add(unsigned long long capture, cudaGraphNode_t node) {
+  if (!holding_ || capture != capture_) {
+    nodes_.clear();
+    holding_ = true;
+    capture_ = capture;
+  }
+  nodes_.push_back(node);
+}
+
+bool launch_programmatically(ProgrammaticLaunches where, std::optional<bool> follows_own_kernels) {
+  switch (where) {
+    case ProgrammaticLaunches::off:
+      return false;
+    case ProgrammaticLaunches::after_own_kernels:
+      return follows_own_kernels.value_or(true);
+    case ProgrammaticLaunches::always:
+      break;
+  }
+  return true;
 }
 
 void set_fold_norms(bool enabled) { fold_norms_on.store(enabled, std::memory_order_relaxed); }

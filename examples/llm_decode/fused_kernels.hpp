@@ -11,6 +11,8 @@
 // indexing with where there is no GPU.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -153,30 +155,51 @@ struct StepRows {
 enum class ProgrammaticLaunches {
   // Every launch plain: to measure what the programmatic edges gain.
   off,
-  // Programmatic unless the kernel before it on its stream is torch's (a
-  // cuBLAS product, the embedding's index_select, a fill), as the step says
-  // through note_foreign_kernel(). Such a kernel never releases its
-  // dependents early, so a programmatic edge from it gains no overlap, and
-  // it cost more than a plain one: on H100s at `1b`'s batch 8, 0.64 µs
-  // from the end of cuBLAS's kernel to the start of the next fused kernel,
-  // against 0.42 µs plainly (kernel traces of the graphed step, the plain
-  // one on another host); the step's idle time did not fall with it.
+  // Under a capture, programmatic where every node the launch depends on is
+  // a fused kernel's (OwnCapturedKernels); plain after torch's kernels (a
+  // cuBLAS product, the embedding's index_select, a fill) and anything else.
+  // Such a kernel never releases its dependents early, so a programmatic
+  // edge from it gains no overlap, and it cost more than a plain one: on
+  // H100s at `1b`'s batch 8, 0.64 µs from the end of cuBLAS's kernel to the
+  // start of the next fused kernel, against 0.42 µs plainly (kernel traces
+  // of the graphed step, the plain one on another host). Outside a capture
+  // the predecessor cannot be seen: programmatic, as `always`. The default.
   after_own_kernels,
-  // Programmatic after torch's kernels too (the default).
+  // Programmatic after torch's kernels too.
   always,
 };
 void set_programmatic_launches(ProgrammaticLaunches where);
 ProgrammaticLaunches programmatic_launches();
-// Tells the next fused launch on this thread that the kernel before it on
-// its stream is not one of these (ProgrammaticLaunches::after_own_kernels).
-// The mark is the thread's own: steps issued on other threads at the same
-// time neither see nor clear it.
-void note_foreign_kernel();
-// What the next fused launch on this thread asks for: programmatic stream
-// serialization (true) or a plain launch, from set_programmatic_launches()
-// and this thread's mark, which it clears. Every fused launch asks it once;
-// the device then launches programmatically only where it can.
-bool next_launch_programmatic();
+
+// The kernel nodes one thread's fused launches added to the capture under
+// way, which ProgrammaticLaunches::after_own_kernels asks about. A launch
+// reads what it will depend on from cudaStreamGetCaptureInfo; the ids of
+// captures are unique in a process, and a launch in another capture than
+// the one held starts the record afresh. Each thread keeps its own: a node
+// that another thread's launch added does not count, and the launch after
+// it is plain (the same results; at worst the edge costs a little more).
+class OwnCapturedKernels {
+ public:
+  // Whether every node in `dependencies` (what a launch in capture
+  // `capture` would depend on) was added to that capture by add(); true
+  // for none.
+  [[nodiscard]] bool only_own(unsigned long long capture, const cudaGraphNode_t* dependencies,
+                              std::size_t count) const;
+  // `node`: the kernel node a fused launch just added to capture `capture`.
+  void add(unsigned long long capture, cudaGraphNode_t node);
+
+ private:
+  bool holding_ = false;
+  unsigned long long capture_ = 0;
+  std::vector<cudaGraphNode_t> nodes_;
+};
+
+// What a fused launch asks for: programmatic stream serialization (true) or
+// a plain launch. `follows_own_kernels`: under a capture, whether every node
+// the launch depends on is a fused kernel's (OwnCapturedKernels::only_own);
+// std::nullopt outside a capture. The device then launches
+// programmatically only where it can.
+bool launch_programmatically(ProgrammaticLaunches where, std::optional<bool> follows_own_kernels);
 
 // Whether a one-row decode step whose products are its own folds each
 // residual add and RMSNorm into the product after it (Kernels::norm_linear:

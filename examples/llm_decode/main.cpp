@@ -86,7 +86,7 @@ struct Common {
   std::vector<std::int64_t> prefill_buckets;   // empty: the executor's default
   std::size_t prefill_chunk = 0;               // generate: > 0: chunked prefill of this many prompt tokens per launch
   std::string json;
-  std::string programmatic_launches = "always";  // --pdl (--no-pdl: off): fused::set_programmatic_launches
+  std::string programmatic_launches = "after-own";  // --pdl (--no-pdl: off): fused::set_programmatic_launches
   int own_product_rows = 1;               // --own-product-rows: fused::set_own_product_rows
   bool fold_norms = false;                // --fold-norms: fused::set_fold_norms
 
@@ -1187,9 +1187,10 @@ int main(int argc, char** argv) {
     sub->add_option("--json", c.json, "write the results to this file");
     CLI::Option* pdl =
         sub->add_option("--pdl", c.programmatic_launches,
-                        "where the fused kernels are launched with programmatic dependent launch: always, after-own "
-                        "(plainly after a kernel of torch's: a cuBLAS product, index_select, a fill) or off")
-            ->check(CLI::IsMember({"always", "after-own", "off"}))
+                        "where the fused kernels are launched with programmatic dependent launch: after-own "
+                        "(in a graph, plainly after a kernel of torch's: a cuBLAS product, index_select, a fill), "
+                        "always or off")
+            ->check(CLI::IsMember({"after-own", "always", "off"}))
             ->capture_default_str();
     sub->add_flag_callback(
            "--no-pdl", [&c] { c.programmatic_launches = "off"; },

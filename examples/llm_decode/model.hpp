@@ -736,13 +736,7 @@ class LlamaModel {
     // it while block 0 writes the sum.
     const bool fold =
         logit_rows == nullptr && fused::folds_norms(rows, hidden, qkv_width, 2 * intermediate, vocab);
-    // After each of torch's kernels (index_select, fills, cuBLAS products)
-    // the next fused launch is told so (fused::ProgrammaticLaunches).
-    const auto after_torch = [&] {
-      if (device_.is_cuda()) fused::note_foreign_kernel();
-    };
     at::Tensor x = embed_.index_select(0, tokens);  // [B, hidden], the residual stream
-    after_torch();
     at::Tensor h = at::empty_like(x);                // the normed input of the next product
     at::Tensor x_spare = fold ? at::empty_like(x) : at::Tensor();
     at::Tensor pending;  // folded: what the next norm adds to the residual (undefined: nothing)
@@ -784,17 +778,11 @@ class LlamaModel {
     const fused::LinearWorkspace linear_workspace{
         .partials = linear_floats > 0 ? linear_partials.data_ptr<float>() : nullptr,
         .counters = linear_floats > 0 ? reinterpret_cast<unsigned int*>(linear_counts.data_ptr<int>()) : nullptr};
-    // The workspaces' counters, zeroed by torch, before the first product.
-    if (workspace_tensors.counters.defined() || linear_floats > 0) after_torch();
     const auto product = [&](const at::Tensor& input, const at::Tensor& weight) {
       const auto input_rows = static_cast<int>(input.size(0));
       const auto in = static_cast<int>(weight.size(1));
       const auto out = static_cast<int>(weight.size(0));
-      if (!fused::use_own_product(input_rows, in, out)) {
-        at::Tensor y = at::linear(input, weight);
-        after_torch();
-        return y;
-      }
+      if (!fused::use_own_product(input_rows, in, out)) return at::linear(input, weight);
       at::Tensor y = at::empty({input_rows, out}, options);
       k.linear(half_ptr(input), half_ptr(weight), half_ptr(y), input_rows, in, out, linear_workspace, stream);
       return y;
@@ -811,9 +799,7 @@ class LlamaModel {
     const auto down_product = [&](const at::Tensor& gate_up, const at::Tensor& weight) {
       if (!gated_down) {
         k.silu_mul(half_ptr(gate_up), half_ptr(act), rows, intermediate, stream);
-        at::Tensor y = at::linear(act, weight);
-        after_torch();
-        return y;
+        return at::linear(act, weight);
       }
       at::Tensor y = at::empty({rows, hidden}, options);
       k.gated_linear(half_ptr(gate_up), half_ptr(weight), half_ptr(y), rows, intermediate, hidden, linear_workspace,
@@ -868,10 +854,7 @@ class LlamaModel {
       k.add_rms_norm(half_ptr(x), half_ptr(down), half_ptr(next_norm), half_ptr(h), rows, hidden, eps, stream);
     }
     if (fold) return norm_product(norm_, lm_head_);
-    if (logit_rows == nullptr) return product(h, lm_head_);
-    const at::Tensor logit_inputs = h.index_select(0, *logit_rows);
-    after_torch();
-    return product(logit_inputs, lm_head_);
+    return product(logit_rows != nullptr ? h.index_select(0, *logit_rows) : h, lm_head_);
   }
 
   // The cache must be one made for this model: a mismatch would index out of

@@ -9,6 +9,7 @@
 // which is dropped here so that doctest's CHECK is the one in force.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 
 #include "kv_cache.hpp"
 #include "model.hpp"
@@ -20,8 +21,12 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <exception>
+#include <functional>
+#include <latch>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -368,6 +373,66 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       const llm_decode_test::ProgrammaticLaunchesSetting after_own_launches(ProgrammaticLaunches::after_own_kernels);
       CHECK(differing_fused_replays(model, cache, slots, positions, tokens, context, 20, restore, plain,
                                     plain_cache) == 0);
+    }
+  }
+
+  TEST_CASE("programmatic launches after own kernels, 4 threads capturing at once: each graph gets the edges of one thread alone") {
+    using llm_decode::fused::ProgrammaticLaunches;
+    LlamaConfig config = LlamaConfig::preset("tiny");
+    config.max_len = 512;
+    const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
+    const std::int64_t rows = 4;
+    const llm_decode_test::ProgrammaticLaunchesSetting after_own(ProgrammaticLaunches::after_own_kernels);
+    for (const auto& [own_rows, context] : {std::pair{0, std::int64_t{32}}, std::pair{8, std::int64_t{300}}}) {
+      INFO("own products up to " << own_rows << " rows, context " << context);
+      const llm_decode_test::OwnProductRows own_products(own_rows);
+      // On the calling thread's current stream: one eager step (this
+      // thread's cuBLAS handle and workspace), then `ready`, then the
+      // captured step's edges.
+      const auto edges_after = [&](const std::function<void()>& ready) {
+        KvCache cache(config, rows, gpu, at::kHalf);
+        const at::Tensor slots = at::arange(rows, at::TensorOptions().device(gpu).dtype(at::kLong));
+        const at::Tensor positions = at::full({rows}, context - 1, slots.options());
+        const at::Tensor tokens = at::arange(rows, slots.options());
+        (void)model.decode(cache, slots, positions, tokens, context, llm_decode::DecodeKernels::fused);
+        at::cuda::getCurrentCUDAStream().synchronize();
+        ready();
+        return fused_decode_programmatic_edges(model, cache, slots, positions, tokens, context);
+      };
+      const ProgrammaticEdges alone = edges_after([] {});
+      CHECK(alone.from_torch == 0);
+      if (replay::programmatic_launch_supported()) CHECK(alone.total > 0);
+
+      constexpr int kThreads = 4;
+      std::vector<ProgrammaticEdges> edges(kThreads);
+      std::vector<std::string> failures(kThreads);
+      std::latch captures(kThreads);
+      std::vector<std::thread> threads;
+      for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+          const auto index = static_cast<std::size_t>(t);
+          bool arrived = false;
+          try {
+            const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
+            const c10::cuda::CUDAStreamGuard guard(stream);
+            edges[index] = edges_after([&] {
+              arrived = true;
+              captures.arrive_and_wait();
+            });
+          } catch (const std::exception& error) {
+            failures[index] = error.what();
+            if (!arrived) captures.count_down();  // the others still capture together
+          }
+        });
+      }
+      for (std::thread& thread : threads) thread.join();
+      for (int t = 0; t < kThreads; ++t) {
+        INFO("thread " << t);
+        const auto index = static_cast<std::size_t>(t);
+        CHECK(failures[index].empty());
+        CHECK(edges[index].from_torch == 0);
+        CHECK(edges[index].total == alone.total);
+      }
     }
   }
 
