@@ -15,6 +15,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <source_location>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -637,8 +639,8 @@ __host__ __device__ inline std::int64_t skinny_partial_index(int split, int rows
 
 // ---- programmatic dependent launch ----
 //
-// Every kernel here is launched with programmatic stream serialization
-// (launch_programmatic(), through replay::launch; the waits are replay/pdl.hpp's,
+// The kernels here are launched with programmatic stream serialization
+// where set_programmatic_launches() puts it (launch_programmatic(), through replay::launch; the waits are replay/pdl.hpp's,
 // which compile to nothing below sm_90); captured, consecutive launches become programmatic
 // edges. A kernel may start while its predecessor finishes: before
 // wait_for_prerequisite_grid() it reads only what no kernel writes (weights),
@@ -1223,23 +1225,29 @@ std::atomic<bool> fold_norms_on{false};            // set_fold_norms()
 // (LaunchAttributes::programmatic_where_supported: the device is sm_90 or
 // later and the kernel's code there was compiled for it, so that it waits
 // for its predecessor); plainly elsewhere.
+// cudaStreamGetCaptureInfo (CUDA 13; cudaStreamGetCaptureInfo_v3 before),
+// the edges' data asked for too: without it the query fails
+// (cudaErrorLossyQuery) where a dependency's edge is not a default one.
+CaptureDependencies capture_dependencies(cudaStream_t stream, const std::source_location& where) {
+  CaptureDependencies d;
+#if CUDART_VERSION >= 13000
+  replay::check(cudaStreamGetCaptureInfo(stream, &d.status, &d.capture, nullptr, &d.nodes, &d.edges, &d.count),
+                "cudaStreamGetCaptureInfo", where);
+#else
+  replay::check(cudaStreamGetCaptureInfo_v3(stream, &d.status, &d.capture, nullptr, &d.nodes, &d.edges, &d.count),
+                "cudaStreamGetCaptureInfo_v3", where);
+#endif
+  return d;
+}
+
 template <typename... Params, typename... Args>
 void launch_programmatic(void (*kernel)(Params...), const replay::LaunchOptions& options, cudaStream_t stream,
                          Args&&... args) {
   const ProgrammaticLaunches where = programmatic_launches_set.load(std::memory_order_relaxed);
-  // after_own_kernels under a capture: what the launch will depend on.
-  cudaStreamCaptureStatus capture_status = cudaStreamCaptureStatusNone;
-  unsigned long long capture = 0;
-  std::optional<bool> follows_own_kernels;
-  if (where == ProgrammaticLaunches::after_own_kernels) {
-    const cudaGraphNode_t* dependencies = nullptr;
-    std::size_t count = 0;
-    replay::check(cudaStreamGetCaptureInfo(stream, &capture_status, &capture, nullptr, &dependencies, nullptr, &count),
-                  "cudaStreamGetCaptureInfo", options.where());
-    if (capture_status == cudaStreamCaptureStatusActive) {
-      follows_own_kernels = own_captured_kernels.only_own(capture, dependencies, count);
-    }
-  }
+  // after_own_kernels: what the launch will depend on, if it is captured.
+  const bool asks = where == ProgrammaticLaunches::after_own_kernels;
+  const std::optional<bool> follows_own_kernels =
+      asks ? own_captured_kernels.follows_own(capture_dependencies(stream, options.where())) : std::nullopt;
   replay::launch(replay::StreamRef(stream),
                  replay::LaunchOptions(options.config(),
                                        launch_programmatically(where, follows_own_kernels)
@@ -1247,14 +1255,7 @@ void launch_programmatic(void (*kernel)(Params...), const replay::LaunchOptions&
                                            : replay::LaunchAttributes{},
                                        options.where()),
                  kernel, std::forward<Args>(args)...);
-  if (capture_status == cudaStreamCaptureStatusActive) {
-    // The stream's one dependency now: the launch's own node.
-    const cudaGraphNode_t* added = nullptr;
-    std::size_t count = 0;
-    replay::check(cudaStreamGetCaptureInfo(stream, &capture_status, nullptr, nullptr, &added, nullptr, &count),
-                  "cudaStreamGetCaptureInfo", options.where());
-    if (count == 1) own_captured_kernels.add(capture, added[0]);
-  }
+  if (follows_own_kernels.has_value()) own_captured_kernels.record_launch(capture_dependencies(stream, options.where()));
 }
 
 // The kernels read and write 16 bytes at a time where these point; a
@@ -1879,23 +1880,29 @@ void set_programmatic_launches(ProgrammaticLaunches where) {
 
 ProgrammaticLaunches programmatic_launches() { return programmatic_launches_set.load(std::memory_order_relaxed); }
 
-bool OwnCapturedKernels::only_own(unsigned long long capture, const cudaGraphNode_t* dependencies,
-                                  std::size_t count) const {
-  if (count == 0) return true;
-  if (!holding_ || capture != capture_) return false;
-  // From the back: the node a launch follows is most often the last one added.
-  return std::all_of(dependencies, dependencies + count, [&](cudaGraphNode_t node) {
-    return std::find(nodes_.rbegin(), nodes_.rend(), node) != nodes_.rend();
-  });
+std::optional<bool> OwnCapturedKernels::follows_own(const CaptureDependencies& dependencies) const {
+  if (dependencies.status != cudaStreamCaptureStatusActive) return std::nullopt;
+  if (dependencies.count == 0) return true;
+  if (!holding_ || dependencies.capture != capture_) return false;
+  for (std::size_t i = 0; i < dependencies.count; ++i) {
+    if (dependencies.edges != nullptr) {
+      const cudaGraphEdgeData& edge = dependencies.edges[i];
+      if (edge.from_port != 0 || edge.to_port != 0 || edge.type != cudaGraphDependencyTypeDefault) return false;
+    }
+    // From the back: the node a launch follows is most often the last one added.
+    if (std::find(nodes_.rbegin(), nodes_.rend(), dependencies.nodes[i]) == nodes_.rend()) return false;
+  }
+  return true;
 }
 
-void OwnCapturedKernels::add(unsigned long long capture, cudaGraphNode_t node) {
-  if (!holding_ || capture != capture_) {
+void OwnCapturedKernels::record_launch(const CaptureDependencies& after) {
+  if (after.status != cudaStreamCaptureStatusActive || after.count != 1) return;
+  if (!holding_ || after.capture != capture_) {
     nodes_.clear();
     holding_ = true;
-    capture_ = capture;
+    capture_ = after.capture;
   }
-  nodes_.push_back(node);
+  nodes_.push_back(after.nodes[0]);
 }
 
 bool launch_programmatically(ProgrammaticLaunches where, std::optional<bool> follows_own_kernels) {

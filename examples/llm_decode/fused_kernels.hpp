@@ -156,14 +156,15 @@ enum class ProgrammaticLaunches {
   // Every launch plain: to measure what the programmatic edges gain.
   off,
   // Under a capture, programmatic where every node the launch depends on is
-  // a fused kernel's (OwnCapturedKernels); plain after torch's kernels (a
-  // cuBLAS product, the embedding's index_select, a fill) and anything else.
-  // Such a kernel never releases its dependents early, so a programmatic
-  // edge from it gains no overlap, and it cost more than a plain one: on
-  // H100s at `1b`'s batch 8, 0.64 µs from the end of cuBLAS's kernel to the
-  // start of the next fused kernel, against 0.42 µs plainly (kernel traces
-  // of the graphed step, the plain one on another host). Outside a capture
-  // the predecessor cannot be seen: programmatic, as `always`. The default.
+  // a fused kernel's that this thread launched in the same capture
+  // (OwnCapturedKernels); plain after torch's kernels (a cuBLAS product, the
+  // embedding's index_select, a fill) and anything else. Such a kernel
+  // never releases its dependents early, so a programmatic edge from it
+  // gains no overlap, and it cost more than a plain one: on H100s at `1b`'s
+  // batch 8, 0.64 µs from the end of cuBLAS's kernel to the start of the
+  // next fused kernel, against 0.42 µs plainly (kernel traces of the
+  // graphed step, the plain one on another host). Outside a capture the
+  // predecessor cannot be seen: programmatic, as `always`. The default.
   after_own_kernels,
   // Programmatic after torch's kernels too.
   always,
@@ -171,22 +172,34 @@ enum class ProgrammaticLaunches {
 void set_programmatic_launches(ProgrammaticLaunches where);
 ProgrammaticLaunches programmatic_launches();
 
+// What cudaStreamGetCaptureInfo says about a stream: whether it is
+// capturing, and what the next node captured on it would depend on.
+struct CaptureDependencies {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long capture = 0;            // the capture's id, unique in the process
+  const cudaGraphNode_t* nodes = nullptr;    // the dependencies
+  const cudaGraphEdgeData* edges = nullptr;  // their edges' data, beside `nodes` (null: all default)
+  std::size_t count = 0;
+};
+
 // The kernel nodes one thread's fused launches added to the capture under
-// way, which ProgrammaticLaunches::after_own_kernels asks about. A launch
-// reads what it will depend on from cudaStreamGetCaptureInfo; the ids of
-// captures are unique in a process, and a launch in another capture than
-// the one held starts the record afresh. Each thread keeps its own: a node
-// that another thread's launch added does not count, and the launch after
-// it is plain (the same results; at worst the edge costs a little more).
+// way, which ProgrammaticLaunches::after_own_kernels asks about. A capture's
+// id is unique in the process; a launch in another capture than the one
+// held starts the record afresh, so a thread interleaving two captures
+// launches some kernels plainly that could have been programmatic. Each
+// thread keeps its own record: a node that another thread's launch added
+// does not count. Either way the results are the same; at worst an edge
+// costs a little more.
 class OwnCapturedKernels {
  public:
-  // Whether every node in `dependencies` (what a launch in capture
-  // `capture` would depend on) was added to that capture by add(); true
-  // for none.
-  [[nodiscard]] bool only_own(unsigned long long capture, const cudaGraphNode_t* dependencies,
-                              std::size_t count) const;
-  // `node`: the kernel node a fused launch just added to capture `capture`.
-  void add(unsigned long long capture, cudaGraphNode_t node);
+  // For a launch whose stream reported `dependencies`: std::nullopt unless
+  // the stream is capturing; otherwise whether every dependency is a node
+  // record_launch() recorded in that capture, through a default edge (the
+  // whole node complete, no port). True for none.
+  [[nodiscard]] std::optional<bool> follows_own(const CaptureDependencies& dependencies) const;
+  // After a fused launch: `after` is what its stream reported then, whose
+  // one dependency, under a capture, is the launch's own node.
+  void record_launch(const CaptureDependencies& after);
 
  private:
   bool holding_ = false;
@@ -195,9 +208,8 @@ class OwnCapturedKernels {
 };
 
 // What a fused launch asks for: programmatic stream serialization (true) or
-// a plain launch. `follows_own_kernels`: under a capture, whether every node
-// the launch depends on is a fused kernel's (OwnCapturedKernels::only_own);
-// std::nullopt outside a capture. The device then launches
+// a plain launch. `follows_own_kernels`: OwnCapturedKernels::follows_own
+// (std::nullopt outside a capture). The device then launches
 // programmatically only where it can.
 bool launch_programmatically(ProgrammaticLaunches where, std::optional<bool> follows_own_kernels);
 
@@ -260,9 +272,9 @@ struct Kernels {
   void (*add_rms_norm)(__half* x, const __half* delta, const __half* weight, __half* out, int rows, int width,
                        float eps, cudaStream_t stream);
   // A product as torch's linear without bias: y = x weight^T, float32 sums
-  // rounded once. Every kernel of the table is launched with programmatic
-  // stream serialization (a captured step gets programmatic edges between
-  // them): each reads what no kernel writes (its weights) before it waits
+  // rounded once. The kernels of the table are launched with programmatic
+  // stream serialization where set_programmatic_launches() puts it (a
+  // captured step gets programmatic edges between them): each reads what no kernel writes (its weights) before it waits
   // for its predecessor.
   //   x: [rows, in]; weight: [out, in]; y: [rows, out]
   // Throws std::invalid_argument for shapes it cannot take (check_linear_shape),

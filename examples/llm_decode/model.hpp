@@ -56,8 +56,9 @@ enum class DecodeKernels : std::uint8_t {
   // one row with fused::set_fold_norms(true), each norm computed by the
   // product after it; other row counts: torch's GEMMs and a SiLU x up
   // kernel, 8; a packed prefill's
-  // rotary and cache write are a kernel of their own). Every fused kernel is
-  // a programmatic launch. fp16 only; on the CPU the
+  // rotary and cache write are a kernel of their own). The fused kernels are
+  // programmatic launches (after torch's kernels too only with
+  // fused::ProgrammaticLaunches::always). fp16 only; on the CPU the
   // kernels' host versions run (for tests). Agrees with `aten` to fp16 rounding, not bit for bit (it
   // rounds once where the operators round at each step).
   fused,

@@ -383,12 +383,15 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
     const std::int64_t rows = 4;
     const llm_decode_test::ProgrammaticLaunchesSetting after_own(ProgrammaticLaunches::after_own_kernels);
-    for (const auto& [own_rows, context] : {std::pair{0, std::int64_t{32}}, std::pair{8, std::int64_t{300}}}) {
-      INFO("own products up to " << own_rows << " rows, context " << context);
-      const llm_decode_test::OwnProductRows own_products(own_rows);
-      // On the calling thread's current stream: one eager step (this
+    // The step's own products, so that fused kernels follow fused kernels;
+    // past kSplitKeys positions torch zeroes the attention's counters too.
+    const llm_decode_test::OwnProductRows own_products(8);
+    for (const std::int64_t context : {32, 300}) {
+      INFO("context " << context);
+      // One eager step on the calling thread's current stream (this
       // thread's cuBLAS handle and workspace), then `ready`, then the
-      // captured step's edges.
+      // captured step's edges (captured on a stream of its own
+      // TorchCaptureContext).
       const auto edges_after = [&](const std::function<void()>& ready) {
         KvCache cache(config, rows, gpu, at::kHalf);
         const at::Tensor slots = at::arange(rows, at::TensorOptions().device(gpu).dtype(at::kLong));
@@ -429,7 +432,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       for (int t = 0; t < kThreads; ++t) {
         INFO("thread " << t);
         const auto index = static_cast<std::size_t>(t);
-        CHECK(failures[index].empty());
+        CHECK_MESSAGE(failures[index].empty(), failures[index]);
         CHECK(edges[index].from_torch == 0);
         CHECK(edges[index].total == alone.total);
       }

@@ -604,28 +604,48 @@ TEST_SUITE("host") {
     CHECK_FALSE(launch_programmatically(ProgrammaticLaunches::after_own_kernels, false));
     CHECK(launch_programmatically(ProgrammaticLaunches::after_own_kernels, std::nullopt));  // outside a capture
 
-    // Stand-in node handles: only compared, never passed to CUDA.
+    // What a stream reports, with stand-in node handles: only compared, never passed to CUDA.
     const auto node = [](std::uintptr_t n) { return reinterpret_cast<cudaGraphNode_t>(n * 64); };
-    const cudaGraphNode_t first = node(1);
-    const cudaGraphNode_t second = node(2);
-    const cudaGraphNode_t torch_kernel = node(3);
+    const auto capturing = [](unsigned long long capture, const auto& nodes,
+                              const cudaGraphEdgeData* edges = nullptr) {
+      return llm_decode::fused::CaptureDependencies{.status = cudaStreamCaptureStatusActive,
+                                                    .capture = capture,
+                                                    .nodes = nodes.data(),
+                                                    .edges = edges,
+                                                    .count = nodes.size()};
+    };
+    const std::array<cudaGraphNode_t, 0> none{};
+    const std::array first{node(1)};
+    const std::array second{node(2)};
+    const std::array torch_kernel{node(3)};
+    const std::array both{first[0], second[0]};
+    const std::array mixed{second[0], torch_kernel[0]};
     OwnCapturedKernels own;
-    CHECK(own.only_own(7, nullptr, 0));  // the first node of a capture depends on nothing
-    CHECK_FALSE(own.only_own(7, &first, 1));
-    own.add(7, first);
-    own.add(7, second);
-    CHECK(own.only_own(7, &first, 1));
-    CHECK(own.only_own(7, &second, 1));
-    CHECK_FALSE(own.only_own(7, &torch_kernel, 1));
-    const std::array both{first, second};
-    CHECK(own.only_own(7, both.data(), both.size()));  // a join of two own kernels
-    const std::array mixed{second, torch_kernel};
-    CHECK_FALSE(own.only_own(7, mixed.data(), mixed.size()));
-    CHECK_FALSE(own.only_own(8, &first, 1));  // the same handle in another capture is not ours
-    own.add(8, torch_kernel);                 // a launch in another capture starts afresh
-    CHECK(own.only_own(8, &torch_kernel, 1));
-    CHECK_FALSE(own.only_own(8, &first, 1));
-    CHECK_FALSE(own.only_own(7, &torch_kernel, 1));
+    CHECK_FALSE(own.follows_own(llm_decode::fused::CaptureDependencies{}).has_value());  // not capturing
+    CHECK(own.follows_own(capturing(7, none)) == true);  // a capture's first node depends on nothing
+    CHECK(own.follows_own(capturing(7, first)) == false);
+    own.record_launch(capturing(7, first));
+    own.record_launch(capturing(7, second));
+    own.record_launch(capturing(7, both));  // not one node: not a launch's own, ignored
+    own.record_launch(llm_decode::fused::CaptureDependencies{.capture = 7, .nodes = torch_kernel.data(), .count = 1});
+    CHECK(own.follows_own(capturing(7, first)) == true);
+    CHECK(own.follows_own(capturing(7, second)) == true);
+    CHECK(own.follows_own(capturing(7, torch_kernel)) == false);  // a node no fused launch added
+    CHECK(own.follows_own(capturing(7, both)) == true);           // a join of two own kernels
+    CHECK(own.follows_own(capturing(7, mixed)) == false);
+    const std::array<cudaGraphEdgeData, 2> default_edges{};
+    CHECK(own.follows_own(capturing(7, both, default_edges.data())) == true);
+    std::array<cudaGraphEdgeData, 2> programmatic_edge{};
+    programmatic_edge[1].type = cudaGraphDependencyTypeProgrammatic;
+    CHECK(own.follows_own(capturing(7, both, programmatic_edge.data())) == false);
+    std::array<cudaGraphEdgeData, 2> ported_edge{};
+    ported_edge[0].from_port = cudaGraphKernelNodePortLaunchCompletion;
+    CHECK(own.follows_own(capturing(7, both, ported_edge.data())) == false);
+    CHECK(own.follows_own(capturing(8, first)) == false);  // the same handle in another capture is not ours
+    own.record_launch(capturing(8, torch_kernel));          // a launch in another capture starts afresh
+    CHECK(own.follows_own(capturing(8, torch_kernel)) == true);
+    CHECK(own.follows_own(capturing(8, first)) == false);
+    CHECK(own.follows_own(capturing(7, first)) == false);  // capture 7's nodes no longer count
   }
 
   TEST_CASE("the fused step bookkeeping (its host versions) writes what the ATen bookkeeping writes, bit for bit") {
