@@ -640,9 +640,9 @@ __host__ __device__ inline std::int64_t skinny_partial_index(int split, int rows
 // ---- programmatic dependent launch ----
 //
 // The kernels here are launched with programmatic stream serialization
-// where set_programmatic_launches() puts it (launch_programmatic(), through replay::launch; the waits are replay/pdl.hpp's,
-// which compile to nothing below sm_90); captured, consecutive launches become programmatic
-// edges. A kernel may start while its predecessor finishes: before
+// where set_programmatic_launches() puts it (launch_programmatic(), through
+// replay::launch; the waits are replay/pdl.hpp's, which compile to nothing
+// below sm_90); captured, consecutive launches become programmatic edges. A kernel may start while its predecessor finishes: before
 // wait_for_prerequisite_grid() it reads only what no kernel writes (weights),
 // and it writes nothing. Each kernel waits unconditionally at its start (a
 // block that returned early without waiting would break the chain's
@@ -1218,6 +1218,28 @@ thread_local OwnCapturedKernels own_captured_kernels;
 std::atomic<int> own_product_rows_set{1};          // set_own_product_rows()
 std::atomic<bool> fold_norms_on{false};            // set_fold_norms()
 
+// What a launch on `stream` would depend on: cudaStreamGetCaptureInfo (CUDA
+// 13; cudaStreamGetCaptureInfo_v3 before), the edges' data asked for too,
+// since without it the query fails (cudaErrorLossyQuery) where an edge is
+// not a default one. A driver older than CUDA 12.3 cannot answer: reported
+// as not capturing, so the launches are programmatic, as `always`.
+CaptureDependencies capture_dependencies(cudaStream_t stream, const std::source_location& where) {
+  CaptureDependencies reported;
+#if CUDART_VERSION >= 13000
+  const cudaError_t status = cudaStreamGetCaptureInfo(stream, &reported.status, &reported.capture, nullptr,
+                                                      &reported.nodes, &reported.edges, &reported.count);
+#else
+  const cudaError_t status = cudaStreamGetCaptureInfo_v3(stream, &reported.status, &reported.capture, nullptr,
+                                                         &reported.nodes, &reported.edges, &reported.count);
+#endif
+  if (status == cudaErrorCallRequiresNewerDriver) {
+    if (cudaPeekAtLastError() == status) (void)cudaGetLastError();  // this query's own failure, taken back
+    return CaptureDependencies{};
+  }
+  replay::check(status, "cudaStreamGetCaptureInfo", where);
+  return reported;
+}
+
 // The one place the fused kernels are launched: replay::launch on `stream`
 // (the arguments checked against the kernel's parameters at compile time,
 // errors naming the call's line), with programmatic stream serialization
@@ -1225,32 +1247,18 @@ std::atomic<bool> fold_norms_on{false};            // set_fold_norms()
 // (LaunchAttributes::programmatic_where_supported: the device is sm_90 or
 // later and the kernel's code there was compiled for it, so that it waits
 // for its predecessor); plainly elsewhere.
-// cudaStreamGetCaptureInfo (CUDA 13; cudaStreamGetCaptureInfo_v3 before),
-// the edges' data asked for too: without it the query fails
-// (cudaErrorLossyQuery) where a dependency's edge is not a default one.
-CaptureDependencies capture_dependencies(cudaStream_t stream, const std::source_location& where) {
-  CaptureDependencies d;
-#if CUDART_VERSION >= 13000
-  replay::check(cudaStreamGetCaptureInfo(stream, &d.status, &d.capture, nullptr, &d.nodes, &d.edges, &d.count),
-                "cudaStreamGetCaptureInfo", where);
-#else
-  replay::check(cudaStreamGetCaptureInfo_v3(stream, &d.status, &d.capture, nullptr, &d.nodes, &d.edges, &d.count),
-                "cudaStreamGetCaptureInfo_v3", where);
-#endif
-  return d;
-}
-
 template <typename... Params, typename... Args>
 void launch_programmatic(void (*kernel)(Params...), const replay::LaunchOptions& options, cudaStream_t stream,
                          Args&&... args) {
-  const ProgrammaticLaunches where = programmatic_launches_set.load(std::memory_order_relaxed);
+  const ProgrammaticLaunches mode = programmatic_launches_set.load(std::memory_order_relaxed);
   // after_own_kernels: what the launch will depend on, if it is captured.
-  const bool asks = where == ProgrammaticLaunches::after_own_kernels;
   const std::optional<bool> follows_own_kernels =
-      asks ? own_captured_kernels.follows_own(capture_dependencies(stream, options.where())) : std::nullopt;
+      mode == ProgrammaticLaunches::after_own_kernels
+          ? own_captured_kernels.follows_own(capture_dependencies(stream, options.where()))
+          : std::nullopt;
   replay::launch(replay::StreamRef(stream),
                  replay::LaunchOptions(options.config(),
-                                       launch_programmatically(where, follows_own_kernels)
+                                       launch_programmatically(mode, follows_own_kernels)
                                            ? replay::LaunchAttributes::programmatic_where_supported()
                                            : replay::LaunchAttributes{},
                                        options.where()),

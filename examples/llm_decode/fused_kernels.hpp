@@ -274,8 +274,8 @@ struct Kernels {
   // A product as torch's linear without bias: y = x weight^T, float32 sums
   // rounded once. The kernels of the table are launched with programmatic
   // stream serialization where set_programmatic_launches() puts it (a
-  // captured step gets programmatic edges between them): each reads what no kernel writes (its weights) before it waits
-  // for its predecessor.
+  // captured step gets programmatic edges between them): each reads what
+  // no kernel writes (its weights) before it waits for its predecessor.
   //   x: [rows, in]; weight: [out, in]; y: [rows, out]
   // Throws std::invalid_argument for shapes it cannot take (check_linear_shape),
   // for a split product without a workspace, and for x or weight not

@@ -57,8 +57,8 @@ enum class DecodeKernels : std::uint8_t {
   // product after it; other row counts: torch's GEMMs and a SiLU x up
   // kernel, 8; a packed prefill's
   // rotary and cache write are a kernel of their own). The fused kernels are
-  // programmatic launches (after torch's kernels too only with
-  // fused::ProgrammaticLaunches::always). fp16 only; on the CPU the
+  // programmatic launches (in a captured step, after torch's kernels too
+  // only with fused::ProgrammaticLaunches::always). fp16 only; on the CPU the
   // kernels' host versions run (for tests). Agrees with `aten` to fp16 rounding, not bit for bit (it
   // rounds once where the operators round at each step).
   fused,
