@@ -1212,7 +1212,7 @@ __global__ void step_update_kernel(StepRows state, const std::int64_t* next) {
   if (threadIdx.x == 0) step_update_loop(state, any_live);
 }
 
-std::atomic<ProgrammaticLaunches> programmatic_launches_set{ProgrammaticLaunches::after_own_kernels};  // set_programmatic_launches()
+std::atomic<ProgrammaticLaunches> programmatic_launches_set{ProgrammaticLaunches::always};  // set_programmatic_launches()
 // The nodes this thread's launches added to the capture under way (after_own_kernels).
 thread_local OwnCapturedKernels own_captured_kernels;
 std::atomic<int> own_product_rows_set{1};          // set_own_product_rows()

@@ -86,7 +86,7 @@ struct Common {
   std::vector<std::int64_t> prefill_buckets;   // empty: the executor's default
   std::size_t prefill_chunk = 0;               // generate: > 0: chunked prefill of this many prompt tokens per launch
   std::string json;
-  std::string programmatic_launches = "after-own";  // --pdl (--no-pdl: off): fused::set_programmatic_launches
+  std::string programmatic_launches = "always";  // --pdl (--no-pdl: off): fused::set_programmatic_launches
   int own_product_rows = 1;               // --own-product-rows: fused::set_own_product_rows
   bool fold_norms = false;                // --fold-norms: fused::set_fold_norms
 
