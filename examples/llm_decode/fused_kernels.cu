@@ -1215,7 +1215,7 @@ __global__ void step_update_kernel(StepRows state, const std::int64_t* next) {
 std::atomic<ProgrammaticLaunches> programmatic_launches_set{ProgrammaticLaunches::always};  // set_programmatic_launches()
 // The nodes this thread's launches added to the capture under way (after_own_kernels).
 thread_local OwnCapturedKernels own_captured_kernels;
-std::atomic<int> own_product_rows_set{1};          // set_own_product_rows()
+std::atomic<unsigned long long> own_products_set{1};  // set_own_products_at(): rows r at bit r - 1
 std::atomic<bool> fold_norms_on{false};            // set_fold_norms()
 
 // What a launch on `stream` would depend on: cudaStreamGetCaptureInfo (CUDA
@@ -1934,17 +1934,59 @@ bool folds_norms(int rows, int hidden, int qkv_width, int gate_up_width, int voc
          use_own_product(rows, hidden, gate_up_width) && use_own_product(rows, hidden, vocab);
 }
 
-void set_own_product_rows(int rows) {
+void set_own_products_at(ProductRowCounts row_counts) {
+  own_products_set.store(row_counts.to_ullong(), std::memory_order_relaxed);
+}
+
+ProductRowCounts own_products_at() { return ProductRowCounts(own_products_set.load(std::memory_order_relaxed)); }
+
+ProductRowCounts product_rows_up_to(int rows) {
   if (rows < 0 || rows > kMaxSkinnyRows) {
     throw std::invalid_argument("fused: own products for up to " + std::to_string(rows) + " rows; it takes 0 to " +
                                 std::to_string(kMaxSkinnyRows));
   }
-  own_product_rows_set.store(rows, std::memory_order_relaxed);
+  ProductRowCounts counts;
+  for (int r = 1; r <= rows; ++r) counts.set(static_cast<std::size_t>(r - 1));
+  return counts;
 }
 
-int own_product_rows() { return own_product_rows_set.load(std::memory_order_relaxed); }
+ProductRowCounts product_rows_of(const std::vector<int>& counts) {
+  ProductRowCounts set;
+  for (const int rows : counts) {
+    if (rows < 1 || rows > kMaxSkinnyRows) {
+      throw std::invalid_argument("fused: own products at " + std::to_string(rows) + " rows; a count is 1 to " +
+                                  std::to_string(kMaxSkinnyRows));
+    }
+    set.set(static_cast<std::size_t>(rows - 1));
+  }
+  return set;
+}
 
-bool use_own_product(int rows, int in, int out) { return rows <= own_product_rows() && linear_fits(rows, in, out); }
+std::string describe_product_rows(ProductRowCounts row_counts) {
+  if (row_counts.none()) return "none";
+  std::vector<std::string> runs;  // "4" or "1 to 8"
+  for (int r = 1; r <= kMaxSkinnyRows; ++r) {
+    if (!row_counts.test(static_cast<std::size_t>(r - 1))) continue;
+    int last = r;
+    while (last < kMaxSkinnyRows && row_counts.test(static_cast<std::size_t>(last))) ++last;
+    if (last - r >= 2) {
+      runs.push_back(std::to_string(r) + " to " + std::to_string(last));
+    } else {
+      for (int one = r; one <= last; ++one) runs.push_back(std::to_string(one));
+    }
+    r = last;
+  }
+  std::string words = runs.front();
+  for (std::size_t i = 1; i < runs.size(); ++i) words += (i + 1 == runs.size() ? " and " : ", ") + runs[i];
+  return words;
+}
+
+void set_own_product_rows(int rows) { set_own_products_at(product_rows_up_to(rows)); }
+
+bool use_own_product(int rows, int in, int out) {
+  return rows >= 1 && rows <= kMaxSkinnyRows && own_products_at().test(static_cast<std::size_t>(rows - 1)) &&
+         linear_fits(rows, in, out);
+}
 
 bool linear_fits(int rows, int in, int out) {
   if (in < kVectorHalves || in % kVectorHalves != 0 || out < 1) return false;

@@ -9,9 +9,11 @@
 // that stream records it. host_kernels() runs the kernels' code over host
 // memory, one thread at a time: what the tests check the math and the
 // indexing with where there is no GPU.
+#include <bitset>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <cuda_fp16.h>
@@ -80,20 +82,33 @@ bool linear_fits(int rows, int in, int out);
 // Throws std::invalid_argument, naming the sizes, where linear_fits() is false.
 void check_linear_shape(int rows, int in, int out);
 
-// The most rows for which the decode step uses these products rather than
-// cuBLAS (through at::linear), where linear_fits() takes the shape. Default 1.
-// On an H100, at batch 2 / 4 / 8 the GEMV made the `small` step 1.34 / 1.33
-// / 1.30x as fast as with cuBLAS's products (0.353 / 0.355 / 0.369 against
-// 0.473 / 0.472 / 0.480 ms) and the `1b` step 1.01 / 0.97 / 0.94x (1.238 /
-// 1.290 / 1.354 against 1.253 / 1.255 / 1.271 ms), so no one row count
-// suits both. At 64 rows the skinny GEMM lost by far (`small`: 1.273
-// against 0.511 ms): it reads its input from L2 once per tile.
-// 0: cuBLAS for every product. Read when a step is issued, so a graph keeps
-// what was set when it was captured; `llm_decode --own-product-rows N`.
+// The row counts at which the decode step uses these products rather than
+// cuBLAS (through at::linear), where linear_fits() takes the shape: rows r
+// at bit r - 1. Default: 1 row. On an H100, at batch 2 / 4 / 8 the GEMV
+// made the `small` step 1.34 / 1.33 / 1.30x as fast as with cuBLAS's
+// products (0.353 / 0.355 / 0.369 against 0.473 / 0.472 / 0.480 ms) and the
+// `1b` step 1.01 / 0.97 / 0.94x (1.238 / 1.290 / 1.354 against 1.253 /
+// 1.255 / 1.271 ms), so no one row count suits both, and a model may want
+// its own products at some counts and not at others. At 64 rows the skinny
+// GEMM lost by far (`small`: 1.273 against 0.511 ms): it reads its input
+// from L2 once per tile. Read when a step is issued, so a graph keeps what
+// was set when it was captured; `llm_decode --own-product-rows N` (1 to N)
+// or `--own-products-at 1,2`.
+using ProductRowCounts = std::bitset<kMaxSkinnyRows>;
+void set_own_products_at(ProductRowCounts row_counts);
+ProductRowCounts own_products_at();
+// 1 to `rows` rows (0: none, cuBLAS for every product). Throws
+// std::invalid_argument outside 0 to kMaxSkinnyRows.
+ProductRowCounts product_rows_up_to(int rows);
+// Exactly these counts. Throws std::invalid_argument, naming it, for a count
+// outside 1 to kMaxSkinnyRows.
+ProductRowCounts product_rows_of(const std::vector<int>& counts);
+// The counts in words: "none", "1 to 8", "1, 2 and 4".
+std::string describe_product_rows(ProductRowCounts row_counts);
+// set_own_products_at(product_rows_up_to(rows)).
 void set_own_product_rows(int rows);
-int own_product_rows();
 // Whether the step computes this product with linear() / gated_linear():
-// rows <= own_product_rows() and linear_fits().
+// own_products_at() holds `rows` and linear_fits().
 bool use_own_product(int rows, int in, int out);
 
 // Threads per block of a GEMV over `in` input halves: one 16-byte vector of

@@ -754,7 +754,7 @@ class LlamaModel {
     const fused::AttentionWorkspace workspace = workspace_tensors.view();
     const at::Tensor attended = at::empty({rows, heads * head_dim}, options);
     // The products: the fused GEMVs and skinny GEMMs where the step uses them
-    // (fused::use_own_product: up to fused::own_product_rows() rows, where
+    // (fused::use_own_product: at fused::own_products_at()'s row counts, where
     // they take the shape), launched programmatically like the other
     // kernels; torch's GEMM (cuBLAS) elsewhere. A skinny GEMM that splits its
     // width over blocks uses the workspace: one set for every product of the

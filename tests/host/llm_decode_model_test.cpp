@@ -470,9 +470,13 @@ TEST_SUITE("host") {
     CHECK_FALSE(linear_fits(16, 2048, 48));
     CHECK_FALSE(linear_fits(16, 2056, 64));
     CHECK_NOTHROW(check_linear_shape(8, 2048, 1));
-    // The step uses them up to own_product_rows() rows (default 1), cuBLAS above.
+    // The step uses them at own_products_at()'s row counts (default 1 row), cuBLAS elsewhere.
+    using llm_decode::fused::describe_product_rows;
+    using llm_decode::fused::own_products_at;
+    using llm_decode::fused::product_rows_of;
+    using llm_decode::fused::product_rows_up_to;
     using llm_decode::fused::use_own_product;
-    CHECK(llm_decode::fused::own_product_rows() == 1);
+    CHECK(own_products_at() == product_rows_up_to(1));
     CHECK(use_own_product(1, 2048, 64));
     CHECK_FALSE(use_own_product(2, 2048, 64));
     {
@@ -481,9 +485,35 @@ TEST_SUITE("host") {
       CHECK(use_own_product(64, 2048, 64));
       CHECK_FALSE(use_own_product(24, 2048, 64));  // linear_fits() still decides the shapes
     }
-    CHECK(llm_decode::fused::own_product_rows() == 1);
+    CHECK(own_products_at() == product_rows_up_to(1));
+    {
+      // Some counts and not others: 1, 2 and 16 rows, cuBLAS at 4, 8 and 32.
+      const llm_decode_test::OwnProductsAt some(product_rows_of({16, 2, 1}));
+      CHECK(use_own_product(1, 2048, 64));
+      CHECK(use_own_product(2, 2048, 64));
+      CHECK(use_own_product(16, 2048, 64));
+      for (const int cublas_rows : {3, 4, 8, 32, 64}) CHECK_FALSE(use_own_product(cublas_rows, 2048, 64));
+      CHECK_FALSE(use_own_product(0, 2048, 64));
+      CHECK_FALSE(use_own_product(65, 2048, 64));
+    }
+    {
+      const llm_decode_test::OwnProductRows none(0);
+      CHECK_FALSE(use_own_product(1, 2048, 64));
+      CHECK(own_products_at().none());
+    }
+    CHECK(product_rows_up_to(3) == product_rows_of({1, 2, 3}));
+    CHECK(product_rows_up_to(64).all());
+    CHECK(describe_product_rows(product_rows_up_to(0)) == "none");
+    CHECK(describe_product_rows(product_rows_up_to(1)) == "1");
+    CHECK(describe_product_rows(product_rows_up_to(8)) == "1 to 8");
+    CHECK(describe_product_rows(product_rows_of({1, 2, 4})) == "1, 2 and 4");
+    CHECK(describe_product_rows(product_rows_of({1, 3, 4, 5, 64})) == "1, 3 to 5 and 64");
     CHECK_THROWS_WITH_AS(llm_decode::fused::set_own_product_rows(65), doctest::Contains("0 to 64"),
                          std::invalid_argument);
+    CHECK_THROWS_WITH_AS((void)product_rows_of({2, 0}), doctest::Contains("own products at 0 rows; a count is 1 to 64"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS((void)product_rows_of({65}), doctest::Contains("at 65 rows"), std::invalid_argument);
+    CHECK(own_products_at() == product_rows_up_to(1));  // the refusals changed nothing
     CHECK_THROWS_WITH_AS(check_linear_shape(9, 2048, 16), doctest::Contains("9 rows of 2048 halves into 16 outputs"),
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(check_linear_shape(1, 12, 16), doctest::Contains("1 rows of 12 halves"),

@@ -229,10 +229,15 @@ class ScopedFusedSetting {
   Value previous_;
 };
 
-// The step's own products up to this many rows (the default uses them at
+// The step's own products at these row counts (the default uses them at
 // batch 1 only), so that a test covers them inside a whole step.
-using OwnProductRows =
-    ScopedFusedSetting<int, &llm_decode::fused::own_product_rows, &llm_decode::fused::set_own_product_rows>;
+using OwnProductsAt = ScopedFusedSetting<llm_decode::fused::ProductRowCounts, &llm_decode::fused::own_products_at,
+                                         &llm_decode::fused::set_own_products_at>;
+// The same, 1 to `rows` rows (a count, never the set's bits).
+class OwnProductRows : public OwnProductsAt {
+ public:
+  explicit OwnProductRows(int rows) : OwnProductsAt(llm_decode::fused::product_rows_up_to(rows)) {}
+};
 // Where the fused kernels are launched programmatically.
 using ProgrammaticLaunchesSetting =
     ScopedFusedSetting<llm_decode::fused::ProgrammaticLaunches, &llm_decode::fused::programmatic_launches,
