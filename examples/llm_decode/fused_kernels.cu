@@ -1212,10 +1212,13 @@ __global__ void step_update_kernel(StepRows state, const std::int64_t* next) {
   if (threadIdx.x == 0) step_update_loop(state, any_live);
 }
 
-std::atomic<ProgrammaticLaunches> programmatic_launches_set{ProgrammaticLaunches::always};  // set_programmatic_launches()
+// set_programmatic_launches()
+std::atomic<ProgrammaticLaunches> programmatic_launches_set{ProgrammaticLaunches::always};
 // The nodes this thread's launches added to the capture under way (after_own_kernels).
 thread_local OwnCapturedKernels own_captured_kernels;
-std::atomic<unsigned long long> own_products_set{1};  // set_own_products_at(): rows r at bit r - 1
+// set_own_products_at(): rows r at bit r - 1.
+static_assert(kMaxSkinnyRows <= std::numeric_limits<unsigned long long>::digits);
+std::atomic<unsigned long long> own_products_set{1};
 std::atomic<bool> fold_norms_on{false};            // set_fold_norms()
 
 // What a launch on `stream` would depend on: cudaStreamGetCaptureInfo (CUDA
@@ -1962,19 +1965,27 @@ ProductRowCounts product_rows_of(const std::vector<int>& counts) {
   return set;
 }
 
-std::string describe_product_rows(ProductRowCounts row_counts) {
-  if (row_counts.none()) return "none";
-  std::vector<std::string> runs;  // "4" or "1 to 8"
+std::vector<int> product_row_list(ProductRowCounts row_counts) {
+  std::vector<int> rows;
   for (int r = 1; r <= kMaxSkinnyRows; ++r) {
-    if (!row_counts.test(static_cast<std::size_t>(r - 1))) continue;
-    int last = r;
-    while (last < kMaxSkinnyRows && row_counts.test(static_cast<std::size_t>(last))) ++last;
-    if (last - r >= 2) {
-      runs.push_back(std::to_string(r) + " to " + std::to_string(last));
+    if (row_counts.test(static_cast<std::size_t>(r - 1))) rows.push_back(r);
+  }
+  return rows;
+}
+
+std::string describe_product_rows(ProductRowCounts row_counts) {
+  const std::vector<int> rows = product_row_list(row_counts);
+  if (rows.empty()) return "none";
+  std::vector<std::string> runs;  // "4", or "1 to 8" for three or more in a row
+  for (std::size_t first = 0; first < rows.size();) {
+    std::size_t last = first;
+    while (last + 1 < rows.size() && rows[last + 1] == rows[last] + 1) ++last;
+    if (last - first >= 2) {
+      runs.push_back(std::to_string(rows[first]) + " to " + std::to_string(rows[last]));
     } else {
-      for (int one = r; one <= last; ++one) runs.push_back(std::to_string(one));
+      for (std::size_t i = first; i <= last; ++i) runs.push_back(std::to_string(rows[i]));
     }
-    r = last;
+    first = last + 1;
   }
   std::string words = runs.front();
   for (std::size_t i = 1; i < runs.size(); ++i) words += (i + 1 == runs.size() ? " and " : ", ") + runs[i];

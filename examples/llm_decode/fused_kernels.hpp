@@ -10,6 +10,7 @@
 // memory, one thread at a time: what the tests check the math and the
 // indexing with where there is no GPU.
 #include <bitset>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -96,6 +97,10 @@ void check_linear_shape(int rows, int in, int out);
 // or `--own-products-at 1,2`.
 using ProductRowCounts = std::bitset<kMaxSkinnyRows>;
 void set_own_products_at(ProductRowCounts row_counts);
+// A number is not a set of counts (std::bitset would take 8 as row 4 alone):
+// product_rows_up_to(8) or product_rows_of({8}).
+template <std::integral Number>
+void set_own_products_at(Number) = delete;
 ProductRowCounts own_products_at();
 // 1 to `rows` rows (0: none, cuBLAS for every product). Throws
 // std::invalid_argument outside 0 to kMaxSkinnyRows.
@@ -103,6 +108,8 @@ ProductRowCounts product_rows_up_to(int rows);
 // Exactly these counts. Throws std::invalid_argument, naming it, for a count
 // outside 1 to kMaxSkinnyRows.
 ProductRowCounts product_rows_of(const std::vector<int>& counts);
+// The counts in ascending order.
+std::vector<int> product_row_list(ProductRowCounts row_counts);
 // The counts in words: "none", "1 to 8", "1, 2 and 4".
 std::string describe_product_rows(ProductRowCounts row_counts);
 // set_own_products_at(product_rows_up_to(rows)).

@@ -88,7 +88,7 @@ struct Common {
   std::string json;
   std::string programmatic_launches = "always";  // --pdl (--no-pdl: off): fused::set_programmatic_launches
   int own_product_rows = 1;               // --own-product-rows: fused::set_own_product_rows
-  std::vector<int> own_products_at;       // --own-products-at: fused::set_own_products_at, instead
+  std::vector<int> own_products_at;       // --own-products-at: fused::set_own_products_at; given, it replaces the above
   bool fold_norms = false;                // --fold-norms: fused::set_fold_norms
 
   // Chunked prefill runs on the fused kernels' bucketed prefill only
@@ -404,7 +404,7 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
   const LlamaModel model = load_model(c);
   const PeakBandwidth peak = peak_bandwidth(model.device().index(), peak_tbps);
   std::printf("llm_decode bench: HBM peak %.2f TB/s, from %s; fused kernels' programmatic launches %s; own products "
-              "at %s row(s), cuBLAS elsewhere; norms %s\n",
+              "at row counts %s, cuBLAS elsewhere; norms %s\n",
               peak.bytes_per_s / 1e12, peak.source.c_str(), c.programmatic_launches.c_str(),
               llm_decode::fused::describe_product_rows(llm_decode::fused::own_products_at()).c_str(),
               c.fold_norms ? "folded into the products at one row (--fold-norms)" : "kernels of their own");
@@ -425,11 +425,7 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
   out["peak_bytes_per_s"] = peak.bytes_per_s;
   out["peak_source"] = peak.source;
   out["programmatic_launches"] = c.programmatic_launches;
-  out["own_products_at"] = Json::array();  // the row counts
-  const llm_decode::fused::ProductRowCounts own_products = llm_decode::fused::own_products_at();
-  for (int rows = 1; rows <= llm_decode::fused::kMaxSkinnyRows; ++rows) {
-    if (own_products.test(static_cast<std::size_t>(rows - 1))) out["own_products_at"].push_back(rows);
-  }
+  out["own_products_at"] = llm_decode::fused::product_row_list(llm_decode::fused::own_products_at());
   out["fold_norms"] = c.fold_norms;
   std::vector<BenchRow> rows;
   struct Method {
@@ -1207,13 +1203,13 @@ int main(int argc, char** argv) {
         sub->add_option("--own-product-rows", c.own_product_rows,
                         "the fused step's own products (GEMV, tensor-core skinny GEMM) up to this many rows, cuBLAS "
                         "above (0: cuBLAS everywhere; 64: every row count they take)")
-            ->check(CLI::Range(0, 64))
+            ->check(CLI::Range(0, llm_decode::fused::kMaxSkinnyRows))
             ->capture_default_str();
     sub->add_option("--own-products-at", c.own_products_at,
                     "the fused step's own products at exactly these row counts (1 to 64, comma-separated), cuBLAS "
                     "at the others")
         ->delimiter(',')
-        ->check(CLI::Range(1, 64))
+        ->check(CLI::Range(1, llm_decode::fused::kMaxSkinnyRows))
         ->excludes(own_rows);
     sub->add_flag("--fold-norms", c.fold_norms,
                   "at one row with the own products, compute each residual add and RMSNorm inside the product "

@@ -32,6 +32,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -487,12 +488,15 @@ TEST_SUITE("host") {
     }
     CHECK(own_products_at() == product_rows_up_to(1));
     {
-      // Some counts and not others: 1, 2 and 16 rows, cuBLAS at 4, 8 and 32.
+      // Some counts and not others: 1, 2 and 16 rows, cuBLAS at the rest.
       const llm_decode_test::OwnProductsAt some(product_rows_of({16, 2, 1}));
       CHECK(use_own_product(1, 2048, 64));
       CHECK(use_own_product(2, 2048, 64));
       CHECK(use_own_product(16, 2048, 64));
-      for (const int cublas_rows : {3, 4, 8, 32, 64}) CHECK_FALSE(use_own_product(cublas_rows, 2048, 64));
+      for (const int cublas_rows : {3, 4, 8, 32, 64}) {
+        CHECK(linear_fits(cublas_rows, 2048, 64));
+        CHECK_FALSE(use_own_product(cublas_rows, 2048, 64));
+      }
       CHECK_FALSE(use_own_product(0, 2048, 64));
       CHECK_FALSE(use_own_product(65, 2048, 64));
     }
@@ -503,13 +507,20 @@ TEST_SUITE("host") {
     }
     CHECK(product_rows_up_to(3) == product_rows_of({1, 2, 3}));
     CHECK(product_rows_up_to(64).all());
+    CHECK(product_rows_of({}).none());
+    CHECK(product_rows_of({1, 3}).to_ullong() == 0b101);  // rows r at bit r - 1
+    CHECK(llm_decode::fused::product_row_list(product_rows_of({64, 3, 1})) == std::vector<int>{1, 3, 64});
+    static_assert(!std::is_constructible_v<llm_decode_test::OwnProductsAt, int>);  // 8 is not row 4 alone
     CHECK(describe_product_rows(product_rows_up_to(0)) == "none");
     CHECK(describe_product_rows(product_rows_up_to(1)) == "1");
     CHECK(describe_product_rows(product_rows_up_to(8)) == "1 to 8");
     CHECK(describe_product_rows(product_rows_of({1, 2, 4})) == "1, 2 and 4");
     CHECK(describe_product_rows(product_rows_of({1, 3, 4, 5, 64})) == "1, 3 to 5 and 64");
+    CHECK(describe_product_rows(product_rows_of({1, 2})) == "1 and 2");
+    CHECK(describe_product_rows(product_rows_up_to(64)) == "1 to 64");
     CHECK_THROWS_WITH_AS(llm_decode::fused::set_own_product_rows(65), doctest::Contains("0 to 64"),
                          std::invalid_argument);
+    CHECK_THROWS_WITH_AS((void)product_rows_up_to(-1), doctest::Contains("up to -1 rows"), std::invalid_argument);
     CHECK_THROWS_WITH_AS((void)product_rows_of({2, 0}), doctest::Contains("own products at 0 rows; a count is 1 to 64"),
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS((void)product_rows_of({65}), doctest::Contains("at 65 rows"), std::invalid_argument);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -231,8 +232,15 @@ class ScopedFusedSetting {
 
 // The step's own products at these row counts (the default uses them at
 // batch 1 only), so that a test covers them inside a whole step.
-using OwnProductsAt = ScopedFusedSetting<llm_decode::fused::ProductRowCounts, &llm_decode::fused::own_products_at,
-                                         &llm_decode::fused::set_own_products_at>;
+class OwnProductsAt
+    : public ScopedFusedSetting<llm_decode::fused::ProductRowCounts, &llm_decode::fused::own_products_at,
+                                &llm_decode::fused::set_own_products_at> {
+ public:
+  explicit OwnProductsAt(llm_decode::fused::ProductRowCounts row_counts) : ScopedFusedSetting(row_counts) {}
+  // A number is not a set of counts: OwnProductRows(8), or product_rows_of({8}).
+  template <std::integral Number>
+  explicit OwnProductsAt(Number) = delete;
+};
 // The same, 1 to `rows` rows (a count, never the set's bits).
 class OwnProductRows : public OwnProductsAt {
  public:
