@@ -74,6 +74,17 @@ void write_json(const std::string& path, const Json& json) {
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 
+// --pdl's names for fused::ProgrammaticLaunches.
+const std::map<std::string, llm_decode::fused::ProgrammaticLaunches> kPdlModes{
+    {"after-own", llm_decode::fused::ProgrammaticLaunches::after_own_kernels},
+    {"always", llm_decode::fused::ProgrammaticLaunches::always},
+    {"off", llm_decode::fused::ProgrammaticLaunches::off}};
+
+std::string pdl_mode_name(llm_decode::fused::ProgrammaticLaunches mode) {
+  const auto named = std::find_if(kPdlModes.begin(), kPdlModes.end(), [&](const auto& m) { return m.second == mode; });
+  return named != kPdlModes.end() ? named->first : "unknown";
+}
+
 struct Common {
   std::string weights;  // a directory with config.json and weights.pt; empty: random from --preset and --seed
   std::string preset = "small";
@@ -86,7 +97,8 @@ struct Common {
   std::vector<std::int64_t> prefill_buckets;   // empty: the executor's default
   std::size_t prefill_chunk = 0;               // generate: > 0: chunked prefill of this many prompt tokens per launch
   std::string json;
-  std::string programmatic_launches = "always";  // --pdl (--no-pdl: off): fused::set_programmatic_launches
+  // --pdl (--no-pdl: off), a name in kPdlModes: fused::set_programmatic_launches; the library's default unless given.
+  std::string programmatic_launches = pdl_mode_name(llm_decode::fused::programmatic_launches());
   int own_product_rows = 1;               // --own-product-rows: fused::set_own_product_rows
   std::vector<int> own_products_at;       // --own-products-at: fused::set_own_products_at; given, it replaces the above
   bool fold_norms = false;                // --fold-norms: fused::set_fold_norms
@@ -100,12 +112,6 @@ struct Common {
     }
   }
 
-  llm_decode::fused::ProgrammaticLaunches programmatic_launches_where() const {
-    using llm_decode::fused::ProgrammaticLaunches;
-    if (programmatic_launches == "off") return ProgrammaticLaunches::off;
-    return programmatic_launches == "after-own" ? ProgrammaticLaunches::after_own_kernels
-                                                : ProgrammaticLaunches::always;
-  }
   llm_decode::DecodeKernels decode_kernels() const {
     return kernels == "fused" ? llm_decode::DecodeKernels::fused : llm_decode::DecodeKernels::aten;
   }
@@ -127,7 +133,7 @@ ExecutorOptions executor_options(const Common& c, StepMode mode, std::size_t ste
 }
 
 LlamaModel load_model(const Common& c) {
-  llm_decode::fused::set_programmatic_launches(c.programmatic_launches_where());
+  llm_decode::fused::set_programmatic_launches(kPdlModes.at(c.programmatic_launches));
   llm_decode::fused::set_own_products_at(c.own_products_at.empty()
                                              ? llm_decode::fused::product_rows_up_to(c.own_product_rows)
                                              : llm_decode::fused::product_rows_of(c.own_products_at));
@@ -1193,7 +1199,7 @@ int main(int argc, char** argv) {
                         "where the fused kernels are launched with programmatic dependent launch: after-own "
                         "(in a graph, plainly after a kernel of torch's: a cuBLAS product, index_select, a fill), "
                         "always or off")
-            ->check(CLI::IsMember({"after-own", "always", "off"}))
+            ->check(CLI::IsMember(kPdlModes))
             ->capture_default_str();
     sub->add_flag_callback(
            "--no-pdl", [&c] { c.programmatic_launches = "off"; },
