@@ -1894,7 +1894,7 @@ ProgrammaticLaunches programmatic_launches() { return programmatic_launches_set.
 std::optional<bool> OwnCapturedKernels::follows_own(const CaptureDependencies& dependencies) const {
   if (dependencies.status != cudaStreamCaptureStatusActive) return std::nullopt;
   if (dependencies.count == 0) return true;
-  if (!holding_ || dependencies.capture != capture_) return false;
+  if (capture_ != dependencies.capture) return false;
   for (std::size_t i = 0; i < dependencies.count; ++i) {
     if (dependencies.edges != nullptr) {
       const cudaGraphEdgeData& edge = dependencies.edges[i];
@@ -1908,9 +1908,8 @@ std::optional<bool> OwnCapturedKernels::follows_own(const CaptureDependencies& d
 
 void OwnCapturedKernels::record_launch(const CaptureDependencies& after) {
   if (after.status != cudaStreamCaptureStatusActive || after.count != 1) return;
-  if (!holding_ || after.capture != capture_) {
+  if (capture_ != after.capture) {
     nodes_.clear();
-    holding_ = true;
     capture_ = after.capture;
   }
   nodes_.push_back(after.nodes[0]);

@@ -225,8 +225,7 @@ class OwnCapturedKernels {
   void record_launch(const CaptureDependencies& after);
 
  private:
-  bool holding_ = false;
-  unsigned long long capture_ = 0;
+  std::optional<unsigned long long> capture_;  // the capture nodes_ belong to; none yet
   std::vector<cudaGraphNode_t> nodes_;
 };
 
