@@ -8,7 +8,8 @@
 include(${PROJECT_SOURCE_DIR}/cmake/ReplayLlmDecode.cmake)
 replay_llm_decode_model()
 if(TARGET llm_decode_model)
-  replay_add_test(NAME llm_decode SOURCES host/llm_decode_model_test.cpp gpu/llm_decode_model_test.cpp
+  replay_add_test(NAME llm_decode SOURCES host/llm_decode_model_test.cpp host/llm_product_tuning_test.cpp
+                          gpu/llm_decode_model_test.cpp
                           gpu/llm_decode_engine_test.cpp
                   SUITES host gpu LIBRARIES llm_decode_model)
   # The test main links replay::replay too: one runtime, libtorch's shared one.

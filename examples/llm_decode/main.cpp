@@ -40,6 +40,7 @@
 #include "kv_cache.hpp"
 #include "launch_plan.hpp"
 #include "model.hpp"
+#include "product_tuning.hpp"
 
 namespace {
 
@@ -101,6 +102,7 @@ struct Common {
   std::string programmatic_launches = pdl_mode_name(llm_decode::fused::programmatic_launches());
   int own_product_rows = 1;               // --own-product-rows: fused::set_own_product_rows
   std::vector<int> own_products_at;       // --own-products-at: fused::set_own_products_at; given, it replaces the above
+  bool tune_own_products = false;         // --tune-own-products: tune_own_products at the batch buckets up to 64
   bool fold_norms = false;                // --fold-norms: fused::set_fold_norms
 
   // Chunked prefill runs on the fused kernels' bucketed prefill only
@@ -132,17 +134,45 @@ ExecutorOptions executor_options(const Common& c, StepMode mode, std::size_t ste
                          .capture_threads = capture_threads};
 }
 
-LlamaModel load_model(const Common& c) {
+// The model, and where --tune-own-products chose the own products, what it timed.
+struct LoadedModel {
+  LlamaModel model;
+  std::optional<llm_decode::ProductTuning> product_tuning;
+};
+
+// Times the fused step both ways at the batch buckets the own products can
+// take (product_tuning.hpp), prints the timings and sets what they chose.
+llm_decode::ProductTuning tune_products(const Common& c, const LlamaModel& model) {
+  llm_decode::ProductTuningOptions options{.rows = {}, .context = c.context_buckets.front()};
+  for (const std::int64_t b : c.batch_buckets) {
+    if (b <= llm_decode::fused::kMaxSkinnyRows) options.rows.push_back(b);
+  }
+  const llm_decode::ProductTuning tuning = llm_decode::tune_own_products(model, options);
+  std::printf("llm_decode: own products tuned (decode step, graphed, context %lld, median of %d x %d steps):\n",
+              static_cast<long long>(options.context), options.repeats, options.steps);
+  for (const llm_decode::ProductTiming& t : tuning.timings) {
+    std::printf("  %2d rows: own %.3f ms, cuBLAS %.3f ms: %s\n", t.rows, 1e3 * t.own_seconds, 1e3 * t.library_seconds,
+                tuning.chosen.test(static_cast<std::size_t>(t.rows - 1)) ? "own" : "cuBLAS");
+  }
+  llm_decode::fused::set_own_products_at(tuning.chosen);
+  return tuning;
+}
+
+LoadedModel load_model(const Common& c) {
   llm_decode::fused::set_programmatic_launches(kPdlModes.at(c.programmatic_launches));
   llm_decode::fused::set_own_products_at(c.own_products_at.empty()
                                              ? llm_decode::fused::product_rows_up_to(c.own_product_rows)
                                              : llm_decode::fused::product_rows_of(c.own_products_at));
   llm_decode::fused::set_fold_norms(c.fold_norms);
   const at::Device device(at::kCUDA, 0);
-  if (!c.weights.empty()) return LlamaModel::load(c.weights, device);
-  llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset(c.preset);
-  config.max_len = c.max_len;
-  return LlamaModel::random(config, c.seed, device);
+  LoadedModel loaded{.model = [&] {
+    if (!c.weights.empty()) return LlamaModel::load(c.weights, device);
+    llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset(c.preset);
+    config.max_len = c.max_len;
+    return LlamaModel::random(config, c.seed, device);
+  }()};
+  if (c.tune_own_products) loaded.product_tuning = tune_products(c, loaded.model);
+  return loaded;
 }
 
 // What a report calls the model: the preset of its sizes, which come from
@@ -155,7 +185,7 @@ std::string preset_of(const LlamaModel& model) {
 
 int generate(const Common& c, std::size_t prompts, std::size_t new_tokens, std::size_t steps, int threads) {
   if (c.prefill_chunk > 0) c.check_chunked_prefill("--prefill-chunk");
-  const LlamaModel model = load_model(c);
+  const LlamaModel model = load_model(c).model;
   std::mt19937_64 rng(c.seed);
   std::vector<std::vector<replay::TokenId>> inputs;
   std::uniform_int_distribution<std::size_t> length(4, 48);
@@ -407,7 +437,8 @@ PeakBandwidth peak_bandwidth(int device, double option_tbps) {
 int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t prompt_len, std::size_t new_tokens,
           const std::vector<std::size_t>& multi_steps, int repeats, int capture_threads,
           const std::vector<std::size_t>& beside_prefill, double peak_tbps) {
-  const LlamaModel model = load_model(c);
+  const LoadedModel loaded = load_model(c);
+  const LlamaModel& model = loaded.model;
   const PeakBandwidth peak = peak_bandwidth(model.device().index(), peak_tbps);
   std::printf("llm_decode bench: HBM peak %.2f TB/s, from %s; fused kernels' programmatic launches %s; own products "
               "at row counts %s, cuBLAS elsewhere; norms %s\n",
@@ -432,6 +463,13 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
   out["peak_source"] = peak.source;
   out["programmatic_launches"] = c.programmatic_launches;
   out["own_products_at"] = llm_decode::fused::product_row_list(llm_decode::fused::own_products_at());
+  if (loaded.product_tuning) {
+    Json timings = Json::array();
+    for (const llm_decode::ProductTiming& t : loaded.product_tuning->timings) {
+      timings.push_back({{"rows", t.rows}, {"own_ms", 1e3 * t.own_seconds}, {"cublas_ms", 1e3 * t.library_seconds}});
+    }
+    out["own_products_tuned"] = timings;
+  }
   out["fold_norms"] = c.fold_norms;
   std::vector<BenchRow> rows;
   struct Method {
@@ -802,7 +840,7 @@ std::unique_ptr<DecodeEngine> load_engine(const LlamaModel& model, const Common&
 
 int load(const Common& c, const LoadSettings& settings) {
   check_load_policies(c, settings.policies);
-  const LlamaModel model = load_model(c);
+  const LlamaModel model = load_model(c).model;
   Json out{{"preset", preset_of(model)},
            {"requests", settings.requests},
            {"seconds", settings.seconds},
@@ -956,7 +994,7 @@ int goodput(const Common& c, const GoodputSettings& settings) {
   }
   const auto run_start = Clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - run_start).count(); };
-  const LlamaModel model = load_model(c);
+  const LlamaModel model = load_model(c).model;
   const auto [step_ms, host_fraction] = batch1_step(model, c);
   const gp::Slo slo = gp::slo_from_step(step_ms, settings.ttft_p99_ms, settings.tpot_factor);
   std::printf("llm_decode goodput: batch-1 decode step %.3f ms (graphed, %s kernels; host %.1f%% of a launch): SLO "
@@ -1211,12 +1249,19 @@ int main(int argc, char** argv) {
                         "above (0: cuBLAS everywhere; 64: every row count they take)")
             ->check(CLI::Range(0, llm_decode::fused::kMaxSkinnyRows))
             ->capture_default_str();
-    sub->add_option("--own-products-at", c.own_products_at,
-                    "the fused step's own products at exactly these row counts (1 to 64, comma-separated), cuBLAS "
-                    "at the others")
-        ->delimiter(',')
-        ->check(CLI::Range(1, llm_decode::fused::kMaxSkinnyRows))
-        ->excludes(own_rows);
+    CLI::Option* own_at =
+        sub->add_option("--own-products-at", c.own_products_at,
+                        "the fused step's own products at exactly these row counts (1 to 64, comma-separated), "
+                        "cuBLAS at the others")
+            ->delimiter(',')
+            ->check(CLI::Range(1, llm_decode::fused::kMaxSkinnyRows))
+            ->excludes(own_rows);
+    sub->add_flag("--tune-own-products", c.tune_own_products,
+                  "time the fused decode step with its own products and with cuBLAS's at each batch bucket up to 64 "
+                  "(graphed, the first context bucket) and keep the faster (by 2% or more; the default where "
+                  "closer): for the fused step (--kernels fused, and bench's cpp_graphed_fused row)")
+        ->excludes(own_rows)
+        ->excludes(own_at);
     sub->add_flag("--fold-norms", c.fold_norms,
                   "at one row with the own products, compute each residual add and RMSNorm inside the product "
                   "after it (5 kernels per layer instead of 7)");

@@ -205,6 +205,22 @@ inline std::vector<WeightShape> weight_shapes(const LlamaConfig& config) {
   return shapes;
 }
 
+// The matrix products of one decode step of `rows` rows, each {rows, in,
+// out}: q/k/v (one matrix), o, gate/up (one matrix), down, and the logits'
+// over `logits_rows` rows (a packed prefill computes only its prompts' last
+// rows).
+using ProductShape = std::array<int, 3>;
+inline std::array<ProductShape, 5> step_products(const LlamaConfig& config, int rows, int logits_rows) {
+  const auto hidden = static_cast<int>(config.hidden_size);
+  const auto head_dim = static_cast<int>(config.head_dim());
+  const auto heads = static_cast<int>(config.num_heads);
+  const auto kv_heads = static_cast<int>(config.num_kv_heads);
+  const auto intermediate = static_cast<int>(config.intermediate_size);
+  return {ProductShape{rows, hidden, (heads + 2 * kv_heads) * head_dim}, ProductShape{rows, heads * head_dim, hidden},
+          ProductShape{rows, hidden, 2 * intermediate}, ProductShape{rows, intermediate, hidden},
+          ProductShape{logits_rows, hidden, static_cast<int>(config.vocab_size)}};
+}
+
 class LlamaModel {
  public:
   using StateDict = c10::Dict<std::string, at::Tensor>;
@@ -762,10 +778,7 @@ class LlamaModel {
     const auto logits_rows = static_cast<int>(logit_rows != nullptr ? logit_rows->size(0) : rows);
     std::size_t linear_floats = 0;
     std::size_t linear_counters = 0;
-    for (const auto [product_rows, in, out] :
-         {std::array{rows, hidden, qkv_width}, std::array{rows, heads * head_dim, hidden},
-          std::array{rows, hidden, 2 * intermediate}, std::array{rows, intermediate, hidden},
-          std::array{logits_rows, hidden, vocab}}) {
+    for (const auto [product_rows, in, out] : step_products(config_, rows, logits_rows)) {
       if (!fused::use_own_product(product_rows, in, out)) continue;
       linear_floats = std::max(linear_floats, fused::linear_partial_floats(product_rows, in, out));
       linear_counters = std::max(linear_counters, fused::linear_counters(out));

@@ -27,11 +27,13 @@
 #include "kv_cache.hpp"
 #include "launch_plan.hpp"
 #include "model.hpp"
+#include "product_tuning.hpp"
 // doctest after torch, as in the other torch tests: c10's logging defines a
 // CHECK macro of its own (a fatal log, not a counted assertion).
 #undef CHECK
 #include <doctest/doctest.h>
 #include "gpu_suite.hpp"
+#include "llm_decode_support.hpp"
 
 namespace {
 
@@ -778,6 +780,41 @@ TEST_CASE("ExecutorOptions::stream_priority: the stream has a higher priority wh
   // CUDA: a lower number is a higher priority.
   CHECK(priority[llm_decode::StreamPriority::high] < priority[llm_decode::StreamPriority::normal]);
   CHECK(tokens[llm_decode::StreamPriority::high] == tokens[llm_decode::StreamPriority::normal]);
+}
+
+TEST_CASE("time_own_products times both ways at each count the own products take, puts the set back; the tuned set's graphed steps give eager's tokens") {
+  const at::Device cuda(at::kCUDA, 0);
+  const LlamaModel model = tiny_model(cuda);
+  const auto start = llm_decode::fused::product_rows_of({2, 5});
+  const llm_decode_test::OwnProductsAt in_use(start);
+  // 9 rows: no product of the model fits the own kernels (GEMVs to 8 rows,
+  // skinny GEMMs at multiples of 16), so the two ways are one step: not timed.
+  const llm_decode::ProductTuningOptions tuning_options{
+      .rows = {16, 1, 9, 3, 1}, .context = 32, .steps = 4, .repeats = 3};
+  const llm_decode::ProductTuning tuning = llm_decode::tune_own_products(model, tuning_options);
+  CHECK(llm_decode::fused::own_products_at() == start);
+  std::vector<int> timed;
+  for (const llm_decode::ProductTiming& t : tuning.timings) {
+    timed.push_back(t.rows);
+    CHECK(t.own_seconds > 0);
+    CHECK(t.library_seconds > 0);
+  }
+  CHECK(timed == std::vector<int>{1, 3, 16});
+  CHECK(tuning.chosen == llm_decode::choose_own_products(tuning.timings, start, tuning_options.margin));
+  CHECK(tuning.chosen.test(1));  // 2 and 5 rows were not timed: as they were
+  CHECK(tuning.chosen.test(4));
+  // Whatever was chosen, the graphed steps give the eager steps' tokens under it.
+  const llm_decode_test::OwnProductsAt tuned(tuning.chosen);
+  const auto fused = llm_decode::DecodeKernels::fused;
+  KvCache eager_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+  KvCache graphed_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+  LlamaExecutor eager(model, eager_cache, options(StepMode::eager, 1, true, fused));
+  LlamaExecutor graphed(model, graphed_cache, options(StepMode::graphed, 1, true, fused));
+  CHECK(run_random_schedule({&eager, &graphed}, 1, 500, model.config().vocab_size, 64, 30) > 10);
+  // Refused before anything is captured, and the set is left as it was.
+  CHECK_THROWS_WITH_AS((void)llm_decode::time_own_products(model, {.rows = {1}, .context = 65}),
+                       doctest::Contains("a context of 65; it must be 1 to 64"), std::invalid_argument);
+  CHECK(llm_decode::fused::own_products_at() == tuning.chosen);
 }
 
 TEST_CASE("a launch asking for more steps than the executor was made for is refused") {

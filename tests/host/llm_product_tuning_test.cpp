@@ -1,0 +1,129 @@
+// examples/llm_decode/product_tuning.hpp without a device: the policy that
+// turns the two ways' step times into the set of row counts given the own
+// products (choose_own_products), the counts at which they change a step at
+// all, and the refusals time_own_products makes before it captures anything.
+// The timing itself runs in gpu/llm_decode_engine_test.cpp.
+//
+// libtorch first: c10's logging header defines a glog-style CHECK macro,
+// which is dropped here so that doctest's CHECK is the one in force.
+#include <ATen/ATen.h>
+
+#include "config.hpp"
+#include "fused_kernels.hpp"
+#include "model.hpp"
+#include "product_tuning.hpp"
+
+#undef CHECK
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include "llm_decode_support.hpp"
+
+namespace {
+
+using llm_decode::ProductTiming;
+using llm_decode::choose_own_products;
+using llm_decode::fused::product_rows_of;
+
+}  // namespace
+
+TEST_SUITE("host") {
+  TEST_CASE("choose_own_products: each timed count takes the way faster by the margin; near ties and untimed counts keep the start") {
+    const auto start = product_rows_of({1, 4, 32});
+    const std::vector<ProductTiming> timings{
+        {.rows = 1, .own_seconds = 1.00, .library_seconds = 1.20},  // own faster: stays own
+        {.rows = 2, .own_seconds = 0.90, .library_seconds = 1.00},  // own 10% faster: becomes own
+        {.rows = 4, .own_seconds = 1.10, .library_seconds = 1.00},  // cuBLAS 9% faster: becomes cuBLAS
+        {.rows = 8, .own_seconds = 0.99, .library_seconds = 1.00},  // own 1% faster: a tie, stays cuBLAS
+        {.rows = 32, .own_seconds = 1.01, .library_seconds = 1.00},  // cuBLAS 1% faster: a tie, stays own
+        {.rows = 64, .own_seconds = 0.98, .library_seconds = 1.00},  // exactly the margin: becomes own
+    };
+    const auto chosen = choose_own_products(timings, start, 0.02);
+    CHECK(llm_decode::fused::product_row_list(chosen) == std::vector<int>{1, 2, 32, 64});
+    // Counts not timed keep the start either way.
+    CHECK(choose_own_products({}, start, 0.02) == start);
+    CHECK(choose_own_products({{.rows = 2, .own_seconds = 2.0, .library_seconds = 1.0}}, start, 0.02) == start);
+    // With no margin, any difference decides; an exact tie still keeps the start.
+    CHECK(llm_decode::fused::product_row_list(choose_own_products(timings, start, 0.0)) == std::vector<int>{1, 2, 8, 64});
+    CHECK(choose_own_products({{.rows = 4, .own_seconds = 1.0, .library_seconds = 1.0}}, start, 0.0) == start);
+  }
+
+  TEST_CASE("choose_own_products refuses counts out of range, a count timed twice, bad times and margins, naming them") {
+    const auto start = product_rows_of({1});
+    const auto timed = [](int rows, double own, double library) {
+      return std::vector<ProductTiming>{{.rows = rows, .own_seconds = own, .library_seconds = library}};
+    };
+    CHECK_THROWS_WITH_AS((void)choose_own_products(timed(0, 1, 1), start, 0.02),
+                         doctest::Contains("a row count of 0; it must be 1 to 64"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS((void)choose_own_products(timed(65, 1, 1), start, 0.02),
+                         doctest::Contains("a row count of 65"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS((void)choose_own_products({{.rows = 2, .own_seconds = 1, .library_seconds = 2},
+                                                    {.rows = 2, .own_seconds = 2, .library_seconds = 1}},
+                                                   start, 0.02),
+                         doctest::Contains("row count 2 is timed twice"), std::invalid_argument);
+    for (const double bad : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(),
+                             std::numeric_limits<double>::infinity()}) {
+      CAPTURE(bad);
+      CHECK_THROWS_WITH_AS((void)choose_own_products(timed(3, bad, 1), start, 0.02),
+                           doctest::Contains("row count 3 has a time of"), std::invalid_argument);
+      CHECK_THROWS_WITH_AS((void)choose_own_products(timed(3, 1, bad), start, 0.02),
+                           doctest::Contains("times must be positive and finite"), std::invalid_argument);
+    }
+    for (const double margin : {-0.01, 1.0, std::numeric_limits<double>::quiet_NaN()}) {
+      CAPTURE(margin);
+      CHECK_THROWS_WITH_AS((void)choose_own_products(timed(3, 1, 2), start, margin),
+                           doctest::Contains("it must be in [0, 1)"), std::invalid_argument);
+    }
+  }
+
+  TEST_CASE("own_products_apply: the counts at which some product of the model fits the own kernels") {
+    // The presets: GEMVs at 1 to 8 rows, skinny GEMMs at 16, 32, 48 and 64.
+    for (const char* preset : {"tiny", "small", "1b"}) {
+      CAPTURE(preset);
+      const llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset(preset);
+      for (int rows = 1; rows <= llm_decode::fused::kMaxSkinnyRows; ++rows) {
+        CAPTURE(rows);
+        CHECK(llm_decode::own_products_apply(config, rows) == (rows <= 8 || rows % 16 == 0));
+      }
+    }
+    // No output width here is a multiple of 32: GEMVs only.
+    llm_decode::LlamaConfig narrow = llm_decode::LlamaConfig::preset("tiny");
+    narrow.vocab_size = 100;
+    narrow.hidden_size = 48;
+    narrow.num_heads = 3;
+    narrow.num_kv_heads = 1;
+    narrow.intermediate_size = 40;
+    CHECK(llm_decode::own_products_apply(narrow, 8));
+    CHECK_FALSE(llm_decode::own_products_apply(narrow, 16));
+    CHECK_FALSE(llm_decode::own_products_apply(narrow, 64));
+  }
+
+  TEST_CASE("time_own_products refuses options out of range and models the fused kernels do not take, the set unchanged") {
+    const llm_decode_test::OwnProductsAt start(product_rows_of({1, 3}));
+    llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset("tiny");
+    const llm_decode::LlamaModel cpu_model = llm_decode::LlamaModel::random(config, 1, at::Device(at::kCPU));
+    const auto refusal = [&](llm_decode::ProductTuningOptions options) {
+      try {
+        (void)llm_decode::time_own_products(cpu_model, options);
+      } catch (const std::invalid_argument& e) {
+        return std::string(e.what());
+      }
+      return std::string("no refusal");
+    };
+    CHECK(refusal({.rows = {1, 0}}) == "llm_decode: time_own_products: a row count of 0; it must be 1 to 64");
+    CHECK(refusal({.rows = {65}}).find("a row count of 65") != std::string::npos);
+    CHECK(refusal({.context = 0}) == "llm_decode: time_own_products: a context of 0; it must be 1 to 64 (the "
+                                     "model's max_len)");
+    CHECK(refusal({.context = 65}).find("a context of 65") != std::string::npos);
+    CHECK(refusal({.steps = 0}).find("steps (0) and repeats (5) must be at least 1") != std::string::npos);
+    CHECK(refusal({.repeats = 0}).find("steps (32) and repeats (0) must be at least 1") != std::string::npos);
+    CHECK(refusal({.margin = 1.5}).find("a margin of 1.5") != std::string::npos);
+    // Options in range reach the model's check.
+    CHECK(refusal({.context = 64}).find("needs an fp16 model on a CUDA device") != std::string::npos);
+    CHECK(llm_decode::fused::own_products_at() == product_rows_of({1, 3}));
+  }
+}
