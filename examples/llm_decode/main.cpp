@@ -151,11 +151,34 @@ llm_decode::ProductTuning tune_products(const Common& c, const LlamaModel& model
   std::printf("llm_decode: own products tuned (decode step, graphed, context %lld, median of %d x %d steps):\n",
               static_cast<long long>(options.context), options.repeats, options.steps);
   for (const llm_decode::ProductTiming& t : tuning.timings) {
-    std::printf("  %2d rows: own %.3f ms, cuBLAS %.3f ms: %s\n", t.rows, 1e3 * t.own_seconds, 1e3 * t.library_seconds,
+    std::printf("  %2d rows: own %.3f ms, cuBLAS %.3f ms: %s\n", t.rows, 1e3 * t.own_seconds, 1e3 * t.cublas_seconds,
                 tuning.chosen.test(static_cast<std::size_t>(t.rows - 1)) ? "own" : "cuBLAS");
   }
+  std::printf("  own products at row counts %s (a count changes only where the other way is %.0f%% faster)\n",
+              llm_decode::fused::describe_product_rows(tuning.chosen).c_str(), 100 * options.margin);
   llm_decode::fused::set_own_products_at(tuning.chosen);
   return tuning;
+}
+
+// The fused step's settings as a report's JSON records them, and what
+// --tune-own-products timed.
+Json fused_settings_json(const Common& c, const LoadedModel& loaded) {
+  Json out{{"programmatic_launches", c.programmatic_launches},
+           {"own_products_at", llm_decode::fused::product_row_list(llm_decode::fused::own_products_at())},
+           {"fold_norms", c.fold_norms}};
+  if (const auto& tuning = loaded.product_tuning) {
+    Json timings = Json::array();
+    for (const llm_decode::ProductTiming& t : tuning->timings) {
+      timings.push_back({{"rows", t.rows}, {"own_ms", 1e3 * t.own_seconds}, {"cublas_ms", 1e3 * t.cublas_seconds}});
+    }
+    out["own_products_tuned"] = {{"timings", timings},
+                                 {"from", llm_decode::fused::product_row_list(tuning->start)},
+                                 {"context", tuning->options.context},
+                                 {"steps", tuning->options.steps},
+                                 {"repeats", tuning->options.repeats},
+                                 {"margin", tuning->options.margin}};
+  }
+  return out;
 }
 
 LoadedModel load_model(const Common& c) {
@@ -461,16 +484,7 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
            {"context_buckets", c.context_buckets}};
   out["peak_bytes_per_s"] = peak.bytes_per_s;
   out["peak_source"] = peak.source;
-  out["programmatic_launches"] = c.programmatic_launches;
-  out["own_products_at"] = llm_decode::fused::product_row_list(llm_decode::fused::own_products_at());
-  if (loaded.product_tuning) {
-    Json timings = Json::array();
-    for (const llm_decode::ProductTiming& t : loaded.product_tuning->timings) {
-      timings.push_back({{"rows", t.rows}, {"own_ms", 1e3 * t.own_seconds}, {"cublas_ms", 1e3 * t.library_seconds}});
-    }
-    out["own_products_tuned"] = timings;
-  }
-  out["fold_norms"] = c.fold_norms;
+  out.update(fused_settings_json(c, loaded));
   std::vector<BenchRow> rows;
   struct Method {
     std::string name;
@@ -840,7 +854,8 @@ std::unique_ptr<DecodeEngine> load_engine(const LlamaModel& model, const Common&
 
 int load(const Common& c, const LoadSettings& settings) {
   check_load_policies(c, settings.policies);
-  const LlamaModel model = load_model(c).model;
+  const LoadedModel loaded = load_model(c);
+  const LlamaModel& model = loaded.model;
   Json out{{"preset", preset_of(model)},
            {"requests", settings.requests},
            {"seconds", settings.seconds},
@@ -852,6 +867,7 @@ int load(const Common& c, const LoadSettings& settings) {
            {"chunk_tokens", settings.chunk_tokens},
            {"grouped_chunk_tokens", settings.grouped_chunk_tokens},
            {"admission_delay_us", settings.admission_delay_us}};
+  if (c.kernels == "fused") out.update(fused_settings_json(c, loaded));
   bool all_finished = true;
   // The queue holds every request of a point: an overloaded point shows in
   // the waiting times, not in refusals that would change what is served.
@@ -994,7 +1010,8 @@ int goodput(const Common& c, const GoodputSettings& settings) {
   }
   const auto run_start = Clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - run_start).count(); };
-  const LlamaModel model = load_model(c).model;
+  const LoadedModel loaded = load_model(c);
+  const LlamaModel& model = loaded.model;
   const auto [step_ms, host_fraction] = batch1_step(model, c);
   const gp::Slo slo = gp::slo_from_step(step_ms, settings.ttft_p99_ms, settings.tpot_factor);
   std::printf("llm_decode goodput: batch-1 decode step %.3f ms (graphed, %s kernels; host %.1f%% of a launch): SLO "
@@ -1033,6 +1050,7 @@ int goodput(const Common& c, const GoodputSettings& settings) {
            {"rows", Json::array()},
            {"searches", Json::array()},
            {"ratios", Json::array()}};
+  if (c.kernels == "fused") out.update(fused_settings_json(c, loaded));
   // What the mix alone allows (goodput.hpp's batching_bound): every policy
   // has the engine's rows, its largest batch bucket.
   const auto rows = static_cast<std::size_t>(c.batch_buckets.back());
@@ -1392,6 +1410,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "llm_decode: --new-tokens must be at least 2\n");
     return 2;
   }
+  // goodput runs the fused kernels unless told otherwise: its chunked policies need them.
+  if (goodput_app->parsed() && goodput_app->count("--kernels") == 0) c.kernels = "fused";
+  // --tune-own-products chooses the fused step's products: refused where
+  // nothing runs that step (bench's cpp_graphed_fused row always does).
+  if (c.tune_own_products && c.kernels != "fused" && !bench_app->parsed()) {
+    std::fprintf(stderr, "llm_decode: --tune-own-products chooses the fused step's products: it needs --kernels "
+                         "fused here (given --kernels %s)\n", c.kernels.c_str());
+    return 2;
+  }
   try {
     if (write->parsed()) {
       llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset(c.preset);
@@ -1419,10 +1446,7 @@ int main(int argc, char** argv) {
       }
       return load(c, load_settings);
     }
-    if (goodput_app->parsed()) {
-      if (goodput_app->count("--kernels") == 0) c.kernels = "fused";  // the chunked policies need them
-      return goodput(c, goodput_settings);
-    }
+    if (goodput_app->parsed()) return goodput(c, goodput_settings);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "llm_decode: %s\n", e.what());
     return 1;

@@ -205,11 +205,16 @@ inline std::vector<WeightShape> weight_shapes(const LlamaConfig& config) {
   return shapes;
 }
 
-// The matrix products of one decode step of `rows` rows, each {rows, in,
-// out}: q/k/v (one matrix), o, gate/up (one matrix), down, and the logits'
-// over `logits_rows` rows (a packed prefill computes only its prompts' last
-// rows).
-using ProductShape = std::array<int, 3>;
+// A matrix product's sizes: `rows` rows of `in` inputs into `out` outputs.
+struct ProductShape {
+  int rows;
+  int in;
+  int out;
+};
+
+// The matrix products of one decode step of `rows` rows: q/k/v (one
+// matrix), o, gate/up (one matrix), down, and the logits' over
+// `logits_rows` rows (a packed prefill computes only its prompts' last rows).
 inline std::array<ProductShape, 5> step_products(const LlamaConfig& config, int rows, int logits_rows) {
   const auto hidden = static_cast<int>(config.hidden_size);
   const auto head_dim = static_cast<int>(config.head_dim());

@@ -8,7 +8,13 @@
 //   const llm_decode::ProductTuning tuning = llm_decode::tune_own_products(model, {.rows = {1, 2, 4, 8}});
 //   llm_decode::fused::set_own_products_at(tuning.chosen);  // before any graph is captured
 //
-// choose_own_products() is the policy alone (host code, no device).
+// The set is process-wide and per row count, not per phase: a count chosen
+// from decode steps also sets the products of a bucketed prefill of that
+// many tokens (and of its logits, over as many rows as the cache's slots),
+// which are not timed. Tuning changes the set while it captures, so it must
+// never run at the same time as anything else that captures or issues fused
+// steps in the process. choose_own_products() and own_product_ways() are
+// the policy alone (host code, no device).
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -16,6 +22,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -32,7 +39,7 @@ namespace llm_decode {
 struct ProductTiming {
   int rows = 0;
   double own_seconds = 0;      // median seconds per step, the own products at this row count
-  double library_seconds = 0;  // the same step with cuBLAS's products
+  double cublas_seconds = 0;   // the same step with cuBLAS's products
 };
 
 struct ProductTuningOptions {
@@ -49,8 +56,17 @@ struct ProductTuningOptions {
 };
 
 struct ProductTuning {
+  ProductTuningOptions options;        // what was asked
+  fused::ProductRowCounts start;       // the set in use when it ran, which near ties keep
   std::vector<ProductTiming> timings;  // the timed row counts, ascending
   fused::ProductRowCounts chosen;      // what set_own_products_at() should be given
+};
+
+// The two sets one row count's ways are captured under: `start` with the
+// count added (the own products there) and with it removed (cuBLAS's).
+struct ProductWays {
+  fused::ProductRowCounts own;
+  fused::ProductRowCounts cublas;
 };
 
 namespace detail {
@@ -74,7 +90,7 @@ inline double median_of(std::vector<double> values) {
 }  // namespace detail
 
 // From `start`, each timed row count takes the faster way where it is faster
-// by at least `margin` (own_seconds <= (1 - margin) * library_seconds, or
+// by at least `margin` (own_seconds <= (1 - margin) * cublas_seconds, or
 // the reverse); near ties, exact ones, and counts not timed keep `start`'s
 // choice.
 // Throws std::invalid_argument for a count outside 1 to kMaxSkinnyRows, a
@@ -92,16 +108,25 @@ inline fused::ProductRowCounts choose_own_products(const std::vector<ProductTimi
     const auto bit = static_cast<std::size_t>(t.rows - 1);
     if (seen.test(bit)) invalid("choose_own_products: row count " + std::to_string(t.rows) + " is timed twice");
     seen.set(bit);
-    for (const double seconds : {t.own_seconds, t.library_seconds}) {
+    for (const double seconds : {t.own_seconds, t.cublas_seconds}) {
       if (!(std::isfinite(seconds) && seconds > 0)) {
         invalid("choose_own_products: row count " + std::to_string(t.rows) + " has a time of " +
                 std::to_string(seconds) + " s; times must be positive and finite");
       }
     }
-    if (t.own_seconds < t.library_seconds && t.own_seconds <= (1 - margin) * t.library_seconds) chosen.set(bit);
-    if (t.library_seconds < t.own_seconds && t.library_seconds <= (1 - margin) * t.own_seconds) chosen.reset(bit);
+    if (t.own_seconds < t.cublas_seconds && t.own_seconds <= (1 - margin) * t.cublas_seconds) chosen.set(bit);
+    if (t.cublas_seconds < t.own_seconds && t.cublas_seconds <= (1 - margin) * t.own_seconds) chosen.reset(bit);
   }
   return chosen;
+}
+
+// Throws std::invalid_argument for a count outside 1 to kMaxSkinnyRows.
+inline ProductWays own_product_ways(fused::ProductRowCounts start, int rows) {
+  detail::check_rows(rows, "own_product_ways");
+  ProductWays ways{.own = start, .cublas = start};
+  ways.own.set(static_cast<std::size_t>(rows - 1));
+  ways.cublas.reset(static_cast<std::size_t>(rows - 1));
+  return ways;
 }
 
 // Whether the own products change a decode step of `rows` rows of this
@@ -109,17 +134,22 @@ inline fused::ProductRowCounts choose_own_products(const std::vector<ProductTimi
 inline bool own_products_apply(const LlamaConfig& config, int rows) {
   const auto products = step_products(config, rows, rows);
   return std::any_of(products.begin(), products.end(),
-                     [](const ProductShape& p) { return fused::linear_fits(p[0], p[1], p[2]); });
+                     [](const ProductShape& p) { return fused::linear_fits(p.rows, p.in, p.out); });
 }
 
 // Times `model`'s graphed fused decode step (DecodeKernels::fused, the
 // programmatic launches and folded norms as set now) at each of
 // options.rows where the own products apply, with and without them at that
-// count, and returns the timings. The process-wide set
-// (fused::own_products_at()) is changed while the two ways are captured and
-// is as before when this returns or throws: run it before anything else
-// captures or issues fused steps. Throws std::invalid_argument, naming it,
-// for a model the fused kernels do not take or options out of range.
+// count (own_product_ways() from the set in use), and returns the timings.
+// A timing is a launch's wall time, one step per launch, as `llm_decode
+// bench` times a step: the host's staging and its wait for the tokens are in
+// it, the same both ways. The process-wide set (fused::own_products_at()) is
+// changed while the two ways are captured, cuBLAS's way stays in force while
+// they are timed, and it is as before when this returns or throws (see the
+// top of this file). Throws std::invalid_argument, naming it, for options
+// out of range or a model the fused kernels do not take, and
+// std::runtime_error where a way's graph could not be captured (its steps
+// would run eagerly, under whatever set is in force, and time the wrong way).
 inline std::vector<ProductTiming> time_own_products(const LlamaModel& model, const ProductTuningOptions& options) {
   using detail::check_rows;
   using detail::invalid;
@@ -162,14 +192,18 @@ inline std::vector<ProductTiming> time_own_products(const LlamaModel& model, con
                                            .kernels = DecodeKernels::fused,
                                            .prefill = PrefillMode::unpadded};
     // Each way's graph keeps the set it was captured under (set_own_products_at).
-    fused::ProductRowCounts own_set = restore.saved;
-    own_set.set(static_cast<std::size_t>(r - 1));
-    fused::set_own_products_at(own_set);
-    LlamaExecutor own(model, cache, executor_options);
-    fused::ProductRowCounts library_set = restore.saved;
-    library_set.reset(static_cast<std::size_t>(r - 1));
-    fused::set_own_products_at(library_set);
-    LlamaExecutor library(model, cache, executor_options);
+    const ProductWays ways = own_product_ways(restore.saved, r);
+    const auto captured = [&](fused::ProductRowCounts set, const char* way) {
+      fused::set_own_products_at(set);
+      auto executor = std::make_unique<LlamaExecutor>(model, cache, executor_options);
+      if (!executor->capture_failures().empty()) {
+        throw std::runtime_error("llm_decode: time_own_products: the " + std::string(way) + " way at " +
+                                 std::to_string(r) + " rows was not captured: " + executor->capture_failures().front());
+      }
+      return executor;
+    };
+    const std::unique_ptr<LlamaExecutor> own = captured(ways.own, "own products'");
+    const std::unique_ptr<LlamaExecutor> cublas = captured(ways.cublas, "cuBLAS");
 
     // Rows at the middle of the context; the cache is zeros (finite), and
     // each step writes the same positions again.
@@ -182,23 +216,23 @@ inline std::vector<ProductTiming> time_own_products(const LlamaModel& model, con
       for (int s = 0; s < steps; ++s) (void)run_launch(executor, step_rows, count, options.context, 1, {});
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / steps;
     };
-    (void)seconds_per_step(own, 2);  // warm-up: the first replays upload the graphs
-    (void)seconds_per_step(library, 2);
+    (void)seconds_per_step(*own, 2);  // warm-up: the first replays upload the graphs
+    (void)seconds_per_step(*cublas, 2);
     std::vector<double> own_seconds;
-    std::vector<double> library_seconds;
+    std::vector<double> cublas_seconds;
     for (int repeat = 0; repeat < options.repeats; ++repeat) {
       // Alternating which goes first, so that neither always runs after the other.
       if (repeat % 2 == 0) {
-        own_seconds.push_back(seconds_per_step(own, options.steps));
-        library_seconds.push_back(seconds_per_step(library, options.steps));
+        own_seconds.push_back(seconds_per_step(*own, options.steps));
+        cublas_seconds.push_back(seconds_per_step(*cublas, options.steps));
       } else {
-        library_seconds.push_back(seconds_per_step(library, options.steps));
-        own_seconds.push_back(seconds_per_step(own, options.steps));
+        cublas_seconds.push_back(seconds_per_step(*cublas, options.steps));
+        own_seconds.push_back(seconds_per_step(*own, options.steps));
       }
     }
     timings.push_back({.rows = r,
                        .own_seconds = detail::median_of(own_seconds),
-                       .library_seconds = detail::median_of(library_seconds)});
+                       .cublas_seconds = detail::median_of(cublas_seconds)});
   }
   return timings;
 }
@@ -206,8 +240,9 @@ inline std::vector<ProductTiming> time_own_products(const LlamaModel& model, con
 // time_own_products(), then choose_own_products() from the set in use now.
 // It does not set the result: give it to fused::set_own_products_at().
 inline ProductTuning tune_own_products(const LlamaModel& model, const ProductTuningOptions& options = {}) {
-  ProductTuning tuning{.timings = time_own_products(model, options), .chosen = {}};
-  tuning.chosen = choose_own_products(tuning.timings, fused::own_products_at(), options.margin);
+  ProductTuning tuning{.options = options, .start = fused::own_products_at(), .timings = {}, .chosen = {}};
+  tuning.timings = time_own_products(model, options);
+  tuning.chosen = choose_own_products(tuning.timings, tuning.start, options.margin);
   return tuning;
 }
 

@@ -21,7 +21,6 @@
 #include <stdexcept>
 #include <vector>
 
-#include "llm_decode_support.hpp"
 
 namespace {
 
@@ -35,34 +34,37 @@ TEST_SUITE("host") {
   TEST_CASE("choose_own_products: each timed count takes the way faster by the margin; near ties and untimed counts keep the start") {
     const auto start = product_rows_of({1, 4, 32});
     const std::vector<ProductTiming> timings{
-        {.rows = 1, .own_seconds = 1.00, .library_seconds = 1.20},  // own faster: stays own
-        {.rows = 2, .own_seconds = 0.90, .library_seconds = 1.00},  // own 10% faster: becomes own
-        {.rows = 4, .own_seconds = 1.10, .library_seconds = 1.00},  // cuBLAS 9% faster: becomes cuBLAS
-        {.rows = 8, .own_seconds = 0.99, .library_seconds = 1.00},  // own 1% faster: a tie, stays cuBLAS
-        {.rows = 32, .own_seconds = 1.01, .library_seconds = 1.00},  // cuBLAS 1% faster: a tie, stays own
-        {.rows = 64, .own_seconds = 0.98, .library_seconds = 1.00},  // exactly the margin: becomes own
+        {.rows = 1, .own_seconds = 1.00, .cublas_seconds = 1.20},  // own faster: stays own
+        {.rows = 2, .own_seconds = 0.90, .cublas_seconds = 1.00},  // own 10% faster: becomes own
+        {.rows = 4, .own_seconds = 1.10, .cublas_seconds = 1.00},  // cuBLAS 9% faster: becomes cuBLAS
+        {.rows = 8, .own_seconds = 0.99, .cublas_seconds = 1.00},  // own 1% faster: a tie, stays cuBLAS
+        {.rows = 32, .own_seconds = 1.01, .cublas_seconds = 1.00},  // cuBLAS 1% faster: a tie, stays own
+        {.rows = 64, .own_seconds = 0.98, .cublas_seconds = 1.00},  // exactly the margin: becomes own
     };
     const auto chosen = choose_own_products(timings, start, 0.02);
     CHECK(llm_decode::fused::product_row_list(chosen) == std::vector<int>{1, 2, 32, 64});
-    // Counts not timed keep the start either way.
+    // Counts not timed keep the start, whether it had them or not (1, 4 and
+    // 32 set; 3 clear); a timed count that the start already had its way moves nothing.
     CHECK(choose_own_products({}, start, 0.02) == start);
-    CHECK(choose_own_products({{.rows = 2, .own_seconds = 2.0, .library_seconds = 1.0}}, start, 0.02) == start);
+    CHECK(choose_own_products({{.rows = 2, .own_seconds = 2.0, .cublas_seconds = 1.0},
+                               {.rows = 4, .own_seconds = 1.0, .cublas_seconds = 2.0}},
+                              start, 0.02) == start);
     // With no margin, any difference decides; an exact tie still keeps the start.
     CHECK(llm_decode::fused::product_row_list(choose_own_products(timings, start, 0.0)) == std::vector<int>{1, 2, 8, 64});
-    CHECK(choose_own_products({{.rows = 4, .own_seconds = 1.0, .library_seconds = 1.0}}, start, 0.0) == start);
+    CHECK(choose_own_products({{.rows = 4, .own_seconds = 1.0, .cublas_seconds = 1.0}}, start, 0.0) == start);
   }
 
   TEST_CASE("choose_own_products refuses counts out of range, a count timed twice, bad times and margins, naming them") {
     const auto start = product_rows_of({1});
     const auto timed = [](int rows, double own, double library) {
-      return std::vector<ProductTiming>{{.rows = rows, .own_seconds = own, .library_seconds = library}};
+      return std::vector<ProductTiming>{{.rows = rows, .own_seconds = own, .cublas_seconds = library}};
     };
     CHECK_THROWS_WITH_AS((void)choose_own_products(timed(0, 1, 1), start, 0.02),
                          doctest::Contains("a row count of 0; it must be 1 to 64"), std::invalid_argument);
     CHECK_THROWS_WITH_AS((void)choose_own_products(timed(65, 1, 1), start, 0.02),
                          doctest::Contains("a row count of 65"), std::invalid_argument);
-    CHECK_THROWS_WITH_AS((void)choose_own_products({{.rows = 2, .own_seconds = 1, .library_seconds = 2},
-                                                    {.rows = 2, .own_seconds = 2, .library_seconds = 1}},
+    CHECK_THROWS_WITH_AS((void)choose_own_products({{.rows = 2, .own_seconds = 1, .cublas_seconds = 2},
+                                                    {.rows = 2, .own_seconds = 2, .cublas_seconds = 1}},
                                                    start, 0.02),
                          doctest::Contains("row count 2 is timed twice"), std::invalid_argument);
     for (const double bad : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(),
@@ -78,6 +80,20 @@ TEST_SUITE("host") {
       CHECK_THROWS_WITH_AS((void)choose_own_products(timed(3, 1, 2), start, margin),
                            doctest::Contains("it must be in [0, 1)"), std::invalid_argument);
     }
+  }
+
+  TEST_CASE("own_product_ways: the start with the count added and removed, nothing else changed; bad counts named") {
+    const auto start = product_rows_of({1, 4, 32});
+    const llm_decode::ProductWays at_four = llm_decode::own_product_ways(start, 4);
+    CHECK(at_four.own == start);
+    CHECK(at_four.cublas == product_rows_of({1, 32}));
+    const llm_decode::ProductWays at_two = llm_decode::own_product_ways(start, 2);
+    CHECK(at_two.own == product_rows_of({1, 2, 4, 32}));
+    CHECK(at_two.cublas == start);
+    CHECK_THROWS_WITH_AS((void)llm_decode::own_product_ways(start, 0), doctest::Contains("own_product_ways: a row count of 0"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS((void)llm_decode::own_product_ways(start, 65), doctest::Contains("a row count of 65"),
+                         std::invalid_argument);
   }
 
   TEST_CASE("own_products_apply: the counts at which some product of the model fits the own kernels") {
@@ -102,9 +118,8 @@ TEST_SUITE("host") {
     CHECK_FALSE(llm_decode::own_products_apply(narrow, 64));
   }
 
-  TEST_CASE("time_own_products refuses options out of range and models the fused kernels do not take, the set unchanged") {
-    const llm_decode_test::OwnProductsAt start(product_rows_of({1, 3}));
-    llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset("tiny");
+  TEST_CASE("time_own_products refuses options out of range and models the fused kernels do not take, naming them") {
+    const llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset("tiny");
     const llm_decode::LlamaModel cpu_model = llm_decode::LlamaModel::random(config, 1, at::Device(at::kCPU));
     const auto refusal = [&](llm_decode::ProductTuningOptions options) {
       try {
@@ -123,7 +138,7 @@ TEST_SUITE("host") {
     CHECK(refusal({.repeats = 0}).find("steps (32) and repeats (0) must be at least 1") != std::string::npos);
     CHECK(refusal({.margin = 1.5}).find("a margin of 1.5") != std::string::npos);
     // Options in range reach the model's check.
-    CHECK(refusal({.context = 64}).find("needs an fp16 model on a CUDA device") != std::string::npos);
-    CHECK(llm_decode::fused::own_products_at() == product_rows_of({1, 3}));
+    CHECK(refusal({.context = 64}) == "llm_decode: time_own_products needs an fp16 model on a CUDA device (the fused "
+                                      "kernels); this one is Half on cpu");
   }
 }

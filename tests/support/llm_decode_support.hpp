@@ -274,12 +274,8 @@ inline std::vector<AttentionLayout> attention_layouts() {
   return {{4, 2, 16}, {12, 4, 64}, {2, 2, 48}, {8, 8, 80}, {6, 2, 96}, {16, 2, 128}, {4, 1, 256}};
 }
 
-// A product's sizes: rows of `in` halves into `out` outputs.
-struct ProductShape {
-  int rows;
-  int in;
-  int out;
-};
+// A product's sizes (rows of `in` halves into `out` outputs): the model's.
+using llm_decode::ProductShape;
 
 // The fused products (linear, gated_linear) of one shape on `device`, each
 // against a float32 linear of the same fp16 inputs (gated: of silu(gate) *
