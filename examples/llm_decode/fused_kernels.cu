@@ -1213,7 +1213,7 @@ __global__ void step_update_kernel(StepRows state, const std::int64_t* next) {
 }
 
 // set_programmatic_launches()
-std::atomic<ProgrammaticLaunches> programmatic_launches_set{ProgrammaticLaunches::always};
+std::atomic<ProgrammaticLaunches> programmatic_launches_set{ProgrammaticLaunches::after_own_kernels};
 // The nodes this thread's launches added to the capture under way (after_own_kernels).
 thread_local OwnCapturedKernels own_captured_kernels;
 // set_own_products_at(): rows r at bit r - 1.

@@ -187,10 +187,9 @@ enum class ProgrammaticLaunches {
   // batch 8, 0.64 µs from the end of cuBLAS's kernel to the start of the
   // next fused kernel, against 0.42 µs plainly (kernel traces of the
   // graphed step, the plain one on another host). Outside a capture the
-  // predecessor cannot be seen: programmatic, as `always`. To be the
-  // default once its GPU tests have run.
+  // predecessor cannot be seen: programmatic, as `always`. The default.
   after_own_kernels,
-  // Programmatic after torch's kernels too (the default).
+  // Programmatic after torch's kernels too.
   always,
 };
 void set_programmatic_launches(ProgrammaticLaunches where);

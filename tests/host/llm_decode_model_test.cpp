@@ -636,7 +636,7 @@ TEST_SUITE("host") {
     using llm_decode::fused::launch_programmatically;
     using llm_decode::fused::OwnCapturedKernels;
     using llm_decode::fused::ProgrammaticLaunches;
-    CHECK(llm_decode::fused::programmatic_launches() == ProgrammaticLaunches::always);  // the default
+    CHECK(llm_decode::fused::programmatic_launches() == ProgrammaticLaunches::after_own_kernels);  // the default
     for (const std::optional<bool> follows_own : {std::optional<bool>{}, std::optional<bool>{true}, std::optional<bool>{false}}) {
       CHECK(launch_programmatically(ProgrammaticLaunches::always, follows_own));
       CHECK_FALSE(launch_programmatically(ProgrammaticLaunches::off, follows_own));
