@@ -85,10 +85,10 @@ void check_linear_shape(int rows, int in, int out);
 
 // The row counts at which the decode step uses these products rather than
 // cuBLAS (through at::linear), where linear_fits() takes the shape: rows r
-// at bit r - 1. Default: 1 row. On H100s, at 2 / 4 / 8 rows the GEMV
-// made the `small` step 1.38 / 1.22 / 0.95x as fast as with cuBLAS's
-// products and the `1b` step 1.12 / 0.86 / 0.53x (the tuning's timings,
-// docs/llm_decode.md), so no one row count suits both, and a model may
+// at bit r - 1. Default: 1 row. On an H100 (the tuning's timings, context
+// 64, docs/llm_decode.md), at 2 / 4 / 8 rows the GEMV made the `small`
+// step 1.38 / 1.22 / 0.95x as fast as with cuBLAS's products and the `1b`
+// step 1.12 / 0.86 / 0.53x, so no one row count suits both, and a model may
 // want its own products at some counts and not at others. At 64 rows the skinny
 // GEMM lost by far (`small`: 1.273 against 0.511 ms): it reads its input
 // from L2 once per tile. Read when a step is issued, so a graph keeps what
