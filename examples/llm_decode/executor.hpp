@@ -223,6 +223,24 @@ inline fused::StepRows fused_step_rows(const StepState& s, const at::Tensor& eos
           .spare_slot = spare_slot};
 }
 
+// Throws std::invalid_argument, beginning with `who`, where DecodeKernels::fused
+// cannot run `model`: not fp16 on a CUDA device, or a head layout or width
+// its kernels do not take.
+inline void check_fused_kernels_take(const LlamaModel& model, const std::string& who) {
+  const LlamaConfig& config = model.config();
+  if (model.dtype() != at::kHalf || !model.device().is_cuda()) {
+    throw std::invalid_argument(who + ": kernels = DecodeKernels::fused needs the model in fp16 on a CUDA device, not " +
+                                std::string(c10::toString(model.dtype())) + " on " + model.device().str());
+  }
+  try {
+    fused::check_attention_shape(static_cast<int>(config.num_heads), static_cast<int>(config.num_kv_heads),
+                                 static_cast<int>(config.head_dim()));
+    fused::check_norm_width(static_cast<int>(config.hidden_size));
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(who + ": kernels = DecodeKernels::fused cannot take this model: " + e.what());
+  }
+}
+
 class LlamaExecutor {
  public:
   using Key = std::array<std::int64_t, 2>;  // {batch bucket, context bucket}
@@ -248,7 +266,7 @@ class LlamaExecutor {
                                   std::to_string(cache.slots()) + ")");
     }
     resolve_prefill_buckets(model.config().max_len);
-    if (options_.kernels == DecodeKernels::fused) check_fused(model);
+    if (options_.kernels == DecodeKernels::fused) check_fused_kernels_take(model, "LlamaExecutor");
     max_batch_ = options_.batch_buckets.back();
     columns_ = std::max<std::int64_t>(max_batch_, 3);  // row 5 holds 3 loop counters
     steps_ = static_cast<std::int64_t>(options_.steps_per_launch);
@@ -543,24 +561,6 @@ class LlamaExecutor {
                                     std::to_string(max_len) + " (the model's max_len); entry " + std::to_string(i) +
                                     " is " + std::to_string(buckets[i]));
       }
-    }
-  }
-
-  // What DecodeKernels::fused can take, checked before any capture.
-  void check_fused(const LlamaModel& model) const {
-    const LlamaConfig& config = model.config();
-    if (model.dtype() != at::kHalf || !model.device().is_cuda()) {
-      throw std::invalid_argument("LlamaExecutor: kernels = DecodeKernels::fused needs the model in fp16 on a CUDA "
-                                  "device, not " + std::string(c10::toString(model.dtype())) + " on " +
-                                  model.device().str());
-    }
-    try {
-      fused::check_attention_shape(static_cast<int>(config.num_heads), static_cast<int>(config.num_kv_heads),
-                                   static_cast<int>(config.head_dim()));
-      fused::check_norm_width(static_cast<int>(config.hidden_size));
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(std::string("LlamaExecutor: kernels = DecodeKernels::fused cannot take this model: ") +
-                                  e.what());
     }
   }
 

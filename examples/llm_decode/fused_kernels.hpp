@@ -114,6 +114,24 @@ std::vector<int> product_row_list(ProductRowCounts row_counts);
 std::string describe_product_rows(ProductRowCounts row_counts);
 // set_own_products_at(product_rows_up_to(rows)).
 void set_own_product_rows(int rows);
+// Sets one of the settings above for a scope and puts back what it found
+// when the scope ends, also by an exception: `Get` and `Set` are the
+// setting's reader and writer.
+template <typename Value, Value (*Get)(), void (*Set)(Value)>
+class ScopedSetting {
+ public:
+  explicit ScopedSetting(Value value) : previous_(Get()) { Set(value); }
+  ScopedSetting(const ScopedSetting&) = delete;
+  ScopedSetting& operator=(const ScopedSetting&) = delete;
+  ~ScopedSetting() { Set(previous_); }
+  // What was in force before, and is again after.
+  Value previous() const { return previous_; }
+
+ private:
+  Value previous_;
+};
+using ScopedOwnProducts = ScopedSetting<ProductRowCounts, &own_products_at, &set_own_products_at>;
+
 // Whether the step computes this product with linear() / gated_linear():
 // own_products_at() holds `rows` and linear_fits().
 bool use_own_product(int rows, int in, int out);

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "statistics.hpp"
+
 namespace llm_decode::goodput {
 
 // The limits a point must meet: TTFT p99 and TPOT p99, in ms.
@@ -225,10 +227,8 @@ struct Spread {
 
 inline std::optional<Spread> spread(std::vector<double> values) {
   if (values.empty()) return std::nullopt;
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  const double median = n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-  return Spread{.min = values.front(), .median = median, .max = values.back(), .count = n};
+  const auto [min, max] = std::minmax_element(values.begin(), values.end());
+  return Spread{.min = *min, .median = percentile(values, 0.5), .max = *max, .count = values.size()};
 }
 
 // Whether a point of `requests` requests at `rate` may start with

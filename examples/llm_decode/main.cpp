@@ -41,6 +41,7 @@
 #include "launch_plan.hpp"
 #include "model.hpp"
 #include "product_tuning.hpp"
+#include "statistics.hpp"
 
 namespace {
 
@@ -49,6 +50,7 @@ using llm_decode::ExecutorOptions;
 using llm_decode::LlamaExecutor;
 using llm_decode::LlamaModel;
 using llm_decode::StepMode;
+using llm_decode::percentile;
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 
@@ -57,15 +59,6 @@ std::vector<replay::TokenId> random_prompt(std::mt19937_64& rng, std::size_t len
   std::vector<replay::TokenId> prompt(length);
   for (auto& t : prompt) t = token(rng);
   return prompt;
-}
-
-double percentile(std::vector<double> values, double p) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const double rank = p * static_cast<double>(values.size() - 1);
-  const auto lo = static_cast<std::size_t>(rank);
-  const std::size_t hi = std::min(lo + 1, values.size() - 1);
-  return values[lo] + (values[hi] - values[lo]) * (rank - static_cast<double>(lo));
 }
 
 void write_json(const std::string& path, const Json& json) {
@@ -140,9 +133,9 @@ struct LoadedModel {
   std::optional<llm_decode::ProductTuning> product_tuning;
 };
 
-// Times the fused step both ways at the batch buckets the own products can
-// take (product_tuning.hpp), prints the timings and sets what they chose.
-llm_decode::ProductTuning tune_products(const Common& c, const LlamaModel& model) {
+// Times the fused step both ways at the batch buckets up to 64
+// (product_tuning.hpp), prints the timings and sets what they chose.
+llm_decode::ProductTuning tune_and_set_own_products(const Common& c, const LlamaModel& model) {
   llm_decode::ProductTuningOptions options{.rows = {}, .context = c.context_buckets.front()};
   for (const std::int64_t b : c.batch_buckets) {
     if (b <= llm_decode::fused::kMaxSkinnyRows) options.rows.push_back(b);
@@ -160,12 +153,12 @@ llm_decode::ProductTuning tune_products(const Common& c, const LlamaModel& model
   return tuning;
 }
 
-// The fused step's settings as a report's JSON records them, and what
-// --tune-own-products timed.
-Json fused_settings_json(const Common& c, const LoadedModel& loaded) {
-  Json out{{"programmatic_launches", c.programmatic_launches},
+// The fused step's settings in force, as a report's JSON records them, and
+// what --tune-own-products timed.
+Json fused_settings_json(const LoadedModel& loaded) {
+  Json out{{"programmatic_launches", pdl_mode_name(llm_decode::fused::programmatic_launches())},
            {"own_products_at", llm_decode::fused::product_row_list(llm_decode::fused::own_products_at())},
-           {"fold_norms", c.fold_norms}};
+           {"fold_norms", llm_decode::fused::fold_norms()}};
   if (const auto& tuning = loaded.product_tuning) {
     Json timings = Json::array();
     for (const llm_decode::ProductTiming& t : tuning->timings) {
@@ -181,20 +174,25 @@ Json fused_settings_json(const Common& c, const LoadedModel& loaded) {
   return out;
 }
 
+// The model from --weights, or random from --preset and --seed, on the GPU.
+LlamaModel make_model(const Common& c) {
+  const at::Device device(at::kCUDA, 0);
+  if (!c.weights.empty()) return LlamaModel::load(c.weights, device);
+  llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset(c.preset);
+  config.max_len = c.max_len;
+  return LlamaModel::random(config, c.seed, device);
+}
+
+// Applies the fused step's settings, then makes the model and, with
+// --tune-own-products, tunes and sets its own products.
 LoadedModel load_model(const Common& c) {
   llm_decode::fused::set_programmatic_launches(kPdlModes.at(c.programmatic_launches));
   llm_decode::fused::set_own_products_at(c.own_products_at.empty()
                                              ? llm_decode::fused::product_rows_up_to(c.own_product_rows)
                                              : llm_decode::fused::product_rows_of(c.own_products_at));
   llm_decode::fused::set_fold_norms(c.fold_norms);
-  const at::Device device(at::kCUDA, 0);
-  LoadedModel loaded{.model = [&] {
-    if (!c.weights.empty()) return LlamaModel::load(c.weights, device);
-    llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset(c.preset);
-    config.max_len = c.max_len;
-    return LlamaModel::random(config, c.seed, device);
-  }()};
-  if (c.tune_own_products) loaded.product_tuning = tune_products(c, loaded.model);
+  LoadedModel loaded{.model = make_model(c)};
+  if (c.tune_own_products) loaded.product_tuning = tune_and_set_own_products(c, loaded.model);
   return loaded;
 }
 
@@ -484,7 +482,7 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
            {"context_buckets", c.context_buckets}};
   out["peak_bytes_per_s"] = peak.bytes_per_s;
   out["peak_source"] = peak.source;
-  out.update(fused_settings_json(c, loaded));
+  out.update(fused_settings_json(loaded));
   std::vector<BenchRow> rows;
   struct Method {
     std::string name;
@@ -867,7 +865,7 @@ int load(const Common& c, const LoadSettings& settings) {
            {"chunk_tokens", settings.chunk_tokens},
            {"grouped_chunk_tokens", settings.grouped_chunk_tokens},
            {"admission_delay_us", settings.admission_delay_us}};
-  if (c.kernels == "fused") out.update(fused_settings_json(c, loaded));
+  if (c.kernels == "fused") out.update(fused_settings_json(loaded));
   bool all_finished = true;
   // The queue holds every request of a point: an overloaded point shows in
   // the waiting times, not in refusals that would change what is served.
@@ -1050,7 +1048,7 @@ int goodput(const Common& c, const GoodputSettings& settings) {
            {"rows", Json::array()},
            {"searches", Json::array()},
            {"ratios", Json::array()}};
-  if (c.kernels == "fused") out.update(fused_settings_json(c, loaded));
+  if (c.kernels == "fused") out.update(fused_settings_json(loaded));
   // What the mix alone allows (goodput.hpp's batching_bound): every policy
   // has the engine's rows, its largest batch bucket.
   const auto rows = static_cast<std::size_t>(c.batch_buckets.back());
@@ -1277,7 +1275,8 @@ int main(int argc, char** argv) {
     sub->add_flag("--tune-own-products", c.tune_own_products,
                   "time the fused decode step with its own products and with cuBLAS's at each batch bucket up to 64 "
                   "(graphed, the first context bucket) and keep the faster (by 2% or more; the default where "
-                  "closer): for the fused step (--kernels fused, and bench's cpp_graphed_fused row)")
+                  "closer): for the fused step (--kernels fused, and bench's cpp_graphed_fused row); a model the "
+                  "fused kernels do not take is an error")
         ->excludes(own_rows)
         ->excludes(own_at);
     sub->add_flag("--fold-norms", c.fold_norms,
@@ -1406,10 +1405,6 @@ int main(int argc, char** argv) {
                    "far are written")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  if (new_tokens < 2) {
-    std::fprintf(stderr, "llm_decode: --new-tokens must be at least 2\n");
-    return 2;
-  }
   // goodput runs the fused kernels unless told otherwise: its chunked policies need them.
   if (goodput_app->parsed() && goodput_app->count("--kernels") == 0) c.kernels = "fused";
   // --tune-own-products chooses the fused step's products: refused where
@@ -1417,6 +1412,10 @@ int main(int argc, char** argv) {
   if (c.tune_own_products && c.kernels != "fused" && !bench_app->parsed()) {
     std::fprintf(stderr, "llm_decode: --tune-own-products chooses the fused step's products: it needs --kernels "
                          "fused here (given --kernels %s)\n", c.kernels.c_str());
+    return 2;
+  }
+  if (new_tokens < 2) {
+    std::fprintf(stderr, "llm_decode: --new-tokens must be at least 2\n");
     return 2;
   }
   try {

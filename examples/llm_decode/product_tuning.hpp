@@ -13,10 +13,8 @@
 // many tokens (and of its logits, over as many rows as the cache's slots),
 // which are not timed. Tuning changes the set while it captures, so it must
 // never run at the same time as anything else that captures or issues fused
-// steps in the process. choose_own_products() and own_product_ways() are
-// the policy alone (host code, no device).
-#include <ATen/ATen.h>
-
+// steps in the process. choose_own_products(), own_product_ways() and
+// any_product_fits_own_kernels() are the policy alone (host code, no device).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -32,14 +30,15 @@
 #include "kv_cache.hpp"
 #include "launch_plan.hpp"
 #include "model.hpp"
+#include "statistics.hpp"
 
 namespace llm_decode {
 
 // One row count's decode step, timed both ways.
 struct ProductTiming {
   int rows = 0;
-  double own_seconds = 0;      // median seconds per step, the own products at this row count
-  double cublas_seconds = 0;   // the same step with cuBLAS's products
+  double own_seconds = 0;     // median seconds per step, the own products at this row count
+  double cublas_seconds = 0;  // the same step with cuBLAS's products
 };
 
 struct ProductTuningOptions {
@@ -70,178 +69,162 @@ struct ProductWays {
 };
 
 namespace detail {
-inline void check_rows(std::int64_t rows, const char* where) {
-  if (rows < 1 || rows > fused::kMaxSkinnyRows) {
-    invalid(std::string(where) + ": a row count of " + std::to_string(rows) + "; it must be 1 to " +
-            std::to_string(fused::kMaxSkinnyRows));
-  }
-}
-
 inline void check_margin(double margin) {
   if (!(margin >= 0 && margin < 1)) {
     invalid("product tuning: a margin of " + std::to_string(margin) + "; it must be in [0, 1)");
   }
-}
-
-inline double median_of(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 }  // namespace detail
 
 // From `start`, each timed row count takes the faster way where it is faster
 // by at least `margin` (own_seconds <= (1 - margin) * cublas_seconds, or
 // the reverse); near ties, exact ones, and counts not timed keep `start`'s
-// choice.
-// Throws std::invalid_argument for a count outside 1 to kMaxSkinnyRows, a
-// count timed twice, a time that is not a positive finite number, or a
-// margin outside [0, 1).
+// choice. Throws std::invalid_argument for a count outside 1 to
+// kMaxSkinnyRows (fused::product_rows_of), a count timed twice, a time that
+// is not a positive finite number, or a margin outside [0, 1).
 inline fused::ProductRowCounts choose_own_products(const std::vector<ProductTiming>& timings,
                                                    fused::ProductRowCounts start, double margin) {
-  using detail::check_rows;
-  using detail::invalid;
   detail::check_margin(margin);
   fused::ProductRowCounts chosen = start;
   fused::ProductRowCounts seen;
   for (const ProductTiming& t : timings) {
-    check_rows(t.rows, "choose_own_products");
-    const auto bit = static_cast<std::size_t>(t.rows - 1);
-    if (seen.test(bit)) invalid("choose_own_products: row count " + std::to_string(t.rows) + " is timed twice");
-    seen.set(bit);
+    const fused::ProductRowCounts count = fused::product_rows_of({t.rows});
+    if ((seen & count).any()) {
+      detail::invalid("choose_own_products: row count " + std::to_string(t.rows) + " is timed twice");
+    }
+    seen |= count;
     for (const double seconds : {t.own_seconds, t.cublas_seconds}) {
       if (!(std::isfinite(seconds) && seconds > 0)) {
-        invalid("choose_own_products: row count " + std::to_string(t.rows) + " has a time of " +
-                std::to_string(seconds) + " s; times must be positive and finite");
+        detail::invalid("choose_own_products: row count " + std::to_string(t.rows) + " has a time of " +
+                        std::to_string(seconds) + " s; times must be positive and finite");
       }
     }
-    if (t.own_seconds < t.cublas_seconds && t.own_seconds <= (1 - margin) * t.cublas_seconds) chosen.set(bit);
-    if (t.cublas_seconds < t.own_seconds && t.cublas_seconds <= (1 - margin) * t.own_seconds) chosen.reset(bit);
+    if (t.own_seconds < t.cublas_seconds && t.own_seconds <= (1 - margin) * t.cublas_seconds) chosen |= count;
+    if (t.cublas_seconds < t.own_seconds && t.cublas_seconds <= (1 - margin) * t.own_seconds) chosen &= ~count;
   }
   return chosen;
 }
 
-// Throws std::invalid_argument for a count outside 1 to kMaxSkinnyRows.
+// Throws std::invalid_argument for a count outside 1 to kMaxSkinnyRows
+// (fused::product_rows_of).
 inline ProductWays own_product_ways(fused::ProductRowCounts start, int rows) {
-  detail::check_rows(rows, "own_product_ways");
-  ProductWays ways{.own = start, .cublas = start};
-  ways.own.set(static_cast<std::size_t>(rows - 1));
-  ways.cublas.reset(static_cast<std::size_t>(rows - 1));
-  return ways;
+  const fused::ProductRowCounts count = fused::product_rows_of({rows});
+  return ProductWays{.own = start | count, .cublas = start & ~count};
 }
 
 // Whether the own products change a decode step of `rows` rows of this
-// model: whether any of its products fits them (fused::linear_fits).
-inline bool own_products_apply(const LlamaConfig& config, int rows) {
+// model: whether any of its products fits their kernels (fused::linear_fits).
+inline bool any_product_fits_own_kernels(const LlamaConfig& config, int rows) {
   const auto products = step_products(config, rows, rows);
   return std::any_of(products.begin(), products.end(),
                      [](const ProductShape& p) { return fused::linear_fits(p.rows, p.in, p.out); });
 }
 
+namespace detail {
+// One row count's two ways: each captured under its set (a graph keeps the
+// set it was captured under), then their launches timed in turn.
+inline ProductTiming time_both_ways(const LlamaModel& model, KvCache& cache, const ProductWays& ways, int rows,
+                                    const ProductTuningOptions& options) {
+  const ExecutorOptions executor_options{.mode = StepMode::graphed,
+                                         .batch_buckets = {rows},
+                                         .context_buckets = {options.context},
+                                         .kernels = DecodeKernels::fused,
+                                         .prefill = PrefillMode::unpadded};
+  const auto captured = [&](fused::ProductRowCounts set, const char* way) {
+    fused::set_own_products_at(set);
+    auto executor = std::make_unique<LlamaExecutor>(model, cache, executor_options);
+    if (!executor->capture_failures().empty()) {
+      throw std::runtime_error("llm_decode: tune_own_products: the " + std::string(way) + " way at " +
+                               std::to_string(rows) + " rows was not captured: " +
+                               executor->capture_failures().front());
+    }
+    return executor;
+  };
+  const std::unique_ptr<LlamaExecutor> own = captured(ways.own, "own products'");
+  const std::unique_ptr<LlamaExecutor> cublas = captured(ways.cublas, "cuBLAS");
+
+  // Rows at the middle of the context; the cache is zeros (finite), and
+  // each step writes the same positions again.
+  std::vector<replay::DecodeRow> step_rows(static_cast<std::size_t>(rows));
+  for (std::size_t i = 0; i < step_rows.size(); ++i) {
+    step_rows[i] = {.slot = i, .position = static_cast<std::size_t>(options.context / 2), .token = 1};
+  }
+  const auto seconds_per_step = [&](LlamaExecutor& executor, int steps) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int s = 0; s < steps; ++s) (void)run_launch(executor, step_rows, rows, options.context, 1, {});
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / steps;
+  };
+  (void)seconds_per_step(*own, 2);  // warm-up: the first replays upload the graphs
+  (void)seconds_per_step(*cublas, 2);
+  std::vector<double> own_seconds;
+  std::vector<double> cublas_seconds;
+  for (int repeat = 0; repeat < options.repeats; ++repeat) {
+    // Alternating which goes first, so that neither always runs after the other.
+    if (repeat % 2 == 0) {
+      own_seconds.push_back(seconds_per_step(*own, options.steps));
+      cublas_seconds.push_back(seconds_per_step(*cublas, options.steps));
+    } else {
+      cublas_seconds.push_back(seconds_per_step(*cublas, options.steps));
+      own_seconds.push_back(seconds_per_step(*own, options.steps));
+    }
+  }
+  return {.rows = rows,
+          .own_seconds = percentile(own_seconds, 0.5),
+          .cublas_seconds = percentile(cublas_seconds, 0.5)};
+}
+}  // namespace detail
+
 // Times `model`'s graphed fused decode step (DecodeKernels::fused, the
 // programmatic launches and folded norms as set now) at each of
-// options.rows where the own products apply, with and without them at that
-// count (own_product_ways() from the set in use), and returns the timings.
-// A timing is a launch's wall time, one step per launch, as `llm_decode
+// options.rows where any product fits the own kernels, with and without
+// them at that count (own_product_ways() from the set in use, `start`), and
+// chooses from the timings (choose_own_products()). It does not set the
+// result: give `chosen` to fused::set_own_products_at().
+//
+// A timing is the median, over options.repeats runs of options.steps
+// launches of one step, of a run's wall time per launch, as `llm_decode
 // bench` times a step: the host's staging and its wait for the tokens are in
-// it, the same both ways. The process-wide set (fused::own_products_at()) is
-// changed while the two ways are captured, cuBLAS's way stays in force while
-// they are timed, and it is as before when this returns or throws (see the
-// top of this file). Throws std::invalid_argument, naming it, for options
-// out of range or a model the fused kernels do not take, and
+// it, the same both ways. The
+// process-wide set is changed while the two ways are captured, cuBLAS's
+// way stays in force while they are timed, and it is as before when this
+// returns or throws (see the top of this file). Throws
+// std::invalid_argument, naming it, for options out of range or a model the
+// fused kernels do not take (before anything is captured or changed), and
 // std::runtime_error where a way's graph could not be captured (its steps
 // would run eagerly, under whatever set is in force, and time the wrong way).
-inline std::vector<ProductTiming> time_own_products(const LlamaModel& model, const ProductTuningOptions& options) {
-  using detail::check_rows;
-  using detail::invalid;
+inline ProductTuning tune_own_products(const LlamaModel& model, const ProductTuningOptions& options = {}) {
+  const std::string who = "llm_decode: tune_own_products";
   if (options.context < 1 || options.context > model.config().max_len) {
-    invalid("time_own_products: a context of " + std::to_string(options.context) + "; it must be 1 to " +
-            std::to_string(model.config().max_len) + " (the model's max_len)");
+    throw std::invalid_argument(who + ": a context of " + std::to_string(options.context) + "; it must be 1 to " +
+                                std::to_string(model.config().max_len) + " (the model's max_len)");
   }
   if (options.steps < 1 || options.repeats < 1) {
-    invalid("time_own_products: steps (" + std::to_string(options.steps) + ") and repeats (" +
-            std::to_string(options.repeats) + ") must be at least 1");
+    throw std::invalid_argument(who + ": steps (" + std::to_string(options.steps) + ") and repeats (" +
+                                std::to_string(options.repeats) + ") must be at least 1");
   }
   detail::check_margin(options.margin);
-  std::vector<std::int64_t> rows = options.rows;
-  for (const std::int64_t r : rows) check_rows(r, "time_own_products");
+  std::vector<int> rows;
+  for (const std::int64_t r : options.rows) {
+    if (r < 1 || r > fused::kMaxSkinnyRows) {
+      throw std::invalid_argument(who + ": a row count of " + std::to_string(r) + "; it must be 1 to " +
+                                  std::to_string(fused::kMaxSkinnyRows));
+    }
+    rows.push_back(static_cast<int>(r));
+  }
   std::sort(rows.begin(), rows.end());
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
-  if (model.dtype() != at::kHalf || !model.device().is_cuda()) {
-    invalid("time_own_products needs an fp16 model on a CUDA device (the fused kernels); this one is " +
-            std::string(c10::toString(model.dtype())) + " on " + model.device().str());
-  }
+  check_fused_kernels_take(model, who);
 
   // Puts back the set it found, also when a capture or a step throws.
-  struct RestoreOwnProducts {
-    fused::ProductRowCounts saved = fused::own_products_at();
-    RestoreOwnProducts() = default;
-    RestoreOwnProducts(const RestoreOwnProducts&) = delete;
-    RestoreOwnProducts& operator=(const RestoreOwnProducts&) = delete;
-    ~RestoreOwnProducts() { fused::set_own_products_at(saved); }
-  } restore;
-
-  std::vector<ProductTiming> timings;
-  if (rows.empty()) return timings;
-  KvCache cache(model.config(), rows.back(), model.device(), model.dtype());
-  for (const std::int64_t count : rows) {
-    const auto r = static_cast<int>(count);
-    if (!own_products_apply(model.config(), r)) continue;
-    const ExecutorOptions executor_options{.mode = StepMode::graphed,
-                                           .batch_buckets = {count},
-                                           .context_buckets = {options.context},
-                                           .kernels = DecodeKernels::fused,
-                                           .prefill = PrefillMode::unpadded};
-    // Each way's graph keeps the set it was captured under (set_own_products_at).
-    const ProductWays ways = own_product_ways(restore.saved, r);
-    const auto captured = [&](fused::ProductRowCounts set, const char* way) {
-      fused::set_own_products_at(set);
-      auto executor = std::make_unique<LlamaExecutor>(model, cache, executor_options);
-      if (!executor->capture_failures().empty()) {
-        throw std::runtime_error("llm_decode: time_own_products: the " + std::string(way) + " way at " +
-                                 std::to_string(r) + " rows was not captured: " + executor->capture_failures().front());
-      }
-      return executor;
-    };
-    const std::unique_ptr<LlamaExecutor> own = captured(ways.own, "own products'");
-    const std::unique_ptr<LlamaExecutor> cublas = captured(ways.cublas, "cuBLAS");
-
-    // Rows at the middle of the context; the cache is zeros (finite), and
-    // each step writes the same positions again.
-    std::vector<replay::DecodeRow> step_rows(static_cast<std::size_t>(r));
-    for (std::size_t i = 0; i < step_rows.size(); ++i) {
-      step_rows[i] = {.slot = i, .position = static_cast<std::size_t>(options.context / 2), .token = 1};
+  const fused::ScopedOwnProducts restore(fused::own_products_at());
+  ProductTuning tuning{.options = options, .start = restore.previous(), .timings = {}, .chosen = {}};
+  if (!rows.empty()) {
+    KvCache cache(model.config(), rows.back(), model.device(), model.dtype());
+    for (const int r : rows) {
+      if (!any_product_fits_own_kernels(model.config(), r)) continue;
+      tuning.timings.push_back(detail::time_both_ways(model, cache, own_product_ways(tuning.start, r), r, options));
     }
-    const auto seconds_per_step = [&](LlamaExecutor& executor, int steps) {
-      const auto start = std::chrono::steady_clock::now();
-      for (int s = 0; s < steps; ++s) (void)run_launch(executor, step_rows, count, options.context, 1, {});
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / steps;
-    };
-    (void)seconds_per_step(*own, 2);  // warm-up: the first replays upload the graphs
-    (void)seconds_per_step(*cublas, 2);
-    std::vector<double> own_seconds;
-    std::vector<double> cublas_seconds;
-    for (int repeat = 0; repeat < options.repeats; ++repeat) {
-      // Alternating which goes first, so that neither always runs after the other.
-      if (repeat % 2 == 0) {
-        own_seconds.push_back(seconds_per_step(*own, options.steps));
-        cublas_seconds.push_back(seconds_per_step(*cublas, options.steps));
-      } else {
-        cublas_seconds.push_back(seconds_per_step(*cublas, options.steps));
-        own_seconds.push_back(seconds_per_step(*own, options.steps));
-      }
-    }
-    timings.push_back({.rows = r,
-                       .own_seconds = detail::median_of(own_seconds),
-                       .cublas_seconds = detail::median_of(cublas_seconds)});
   }
-  return timings;
-}
-
-// time_own_products(), then choose_own_products() from the set in use now.
-// It does not set the result: give it to fused::set_own_products_at().
-inline ProductTuning tune_own_products(const LlamaModel& model, const ProductTuningOptions& options = {}) {
-  ProductTuning tuning{.options = options, .start = fused::own_products_at(), .timings = {}, .chosen = {}};
-  tuning.timings = time_own_products(model, options);
   tuning.chosen = choose_own_products(tuning.timings, tuning.start, options.margin);
   return tuning;
 }

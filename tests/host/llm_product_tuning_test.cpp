@@ -1,8 +1,9 @@
 // examples/llm_decode/product_tuning.hpp without a device: the policy that
 // turns the two ways' step times into the set of row counts given the own
 // products (choose_own_products), the counts at which they change a step at
-// all, and the refusals time_own_products makes before it captures anything.
-// The timing itself runs in gpu/llm_decode_engine_test.cpp.
+// all, the refusals tune_own_products makes before it captures or changes
+// anything, and the scope that puts the set back. The timing itself runs in
+// gpu/llm_decode_engine_test.cpp.
 //
 // libtorch first: c10's logging header defines a glog-style CHECK macro,
 // which is dropped here so that doctest's CHECK is the one in force.
@@ -19,8 +20,8 @@
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <vector>
-
 
 namespace {
 
@@ -43,8 +44,8 @@ TEST_SUITE("host") {
     };
     const auto chosen = choose_own_products(timings, start, 0.02);
     CHECK(llm_decode::fused::product_row_list(chosen) == std::vector<int>{1, 2, 32, 64});
-    // Counts not timed keep the start, whether it had them or not (1, 4 and
-    // 32 set; 3 clear); a timed count that the start already had its way moves nothing.
+    // Counts not timed keep the start (1, 4 and 32 set, the rest clear), and
+    // timed counts whose faster way the start already has change nothing.
     CHECK(choose_own_products({}, start, 0.02) == start);
     CHECK(choose_own_products({{.rows = 2, .own_seconds = 2.0, .cublas_seconds = 1.0},
                                {.rows = 4, .own_seconds = 1.0, .cublas_seconds = 2.0}},
@@ -60,9 +61,9 @@ TEST_SUITE("host") {
       return std::vector<ProductTiming>{{.rows = rows, .own_seconds = own, .cublas_seconds = library}};
     };
     CHECK_THROWS_WITH_AS((void)choose_own_products(timed(0, 1, 1), start, 0.02),
-                         doctest::Contains("a row count of 0; it must be 1 to 64"), std::invalid_argument);
+                         doctest::Contains("own products at 0 rows; a count is 1 to 64"), std::invalid_argument);
     CHECK_THROWS_WITH_AS((void)choose_own_products(timed(65, 1, 1), start, 0.02),
-                         doctest::Contains("a row count of 65"), std::invalid_argument);
+                         doctest::Contains("own products at 65 rows"), std::invalid_argument);
     CHECK_THROWS_WITH_AS((void)choose_own_products({{.rows = 2, .own_seconds = 1, .cublas_seconds = 2},
                                                     {.rows = 2, .own_seconds = 2, .cublas_seconds = 1}},
                                                    start, 0.02),
@@ -90,20 +91,20 @@ TEST_SUITE("host") {
     const llm_decode::ProductWays at_two = llm_decode::own_product_ways(start, 2);
     CHECK(at_two.own == product_rows_of({1, 2, 4, 32}));
     CHECK(at_two.cublas == start);
-    CHECK_THROWS_WITH_AS((void)llm_decode::own_product_ways(start, 0), doctest::Contains("own_product_ways: a row count of 0"),
-                         std::invalid_argument);
-    CHECK_THROWS_WITH_AS((void)llm_decode::own_product_ways(start, 65), doctest::Contains("a row count of 65"),
+    CHECK_THROWS_WITH_AS((void)llm_decode::own_product_ways(start, 0),
+                         doctest::Contains("own products at 0 rows; a count is 1 to 64"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS((void)llm_decode::own_product_ways(start, 65), doctest::Contains("own products at 65 rows"),
                          std::invalid_argument);
   }
 
-  TEST_CASE("own_products_apply: the counts at which some product of the model fits the own kernels") {
+  TEST_CASE("any_product_fits_own_kernels: the counts at which some product of the model fits the own kernels") {
     // The presets: GEMVs at 1 to 8 rows, skinny GEMMs at 16, 32, 48 and 64.
     for (const char* preset : {"tiny", "small", "1b"}) {
       CAPTURE(preset);
       const llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset(preset);
       for (int rows = 1; rows <= llm_decode::fused::kMaxSkinnyRows; ++rows) {
         CAPTURE(rows);
-        CHECK(llm_decode::own_products_apply(config, rows) == (rows <= 8 || rows % 16 == 0));
+        CHECK(llm_decode::any_product_fits_own_kernels(config, rows) == (rows <= 8 || rows % 16 == 0));
       }
     }
     // No output width here is a multiple of 32: GEMVs only.
@@ -113,32 +114,50 @@ TEST_SUITE("host") {
     narrow.num_heads = 3;
     narrow.num_kv_heads = 1;
     narrow.intermediate_size = 40;
-    CHECK(llm_decode::own_products_apply(narrow, 8));
-    CHECK_FALSE(llm_decode::own_products_apply(narrow, 16));
-    CHECK_FALSE(llm_decode::own_products_apply(narrow, 64));
+    CHECK(llm_decode::any_product_fits_own_kernels(narrow, 8));
+    CHECK_FALSE(llm_decode::any_product_fits_own_kernels(narrow, 16));
+    CHECK_FALSE(llm_decode::any_product_fits_own_kernels(narrow, 64));
   }
 
-  TEST_CASE("time_own_products refuses options out of range and models the fused kernels do not take, naming them") {
+  TEST_CASE("tune_own_products refuses options out of range and models the fused kernels do not take, naming them") {
     const llm_decode::LlamaConfig config = llm_decode::LlamaConfig::preset("tiny");
     const llm_decode::LlamaModel cpu_model = llm_decode::LlamaModel::random(config, 1, at::Device(at::kCPU));
     const auto refusal = [&](llm_decode::ProductTuningOptions options) {
       try {
-        (void)llm_decode::time_own_products(cpu_model, options);
+        (void)llm_decode::tune_own_products(cpu_model, options);
       } catch (const std::invalid_argument& e) {
         return std::string(e.what());
       }
       return std::string("no refusal");
     };
-    CHECK(refusal({.rows = {1, 0}}) == "llm_decode: time_own_products: a row count of 0; it must be 1 to 64");
+    CHECK(refusal({.rows = {1, 0}}) == "llm_decode: tune_own_products: a row count of 0; it must be 1 to 64");
     CHECK(refusal({.rows = {65}}).find("a row count of 65") != std::string::npos);
-    CHECK(refusal({.context = 0}) == "llm_decode: time_own_products: a context of 0; it must be 1 to 64 (the "
+    CHECK(refusal({.rows = {std::int64_t{1} << 32}}).find("a row count of 4294967296") != std::string::npos);
+    CHECK(refusal({.context = 0}) == "llm_decode: tune_own_products: a context of 0; it must be 1 to 64 (the "
                                      "model's max_len)");
     CHECK(refusal({.context = 65}).find("a context of 65") != std::string::npos);
     CHECK(refusal({.steps = 0}).find("steps (0) and repeats (5) must be at least 1") != std::string::npos);
     CHECK(refusal({.repeats = 0}).find("steps (32) and repeats (0) must be at least 1") != std::string::npos);
     CHECK(refusal({.margin = 1.5}).find("a margin of 1.5") != std::string::npos);
     // Options in range reach the model's check.
-    CHECK(refusal({.context = 64}) == "llm_decode: time_own_products needs an fp16 model on a CUDA device (the fused "
-                                      "kernels); this one is Half on cpu");
+    CHECK(refusal({.context = 64}) == "llm_decode: tune_own_products: kernels = DecodeKernels::fused needs the model "
+                                      "in fp16 on a CUDA device, not Half on cpu");
+  }
+
+  TEST_CASE("fused::ScopedSetting sets for a scope and puts back what it found, also when the scope ends by an exception") {
+    using llm_decode::fused::own_products_at;
+    const auto before = own_products_at();
+    {
+      const llm_decode::fused::ScopedOwnProducts scoped(product_rows_of({2, 5}));
+      CHECK(own_products_at() == product_rows_of({2, 5}));
+      CHECK(scoped.previous() == before);
+    }
+    CHECK(own_products_at() == before);
+    CHECK_THROWS_AS(([] {
+                      const llm_decode::fused::ScopedOwnProducts scoped(product_rows_of({3}));
+                      throw std::runtime_error("mid-scope");
+                    }()),
+                    std::runtime_error);
+    CHECK(own_products_at() == before);
   }
 }

@@ -216,27 +216,16 @@ inline BookkeepingComparison compare_step_bookkeeping(const llm_decode::fused::K
   return result;
 }
 
-// One of the fused kernels' process-wide settings for a scope, the previous
-// value restored after (the settings are read when a step is issued).
-template <typename Value, Value (*Get)(), void (*Set)(Value)>
-class ScopedFusedSetting {
- public:
-  explicit ScopedFusedSetting(Value value) : previous_(Get()) { Set(value); }
-  ScopedFusedSetting(const ScopedFusedSetting&) = delete;
-  ScopedFusedSetting& operator=(const ScopedFusedSetting&) = delete;
-  ~ScopedFusedSetting() { Set(previous_); }
-
- private:
-  Value previous_;
-};
+// The fused kernels' process-wide settings for a scope, the previous value
+// restored after (the settings are read when a step is issued).
+using llm_decode::fused::ScopedSetting;
 
 // The step's own products at these row counts (the default uses them at
 // batch 1 only), so that a test covers them inside a whole step.
-class OwnProductsAt
-    : public ScopedFusedSetting<llm_decode::fused::ProductRowCounts, &llm_decode::fused::own_products_at,
-                                &llm_decode::fused::set_own_products_at> {
+class OwnProductsAt : public llm_decode::fused::ScopedOwnProducts {
  public:
-  explicit OwnProductsAt(llm_decode::fused::ProductRowCounts row_counts) : ScopedFusedSetting(row_counts) {}
+  explicit OwnProductsAt(llm_decode::fused::ProductRowCounts row_counts)
+      : llm_decode::fused::ScopedOwnProducts(row_counts) {}
   // A number is not a set of counts: OwnProductRows(8), or product_rows_of({8}).
   template <std::integral Number>
   explicit OwnProductsAt(Number) = delete;
@@ -248,17 +237,15 @@ class OwnProductRows : public OwnProductsAt {
 };
 // Where the fused kernels are launched programmatically.
 using ProgrammaticLaunchesSetting =
-    ScopedFusedSetting<llm_decode::fused::ProgrammaticLaunches, &llm_decode::fused::programmatic_launches,
-                       &llm_decode::fused::set_programmatic_launches>;
+    ScopedSetting<llm_decode::fused::ProgrammaticLaunches, &llm_decode::fused::programmatic_launches,
+                  &llm_decode::fused::set_programmatic_launches>;
 // Whether one-row steps fold their norms into the products.
-using FoldNorms = ScopedFusedSetting<bool, &llm_decode::fused::fold_norms, &llm_decode::fused::set_fold_norms>;
+using FoldNorms = ScopedSetting<bool, &llm_decode::fused::fold_norms, &llm_decode::fused::set_fold_norms>;
 
 // Whether a one-row decode step of `config` folds its norms (fused::folds_norms).
 inline bool folds_norms(const llm_decode::LlamaConfig& config) {
-  return llm_decode::fused::folds_norms(
-      1, static_cast<int>(config.hidden_size),
-      static_cast<int>((config.num_heads + 2 * config.num_kv_heads) * config.head_dim()),
-      static_cast<int>(2 * config.intermediate_size), static_cast<int>(config.vocab_size));
+  [[maybe_unused]] const auto [qkv, o, gate_up, down, logits] = llm_decode::step_products(config, 1, 1);
+  return llm_decode::fused::folds_norms(1, qkv.in, qkv.out, gate_up.out, logits.out);
 }
 
 // A half tensor's data as the kernels' pointer type.
