@@ -642,7 +642,8 @@ __host__ __device__ inline std::int64_t skinny_partial_index(int split, int rows
 // The kernels here are launched with programmatic stream serialization
 // where set_programmatic_launches() puts it (launch_programmatic(), through
 // replay::launch; the waits are replay/pdl.hpp's, which compile to nothing
-// below sm_90); captured, consecutive launches become programmatic edges. A kernel may start while its predecessor finishes: before
+// below sm_90); captured, consecutive launches become programmatic edges.
+// A kernel may start while its predecessor finishes: before
 // wait_for_prerequisite_grid() it reads only what no kernel writes (weights),
 // and it writes nothing. Each kernel waits unconditionally at its start (a
 // block that returned early without waiting would break the chain's
