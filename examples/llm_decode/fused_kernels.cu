@@ -853,36 +853,41 @@ __global__ void silu_mul_kernel(const __half* gate_up, __half* out, int width) {
   out[r * width + i] = silu_times(gate_up[r * 2 * width + i], gate_up[r * 2 * width + width + i]);
 }
 
-// A GEMV block's weight rows, kLinearOutputs slots of them. A plain block
-// (linear(), gated_linear()) takes rows first .. first + kLinearOutputs, fewer
-// at the end. A paired block (gate_up_silu()) takes kLinearPairs outputs of
-// SwiGLU's product from `first`: slot j < kLinearPairs is gate row first + j,
-// slot up_slot(j) = kLinearPairs + j the up row up_offset rows further.
-constexpr int kLinearPairs = kLinearOutputs / 2;
-
-struct LinearBlock {
+// A product block's weight rows, Slots of them: kLinearOutputs for a GEMV
+// block, kNarrowOutputs for a narrow one. A plain block (linear(),
+// gated_linear()) takes rows first .. first + Slots, fewer at the end. A
+// paired block (gate_up_silu()) takes Slots / 2 outputs of SwiGLU's product
+// from `first`: slot j < Slots / 2 is gate row first + j, slot up_slot(j) =
+// Slots / 2 + j the up row up_offset rows further.
+template <int Slots>
+struct ProductBlock {
+  static constexpr int kSlots = Slots;
+  static constexpr int kPairs = Slots / 2;
   int first;      // the block's first output
-  int outputs;    // its outputs from `first`: kLinearOutputs (paired: kLinearPairs), fewer at the end
+  int outputs;    // its outputs from `first`: Slots (paired: kPairs), fewer at the end
   int up_offset;  // paired: where the up rows start in the weight (SwiGLU's width); 0 for a plain block
   // Block `block` of a product into `out` outputs, or of SwiGLU's product of `width` outputs.
-  __host__ __device__ static LinearBlock plain_at(int block, int out) {
-    const int first = block * kLinearOutputs;
-    return {first, out - first < kLinearOutputs ? out - first : kLinearOutputs, 0};
+  __host__ __device__ static ProductBlock plain_at(int block, int out) {
+    const int first = block * Slots;
+    return {first, out - first < Slots ? out - first : Slots, 0};
   }
-  __host__ __device__ static LinearBlock paired_at(int block, int width) {
-    const int first = block * kLinearPairs;
-    return {first, width - first < kLinearPairs ? width - first : kLinearPairs, width};
+  __host__ __device__ static ProductBlock paired_at(int block, int width) {
+    const int first = block * kPairs;
+    return {first, width - first < kPairs ? width - first : kPairs, width};
   }
-  __device__ static LinearBlock plain(int out) { return plain_at(static_cast<int>(blockIdx.x), out); }
-  __device__ static LinearBlock paired(int width) { return paired_at(static_cast<int>(blockIdx.x), width); }
+  __device__ static ProductBlock plain(int out) { return plain_at(static_cast<int>(blockIdx.x), out); }
+  __device__ static ProductBlock paired(int width) { return paired_at(static_cast<int>(blockIdx.x), width); }
   __host__ __device__ bool is_paired() const { return up_offset != 0; }
-  __host__ __device__ static int up_slot(int output) { return kLinearPairs + output; }
-  __host__ __device__ bool holds(int slot) const { return (is_paired() ? slot % kLinearPairs : slot) < outputs; }
+  __host__ __device__ static int up_slot(int output) { return kPairs + output; }
+  __host__ __device__ bool holds(int slot) const { return (is_paired() ? slot % kPairs : slot) < outputs; }
   __host__ __device__ int weight_row_of(int slot) const {
     if (!is_paired()) return first + slot;
-    return slot < kLinearPairs ? first + slot : up_offset + first + slot - kLinearPairs;
+    return slot < kPairs ? first + slot : up_offset + first + slot - kPairs;
   }
 };
+
+constexpr int kLinearPairs = kLinearOutputs / 2;
+using LinearBlock = ProductBlock<kLinearOutputs>;
 
 // Output j of a paired block from its slots' sums: each product rounded to
 // fp16 as linear() stores it, then silu_times() as silu_mul() computes it.
@@ -980,17 +985,13 @@ __device__ __forceinline__ float linear_block_sum(const LinearWarpSums<Rows>& wa
   return total;
 }
 
-// store(j, r) for each of the block's outputs j (of at most `per_block`) and
-// input rows r, one thread each: thread j * Rows + r, the index of that
-// output's sum in LinearWarpSums.
-template <int Rows, class Store>
-__device__ __forceinline__ void store_block_outputs(int per_block, const LinearBlock& block, Store store) {
+// store(j, r) for each of the block's outputs j and input rows r, one thread
+// each: thread j * Rows + r (a GEMV's index of that sum in LinearWarpSums).
+template <int Rows, class Block, class Store>
+__device__ __forceinline__ void store_block_outputs(const Block& block, Store store) {
   const int tid = static_cast<int>(threadIdx.x);
-  if (tid < per_block * Rows) {
-    const int j = tid / Rows;
-    const int r = tid % Rows;
-    if (j < block.outputs) store(j, r);
-  }
+  const int j = tid / Rows;
+  if (j < block.outputs) store(j, tid % Rows);
 }
 
 // The block's products after the preload, stored to y ([Rows, out]).
@@ -1000,7 +1001,7 @@ __device__ __forceinline__ void linear_block_sums(const HalfVector (&preloaded)[
                                                   const LinearBlock& block) {
   __shared__ LinearWarpSums<Rows> warp_sums;
   linear_warp_sums<Rows, Gated>(preloaded, x, weight, in, block, warp_sums);
-  store_block_outputs<Rows>(kLinearOutputs, block, [&](int j, int r) {
+  store_block_outputs<Rows>(block, [&](int j, int r) {
     y[static_cast<std::int64_t>(r) * out + block.first + j] =
         __float2half(linear_block_sum<Rows>(warp_sums, j * Rows + r));
   });
@@ -1028,7 +1029,7 @@ __global__ void __launch_bounds__(kLinearWarps * 32)
   preload_then_wait(preloaded, gate_up, in, block);
   __shared__ LinearWarpSums<Rows> warp_sums;
   linear_warp_sums<Rows, false>(preloaded, x, gate_up, in, block, warp_sums);
-  store_block_outputs<Rows>(kLinearPairs, block, [&](int j, int r) {
+  store_block_outputs<Rows>(block, [&](int j, int r) {
     out[static_cast<std::int64_t>(r) * width + block.first + j] =
         paired_output(linear_block_sum<Rows>(warp_sums, j * Rows + r),
                       linear_block_sum<Rows>(warp_sums, LinearBlock::up_slot(j) * Rows + r));
@@ -1074,6 +1075,146 @@ __global__ void __launch_bounds__(kLinearWarps * 32)
   }
   __syncthreads();
   linear_block_sums<1, false>(preloaded, normed, weight, y, in, out, block);
+}
+
+// ---- the narrow product: 2 to kMaxGemvRows rows on the tensor cores ----
+//
+// mma.m16n8k16 with the input rows as its narrow side: A is 16 weight rows
+// (the block's slots), B the input rows transposed (8 columns; those past
+// Rows are zero), C their 16 x 8 sums in fp32. A block takes kNarrowOutputs
+// slots; its kNarrowWarps warps take the width's kNarrowChunk-wide chunks in
+// turn (warp w: chunks w, w + kNarrowWarps, ...: neighbouring warps read
+// neighbouring 64 bytes of each weight row), then the block sums its warps
+// in order. Thread (g = lane / 4, t = lane % 4) loads the 16 bytes at 8t of
+// each chunk of slots g and g + 8 and of input row g, and mma's k positions
+// {2t, 2t + 1, 2t + 8, 2t + 9} take halves 8t .. 8t + 3, then 8t + 4 ..
+// 8t + 7: the same positions for A and B, so each mma sums 16 of the chunk's
+// products. A paired block (gate_up_silu()) takes 8 gate rows as slots 0 to
+// 7 and their up rows as 8 to 15. The weights of a warp's first kNarrowUnroll chunks are loaded
+// before the kernel waits for its predecessor.
+constexpr int kNarrowOutputs = 16;  // mma's m
+constexpr int kNarrowColumns = 8;   // mma's n: the most input rows
+constexpr int kNarrowWarps = 8;
+constexpr int kNarrowChunk = 32;    // halves of a row per warp step: two mma k-steps
+constexpr int kNarrowUnroll = 4;    // chunks per warp in flight
+// The thread layout above: slots g and g + 8, columns 2t and 2t + 1, four
+// threads of 16 bytes per chunk; one epilogue thread per slot and row.
+static_assert(kNarrowOutputs == 16 && kNarrowColumns == 8 && kNarrowChunk == 4 * kVectorHalves);
+static_assert(kMaxGemvRows <= kNarrowColumns && kNarrowOutputs * kMaxGemvRows <= kNarrowWarps * 32);
+using NarrowBlock = ProductBlock<kNarrowOutputs>;
+
+// A narrow block's sums of slot m and input row r, warp by warp: [warp][m][r].
+using NarrowWarpSums = float[kNarrowWarps][kNarrowOutputs][kNarrowColumns];
+
+__device__ __forceinline__ uint4 as_uint4(const HalfVector& v) {
+  uint4 u;
+  memcpy(&u, &v, sizeof(u));
+  return u;
+}
+
+// c += A B for one m16n8k16 step: a's four registers (rows g, g + 8, g, g + 8
+// at k 2t and 2t + 8), b's two (column g at k 2t and 2t + 8).
+__device__ __forceinline__ void mma_16x8x16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                            unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#elif defined(__CUDA_ARCH__)
+  __trap();  // no mma.m16n8k16 below sm_80: fail loudly rather than sum nothing
+#endif
+}
+
+// Weight vectors of slots g (low) and g + 8 (high) for the chunks
+// first_chunk + u * kNarrowWarps; zero past the width or the block's slots.
+__device__ __forceinline__ void load_narrow_weights(uint4 (&low)[kNarrowUnroll], uint4 (&high)[kNarrowUnroll],
+                                                    const __half* low_row, const __half* high_row,
+                                                    int first_chunk, int t, int vectors) {
+#pragma unroll
+  for (int u = 0; u < kNarrowUnroll; ++u) {
+    const int v = (first_chunk + u * kNarrowWarps) * (kNarrowChunk / kVectorHalves) + t;
+    const bool inside = v < vectors;
+    low[u] = inside && low_row != nullptr ? as_uint4(load_weight_vector(low_row + v * kVectorHalves))
+                                          : make_uint4(0, 0, 0, 0);
+    high[u] = inside && high_row != nullptr ? as_uint4(load_weight_vector(high_row + v * kVectorHalves))
+                                            : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// The block's sums into `warp_sums` (visible to the block on return).
+template <int Rows, bool Gated>
+__device__ __forceinline__ void narrow_warp_sums(const __half* x, const __half* weight, int in,
+                                                 const NarrowBlock& block, NarrowWarpSums& warp_sums) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int vectors = in / kVectorHalves;
+  const int chunks = (in + kNarrowChunk - 1) / kNarrowChunk;
+  const __half* low_row = block.holds(g) ? weight_row(weight, in, block.weight_row_of(g)) : nullptr;
+  const __half* high_row = block.holds(g + 8) ? weight_row(weight, in, block.weight_row_of(g + 8)) : nullptr;
+  uint4 low[kNarrowUnroll];
+  uint4 high[kNarrowUnroll];
+  load_narrow_weights(low, high, low_row, high_row, warp, t, vectors);  // nothing writes them
+  start_after_prerequisite_grid();
+  float c[4] = {0.0F, 0.0F, 0.0F, 0.0F};
+  for (int first_chunk = warp; first_chunk < chunks; first_chunk += kNarrowWarps * kNarrowUnroll) {
+    if (first_chunk != warp) load_narrow_weights(low, high, low_row, high_row, first_chunk, t, vectors);
+    uint4 input[kNarrowUnroll];
+#pragma unroll
+    for (int u = 0; u < kNarrowUnroll; ++u) {
+      const int v = (first_chunk + u * kNarrowWarps) * (kNarrowChunk / kVectorHalves) + t;
+      input[u] = g < Rows && v < vectors ? as_uint4(linear_input<Gated>(x, in, g, v * kVectorHalves))
+                                         : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kNarrowUnroll; ++u) {
+      mma_16x8x16(c, low[u].x, high[u].x, low[u].y, high[u].y, input[u].x, input[u].y);
+      mma_16x8x16(c, low[u].z, high[u].z, low[u].w, high[u].w, input[u].z, input[u].w);
+    }
+  }
+  // c[0], c[1]: slot g, rows 2t and 2t + 1; c[2], c[3]: slot g + 8.
+  warp_sums[warp][g][2 * t] = c[0];
+  warp_sums[warp][g][2 * t + 1] = c[1];
+  warp_sums[warp][g + 8][2 * t] = c[2];
+  warp_sums[warp][g + 8][2 * t + 1] = c[3];
+  __syncthreads();
+}
+
+// Slot m's sum for input row r: the warps' sums in order.
+__device__ __forceinline__ float narrow_block_sum(const NarrowWarpSums& warp_sums, int m, int r) {
+  float total = 0.0F;
+#pragma unroll
+  for (int w = 0; w < kNarrowWarps; ++w) total += warp_sums[w][m][r];
+  return total;
+}
+
+// linear() and gated_linear() for 2 to kMaxGemvRows rows.
+template <int Rows, bool Gated>
+__global__ void __launch_bounds__(kNarrowWarps * 32)
+    narrow_linear_kernel(const __half* x, const __half* weight, __half* y, int in, int out) {
+  const NarrowBlock block = NarrowBlock::plain(out);
+  __shared__ NarrowWarpSums warp_sums;
+  narrow_warp_sums<Rows, Gated>(x, weight, in, block, warp_sums);
+  store_block_outputs<Rows>(block, [&](int j, int r) {
+    y[static_cast<std::int64_t>(r) * out + block.first + j] = __float2half(narrow_block_sum(warp_sums, j, r));
+  });
+}
+
+// gate_up_silu() for 2 to kMaxGemvRows rows: NarrowBlock::kPairs outputs per
+// block, rounded as linear() and silu_mul() round them.
+template <int Rows>
+__global__ void __launch_bounds__(kNarrowWarps * 32)
+    narrow_gate_up_silu_kernel(const __half* x, const __half* gate_up, __half* out, int in, int width) {
+  const NarrowBlock block = NarrowBlock::paired(width);
+  __shared__ NarrowWarpSums warp_sums;
+  narrow_warp_sums<Rows, false>(x, gate_up, in, block, warp_sums);
+  store_block_outputs<Rows>(block, [&](int j, int r) {
+    out[static_cast<std::int64_t>(r) * width + block.first + j] =
+        paired_output(narrow_block_sum(warp_sums, j, r), narrow_block_sum(warp_sums, NarrowBlock::up_slot(j), r));
+  });
 }
 
 // linear() and gated_linear() for Rows = 16, 32, 48 or 64 rows: the tensor
@@ -1220,6 +1361,14 @@ thread_local OwnCapturedKernels own_captured_kernels;
 // set_own_products_at(): rows r at bit r - 1.
 static_assert(kMaxSkinnyRows <= std::numeric_limits<unsigned long long>::digits);
 std::atomic<unsigned long long> own_products_set{1};
+std::atomic<unsigned long long> narrow_products_set{0};  // set_narrow_products_at(), the same bits
+
+// Whether a product of `rows` rows (1 to kMaxGemvRows) is the narrow
+// tensor-core product rather than the GEMV.
+bool narrow_product_at(int rows) {
+  return rows >= 2 && rows <= kMaxGemvRows &&
+         ((narrow_products_set.load(std::memory_order_relaxed) >> (rows - 1)) & 1U) != 0;
+}
 std::atomic<bool> fold_norms_on{false};            // set_fold_norms()
 
 // What a launch on `stream` would depend on: cudaStreamGetCaptureInfo (CUDA
@@ -1364,8 +1513,9 @@ void silu_mul(const __half* gate_up, __half* out, int rows, int width, cudaStrea
                       out, width);
 }
 
-// Calls f(Rows) with the rows as a constant (integral_constant), 1 to kMaxGemvRows.
-template <int Rows = 1, typename F>
+// Calls f(rows) with the rows as a constant (integral_constant), for rows
+// from Rows to kMaxGemvRows.
+template <int Rows, typename F>
 void with_linear_rows(int rows, F&& f) {
   if constexpr (Rows <= kMaxGemvRows) {
     if (rows != Rows) return with_linear_rows<Rows + 1>(rows, std::forward<F>(f));
@@ -1396,11 +1546,19 @@ void check_linear_call(const char* kernel, const __half* x, const __half* weight
 template <bool Gated>
 void launch_linear(const __half* x, const __half* weight, __half* y, int rows, int in, int out,
                    const LinearWorkspace& workspace, cudaStream_t stream) {
-  if (rows <= kMaxGemvRows) {
+  if (rows <= kMaxGemvRows && !narrow_product_at(rows)) {
     const dim3 grid(static_cast<unsigned>((out + kLinearOutputs - 1) / kLinearOutputs));
-    with_linear_rows(rows, [&](auto r) {
+    with_linear_rows<1>(rows, [&](auto r) {
       launch_programmatic(linear_kernel<r(), Gated>, {grid, dim3(static_cast<unsigned>(linear_threads(in)))}, stream,
                           x, weight, y, in, out);
+    });
+    return;
+  }
+  if (rows <= kMaxGemvRows) {
+    const dim3 grid(static_cast<unsigned>((out + kNarrowOutputs - 1) / kNarrowOutputs));
+    with_linear_rows<2>(rows, [&](auto r) {
+      launch_programmatic(narrow_linear_kernel<r(), Gated>, {grid, dim3(kNarrowWarps * 32)}, stream, x, weight, y, in,
+                          out);
     });
     return;
   }
@@ -1446,10 +1604,18 @@ void check_gate_up_silu_call(const __half* x, const __half* gate_up, int rows, i
 void gate_up_silu(const __half* x, const __half* gate_up, __half* out, int rows, int in, int width,
                   cudaStream_t stream) {
   check_gate_up_silu_call(x, gate_up, rows, in, width);
-  const dim3 grid(static_cast<unsigned>((width + kLinearPairs - 1) / kLinearPairs));
-  with_linear_rows(rows, [&](auto r) {
-    launch_programmatic(gate_up_silu_kernel<r()>, {grid, dim3(static_cast<unsigned>(linear_threads(in)))}, stream, x,
-                        gate_up, out, in, width);
+  if (!narrow_product_at(rows)) {
+    const dim3 grid(static_cast<unsigned>((width + kLinearPairs - 1) / kLinearPairs));
+    with_linear_rows<1>(rows, [&](auto r) {
+      launch_programmatic(gate_up_silu_kernel<r()>, {grid, dim3(static_cast<unsigned>(linear_threads(in)))}, stream,
+                          x, gate_up, out, in, width);
+    });
+    return;
+  }
+  const dim3 grid(static_cast<unsigned>((width + NarrowBlock::kPairs - 1) / NarrowBlock::kPairs));
+  with_linear_rows<2>(rows, [&](auto r) {
+    launch_programmatic(narrow_gate_up_silu_kernel<r()>, {grid, dim3(kNarrowWarps * 32)}, stream, x, gate_up, out, in,
+                        width);
   });
 }
 
@@ -1717,15 +1883,88 @@ float host_block_sum(const __half* x, const __half* w, int in, int r, std::vecto
   return total;
 }
 
-// The kernel's blocks as one thread.
+// Element e of a vector of halves, as a float.
+inline float vector_element(const HalfVector& v, int e) {
+  const float2 pair = __half22float2(v.h[e / 2]);
+  return e % 2 == 0 ? pair.x : pair.y;
+}
+
+// A narrow block's sum of weight row `w` against input row r, as one thread:
+// each warp's chunks in turn (warp w: w, w + kNarrowWarps, ...), each chunk's
+// two mma steps as their 16 products summed in the step's k order (the tensor
+// cores' sums within a step are in an order of their own; this proves the
+// tiling and the k positions), then the warps' sums in order.
+template <bool Gated>
+float host_narrow_sum(const __half* x, const __half* w, int in, int r) {
+  constexpr int kThreadsPerRow = kNarrowChunk / kVectorHalves;  // t = 0 .. 3
+  const int vectors = in / kVectorHalves;
+  const int chunks = (in + kNarrowChunk - 1) / kNarrowChunk;
+  float total = 0.0F;
+  for (int warp = 0; warp < kNarrowWarps; ++warp) {
+    float acc = 0.0F;
+    for (int chunk = warp; chunk < chunks; chunk += kNarrowWarps) {
+      std::array<HalfVector, kThreadsPerRow> weights{};
+      std::array<HalfVector, kThreadsPerRow> inputs{};
+      for (int t = 0; t < kThreadsPerRow; ++t) {
+        const int v = chunk * kThreadsPerRow + t;
+        if (v >= vectors) continue;
+        weights[static_cast<std::size_t>(t)] = load_weight_vector(w + v * kVectorHalves);
+        inputs[static_cast<std::size_t>(t)] = linear_input<Gated>(x, in, r, v * kVectorHalves);
+      }
+      for (int step = 0; step < 2; ++step) {
+        float product = 0.0F;
+        for (int k = 0; k < 16; ++k) {  // k = 2t + e and 2t + 8 + e take halves 4 step + e and 4 step + 2 + e
+          const auto t = static_cast<std::size_t>((k % 8) / 2);
+          const int e = 4 * step + (k >= 8 ? 2 : 0) + k % 2;
+          product = fmaf(vector_element(weights[t], e), vector_element(inputs[t], e), product);
+        }
+        acc += product;
+      }
+    }
+    total += acc;
+  }
+  return total;
+}
+
+// A GEMV's (Block = LinearBlock, one row) or narrow product's (NarrowBlock,
+// 2 to kMaxGemvRows rows) blocks as one thread: block b's slots (plain_at,
+// or paired_at for gate_up_silu) summed as that kernel sums them, then
+// store(block, sums, r) for each input row r.
+template <class Block, bool Gated, class Store>
+void host_product_blocks(const __half* x, const __half* weight, int rows, int in, int outputs, bool paired,
+                         Store store) {
+  std::vector<float> lanes(static_cast<std::size_t>(linear_threads(in)));
+  const int per_block = paired ? Block::kPairs : Block::kSlots;
+  for (int b = 0; b < (outputs + per_block - 1) / per_block; ++b) {
+    const Block block = paired ? Block::paired_at(b, outputs) : Block::plain_at(b, outputs);
+    for (int r = 0; r < rows; ++r) {
+      std::array<float, Block::kSlots> sums{};
+      for (int slot = 0; slot < Block::kSlots; ++slot) {
+        if (!block.holds(slot)) continue;
+        const __half* w = weight_row(weight, in, block.weight_row_of(slot));
+        if constexpr (std::is_same_v<Block, NarrowBlock>) {
+          sums[static_cast<std::size_t>(slot)] = host_narrow_sum<Gated>(x, w, in, r);
+        } else {
+          sums[static_cast<std::size_t>(slot)] = host_block_sum<Gated>(x, w, in, r, lanes);
+        }
+      }
+      store(block, sums, r);
+    }
+  }
+}
+
+// The GEMV's or the narrow product's blocks (by rows) as one thread.
 template <bool Gated>
 void host_linear_product(const __half* x, const __half* weight, __half* y, int rows, int in, int out) {
-  std::vector<float> lanes(static_cast<std::size_t>(linear_threads(in)));
-  for (int o = 0; o < out; ++o) {
-    for (int r = 0; r < rows; ++r) {
-      y[static_cast<std::int64_t>(r) * out + o] =
-          __float2half(host_block_sum<Gated>(x, weight_row(weight, in, o), in, r, lanes));
+  const auto store = [&](const auto& block, const auto& sums, int r) {
+    for (int j = 0; j < block.outputs; ++j) {
+      y[static_cast<std::int64_t>(r) * out + block.first + j] = __float2half(sums[static_cast<std::size_t>(j)]);
     }
+  };
+  if (!narrow_product_at(rows)) {
+    host_product_blocks<LinearBlock, Gated>(x, weight, rows, in, out, false, store);
+  } else {
+    host_product_blocks<NarrowBlock, Gated>(x, weight, rows, in, out, false, store);
   }
 }
 
@@ -1818,29 +2057,22 @@ void host_gated_linear(const __half* gate_up, const __half* weight, __half* y, i
   host_product<true>(gate_up, weight, y, rows, in, out, workspace);
 }
 
-// gate_up_silu_kernel's blocks as one thread: each block's slots (its gate
-// and up rows, LinearBlock::paired_at) summed as the GEMV sums them, then the
-// epilogue's paired_output() for its outputs.
+// gate_up_silu_kernel's (one row) or narrow_gate_up_silu_kernel's blocks as
+// one thread: each block's gate and up slots (paired_at) summed as that
+// kernel sums them, then the epilogue's paired_output() for its outputs.
 void host_gate_up_silu(const __half* x, const __half* gate_up, __half* out, int rows, int in, int width,
                        cudaStream_t /*stream*/) {
   check_gate_up_silu_call(x, gate_up, rows, in, width);
-  std::vector<float> lanes(static_cast<std::size_t>(linear_threads(in)));
-  const int blocks = (width + kLinearPairs - 1) / kLinearPairs;
-  for (int b = 0; b < blocks; ++b) {
-    const LinearBlock block = LinearBlock::paired_at(b, width);
-    for (int r = 0; r < rows; ++r) {
-      std::array<float, kLinearOutputs> sums{};
-      for (int slot = 0; slot < kLinearOutputs; ++slot) {
-        if (block.holds(slot)) {
-          sums[static_cast<std::size_t>(slot)] =
-              host_block_sum<false>(x, weight_row(gate_up, in, block.weight_row_of(slot)), in, r, lanes);
-        }
-      }
-      for (int j = 0; j < block.outputs; ++j) {
-        out[static_cast<std::int64_t>(r) * width + block.first + j] = paired_output(
-            sums[static_cast<std::size_t>(j)], sums[static_cast<std::size_t>(LinearBlock::up_slot(j))]);
-      }
+  const auto store = [&](const auto& block, const auto& sums, int r) {
+    for (int j = 0; j < block.outputs; ++j) {
+      out[static_cast<std::int64_t>(r) * width + block.first + j] = paired_output(
+          sums[static_cast<std::size_t>(j)], sums[static_cast<std::size_t>(block.up_slot(j))]);
     }
+  };
+  if (!narrow_product_at(rows)) {
+    host_product_blocks<LinearBlock, false>(x, gate_up, rows, in, width, true, store);
+  } else {
+    host_product_blocks<NarrowBlock, false>(x, gate_up, rows, in, width, true, store);
   }
 }
 
@@ -1942,6 +2174,20 @@ void set_own_products_at(ProductRowCounts row_counts) {
 }
 
 ProductRowCounts own_products_at() { return ProductRowCounts(own_products_set.load(std::memory_order_relaxed)); }
+
+void set_narrow_products_at(ProductRowCounts row_counts) {
+  for (const int rows : product_row_list(row_counts)) {
+    if (rows < kMinNarrowRows || rows > kMaxGemvRows) {
+      throw std::invalid_argument("fused: narrow products at " + std::to_string(rows) + " rows; they take " +
+                                  std::to_string(kMinNarrowRows) + " to " + std::to_string(kMaxGemvRows));
+    }
+  }
+  narrow_products_set.store(row_counts.to_ullong(), std::memory_order_relaxed);
+}
+
+ProductRowCounts narrow_products_at() {
+  return ProductRowCounts(narrow_products_set.load(std::memory_order_relaxed));
+}
 
 ProductRowCounts product_rows_up_to(int rows) {
   if (rows < 0 || rows > kMaxSkinnyRows) {

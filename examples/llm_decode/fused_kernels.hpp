@@ -65,13 +65,17 @@ std::size_t attention_partial_floats(int rows, int heads, int kv_heads, int head
 void check_attention_shape(int heads, int kv_heads, int head_dim);
 
 // The products of the step (Kernels::linear, Kernels::gated_linear), chosen
-// by rows: a GEMV for 1 to kMaxGemvRows rows (16-byte loads of each weight
-// row, fp32 sums on the CUDA cores); a skinny GEMM on the tensor cores (WMMA
-// 16x16x16, fp16 in, fp32 sums) for 16, 32, 48 or 64 rows, each weight read
-// once, its input width split over blocks (split-K) where the outputs alone
-// would give too few. Other row counts are refused: the caller uses a
-// library GEMM (cuBLAS through at::linear) there.
+// by rows: for 1 to kMaxGemvRows rows a GEMV (16-byte loads of each weight
+// row, fp32 sums on the CUDA cores), or at the counts
+// set_narrow_products_at() holds (2 to kMaxGemvRows) a narrow product on
+// the tensor cores (mma 16x8x16 with the rows as its 8-wide side, 16 weight
+// rows a block, fp16 in, fp32 sums); for 16, 32, 48 or 64 rows a skinny
+// GEMM on the tensor cores (WMMA 16x16x16), each weight read once, its
+// input width split over blocks (split-K) where the outputs alone would
+// give too few. Other row counts are refused: the caller uses a library
+// GEMM (cuBLAS through at::linear) there.
 inline constexpr int kMaxGemvRows = 8;
+inline constexpr int kMinNarrowRows = 2;
 inline constexpr int kMaxSkinnyRows = 64;
 inline constexpr int kSkinnyOutputs = 32;  // a skinny block's outputs (two 16-wide tiles)
 
@@ -131,6 +135,21 @@ class ScopedSetting {
   Value previous_;
 };
 using ScopedOwnProducts = ScopedSetting<ProductRowCounts, &own_products_at, &set_own_products_at>;
+
+// The row counts, kMinNarrowRows to kMaxGemvRows, at which the own products
+// (where own_products_at() holds the count) are the narrow tensor-core
+// product rather than the GEMV; rows r at bit r - 1. Default: none. Both
+// read each weight once; the narrow product's multiply-adds run on the
+// tensor cores, the GEMV's on the CUDA cores, whose work grows with the
+// rows, so which is faster depends on the model and the count (the
+// tuning times both, product_tuning.hpp). Read when a product is issued,
+// as own_products_at() is. Throws std::invalid_argument, naming it, for a
+// count outside kMinNarrowRows to kMaxGemvRows.
+void set_narrow_products_at(ProductRowCounts row_counts);
+template <std::integral Number>
+void set_narrow_products_at(Number) = delete;
+ProductRowCounts narrow_products_at();
+using ScopedNarrowProducts = ScopedSetting<ProductRowCounts, &narrow_products_at, &set_narrow_products_at>;
 
 // Whether the step computes this product with linear() / gated_linear():
 // own_products_at() holds `rows` and linear_fits().
@@ -355,11 +374,12 @@ struct Kernels {
                       const __half* weight, __half* y, int rows, int in, int out, const LinearWorkspace& workspace,
                       cudaStream_t stream);
   // The MLP's gate and up products and SwiGLU's product after them, one
-  // GEMV for 1 to kMaxGemvRows rows: each block reads a gate row and its up
-  // row together, so silu_mul()'s input is never stored and the down product
-  // is a plain linear() (the SiLU computed once per output, not once per
-  // block of the down product as gated_linear() does). The same bits as
-  // linear() into [rows, 2 width] then silu_mul().
+  // kernel for 1 to kMaxGemvRows rows (the GEMV, or the narrow product at
+  // the counts set_narrow_products_at() holds): each block reads gate rows
+  // and their up rows together, so silu_mul()'s input is never stored and
+  // the down product is a plain linear() (the SiLU computed once per
+  // output, not once per block of the down product as gated_linear() does).
+  // The same bits as linear() into [rows, 2 width] then silu_mul().
   //   x: [rows, in]; gate_up: [2 width, in] (gate rows, then up rows); out: [rows, width]
   // Throws std::invalid_argument for other row counts and for shapes or
   // alignments linear() refuses.

@@ -96,6 +96,7 @@ struct Common {
   int own_product_rows = 1;               // --own-product-rows: fused::set_own_product_rows
   std::vector<int> own_products_at;       // --own-products-at: fused::set_own_products_at; given, it replaces the above
   bool tune_own_products = false;         // --tune-own-products: tune_own_products at the batch buckets up to 64
+  std::vector<int> narrow_products_at;    // --narrow-products-at: fused::set_narrow_products_at
   bool fold_norms = false;                // --fold-norms: fused::set_fold_norms
 
   // Chunked prefill runs on the fused kernels' bucketed prefill only
@@ -143,13 +144,22 @@ llm_decode::ProductTuning tune_and_set_own_products(const Common& c, const Llama
   const llm_decode::ProductTuning tuning = llm_decode::tune_own_products(model, options);
   std::printf("llm_decode: own products tuned (decode step, graphed, context %lld, median of %d x %d steps):\n",
               static_cast<long long>(options.context), options.repeats, options.steps);
+  const auto format_ms = [](double seconds) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.3f ms", 1e3 * seconds);
+    return std::string(text);
+  };
   for (const llm_decode::ProductTiming& t : tuning.timings) {
-    std::printf("  %2d rows: own %.3f ms, cuBLAS %.3f ms: %s\n", t.rows, 1e3 * t.own_seconds, 1e3 * t.cublas_seconds,
-                tuning.chosen.test(static_cast<std::size_t>(t.rows - 1)) ? "own" : "cuBLAS");
+    std::string narrow;
+    if (t.narrow_seconds.has_value()) narrow = ", narrow " + format_ms(*t.narrow_seconds);
+    std::printf("  %2d rows: own %s, cuBLAS %s%s: %s\n", t.rows, format_ms(t.own_seconds).c_str(),
+                format_ms(t.cublas_seconds).c_str(), narrow.c_str(),
+                llm_decode::product_way_name(llm_decode::way_at(tuning.chosen, t.rows)));
   }
-  std::printf("  own products at row counts %s (a count changes only where the other way is %.0f%% faster)\n",
-              llm_decode::fused::describe_product_rows(tuning.chosen).c_str(), 100 * options.margin);
-  llm_decode::fused::set_own_products_at(tuning.chosen);
+  std::printf("  own products at row counts %s, narrow at %s (a count changes only for a way %.0f%% faster)\n",
+              llm_decode::fused::describe_product_rows(tuning.chosen.own).c_str(),
+              llm_decode::fused::describe_product_rows(tuning.chosen.narrow).c_str(), 100 * options.margin);
+  llm_decode::set_product_sets(tuning.chosen);
   return tuning;
 }
 
@@ -158,14 +168,18 @@ llm_decode::ProductTuning tune_and_set_own_products(const Common& c, const Llama
 Json fused_settings_json(const LoadedModel& loaded) {
   Json out{{"programmatic_launches", pdl_mode_name(llm_decode::fused::programmatic_launches())},
            {"own_products_at", llm_decode::fused::product_row_list(llm_decode::fused::own_products_at())},
+           {"narrow_products_at", llm_decode::fused::product_row_list(llm_decode::fused::narrow_products_at())},
            {"fold_norms", llm_decode::fused::fold_norms()}};
   if (const auto& tuning = loaded.product_tuning) {
     Json timings = Json::array();
     for (const llm_decode::ProductTiming& t : tuning->timings) {
-      timings.push_back({{"rows", t.rows}, {"own_ms", 1e3 * t.own_seconds}, {"cublas_ms", 1e3 * t.cublas_seconds}});
+      Json timing{{"rows", t.rows}, {"own_ms", 1e3 * t.own_seconds}, {"cublas_ms", 1e3 * t.cublas_seconds}};
+      if (t.narrow_seconds.has_value()) timing["narrow_ms"] = 1e3 * *t.narrow_seconds;
+      timings.push_back(timing);
     }
     out["own_products_tuned"] = {{"timings", timings},
-                                 {"from", llm_decode::fused::product_row_list(tuning->start)},
+                                 {"from", llm_decode::fused::product_row_list(tuning->start.own)},
+                                 {"narrow_from", llm_decode::fused::product_row_list(tuning->start.narrow)},
                                  {"context", tuning->options.context},
                                  {"steps", tuning->options.steps},
                                  {"repeats", tuning->options.repeats},
@@ -190,6 +204,7 @@ LoadedModel load_model(const Common& c) {
   llm_decode::fused::set_own_products_at(c.own_products_at.empty()
                                              ? llm_decode::fused::product_rows_up_to(c.own_product_rows)
                                              : llm_decode::fused::product_rows_of(c.own_products_at));
+  llm_decode::fused::set_narrow_products_at(llm_decode::fused::product_rows_of(c.narrow_products_at));
   llm_decode::fused::set_fold_norms(c.fold_norms);
   LoadedModel loaded{.model = make_model(c)};
   if (c.tune_own_products) loaded.product_tuning = tune_and_set_own_products(c, loaded.model);
@@ -462,9 +477,10 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
   const LlamaModel& model = loaded.model;
   const PeakBandwidth peak = peak_bandwidth(model.device().index(), peak_tbps);
   std::printf("llm_decode bench: HBM peak %.2f TB/s, from %s; fused kernels' programmatic launches %s; own products "
-              "at row counts %s, cuBLAS elsewhere; norms %s\n",
+              "at row counts %s (narrow at %s), cuBLAS elsewhere; norms %s\n",
               peak.bytes_per_s / 1e12, peak.source.c_str(), c.programmatic_launches.c_str(),
               llm_decode::fused::describe_product_rows(llm_decode::fused::own_products_at()).c_str(),
+              llm_decode::fused::describe_product_rows(llm_decode::fused::narrow_products_at()).c_str(),
               c.fold_norms ? "folded into the products at one row (--fold-norms)" : "kernels of their own");
   // Refused before any measurement, not after minutes of them.
   for (const std::size_t tokens : beside_prefill) {
@@ -1272,13 +1288,20 @@ int main(int argc, char** argv) {
             ->delimiter(',')
             ->check(CLI::Range(1, llm_decode::fused::kMaxSkinnyRows))
             ->excludes(own_rows);
+    CLI::Option* narrow_at =
+        sub->add_option("--narrow-products-at", c.narrow_products_at,
+                        "where the own products are used at these row counts (2 to 8, comma-separated), the narrow "
+                        "tensor-core product in place of the GEMV")
+            ->delimiter(',')
+            ->check(CLI::Range(llm_decode::fused::kMinNarrowRows, llm_decode::fused::kMaxGemvRows));
     sub->add_flag("--tune-own-products", c.tune_own_products,
-                  "time the fused decode step with its own products and with cuBLAS's at each batch bucket up to 64 "
-                  "(graphed, the first context bucket) and keep the faster (by 2% or more; the default where "
-                  "closer): for the fused step (--kernels fused, and bench's cpp_graphed_fused row); a model the "
-                  "fused kernels do not take is an error")
+                  "time the fused decode step with its own products, with cuBLAS's and (2 to 8 rows) with the "
+                  "narrow tensor-core products at each batch bucket up to 64 (graphed, the first context bucket) "
+                  "and keep the fastest (by 2% or more; the default where closer): for the fused step (--kernels "
+                  "fused, and bench's cpp_graphed_fused row); a model the fused kernels do not take is an error")
         ->excludes(own_rows)
-        ->excludes(own_at);
+        ->excludes(own_at)
+        ->excludes(narrow_at);
     sub->add_flag("--fold-norms", c.fold_norms,
                   "at one row with the own products, compute each residual add and RMSNorm inside the product "
                   "after it (5 kernels per layer instead of 7)");

@@ -1,28 +1,32 @@
 #pragma once
-// The fused step's own products or cuBLAS's, chosen for one model on one GPU
-// by timing its decode step both ways at each row count, the way cuBLASLt's
-// and torch.compile's autotuning pick a kernel by running the candidates: no
-// fixed set of row counts suits every model (fused::set_own_products_at says
-// what was measured).
+// The fused step's products chosen for one model on one GPU by timing its
+// decode step each way at each row count (the own products, cuBLAS's, and
+// from 2 to 8 rows the narrow tensor-core products), the way cuBLASLt's and
+// torch.compile's autotuning pick a kernel by running the candidates: no
+// fixed choice suits every model (fused::set_own_products_at says what was
+// measured).
 //
 //   const llm_decode::ProductTuning tuning = llm_decode::tune_own_products(model, {.rows = {1, 2, 4, 8}});
-//   llm_decode::fused::set_own_products_at(tuning.chosen);  // before any graph is captured
+//   llm_decode::set_product_sets(tuning.chosen);  // before any graph is captured
 //
-// The set is process-wide and per row count, not per phase: a count chosen
-// from decode steps also sets the products of a bucketed prefill of that
-// many tokens (and of its logits, over as many rows as the cache's slots),
-// which are not timed. Tuning changes the set while it captures, so it must
-// never run at the same time as anything else that captures or issues fused
-// steps in the process. choose_own_products(), own_product_ways() and
-// any_product_fits_own_kernels() are the policy alone (host code, no device).
+// The sets are process-wide and per row count, not per phase: a count
+// chosen from decode steps also sets the products of a bucketed prefill of
+// that many tokens (and of its logits, over as many rows as the cache's
+// slots), which are not timed. Tuning changes the sets while it captures,
+// so it must never run at the same time as anything else that captures or
+// issues fused steps in the process. choose_own_products(),
+// own_product_ways(), with_way() and any_product_fits_own_kernels() are the
+// policy alone (host code, no device).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "executor.hpp"
@@ -34,38 +38,121 @@
 
 namespace llm_decode {
 
-// One row count's decode step, timed both ways.
+// The kernels that compute a decode step's products at one row count.
+enum class ProductWay : std::uint8_t {
+  cublas,  // torch's GEMM (cuBLAS through at::linear)
+  own,     // the GEMV (1 to fused::kMaxGemvRows rows) or the skinny tensor-core GEMM (16 to 64)
+  narrow,  // the narrow tensor-core product (fused::kMinNarrowRows to kMaxGemvRows rows)
+};
+
+inline const char* product_way_name(ProductWay way) {
+  switch (way) {
+    case ProductWay::cublas:
+      return "cuBLAS";
+    case ProductWay::own:
+      return "own";
+    case ProductWay::narrow:
+      return "narrow";
+  }
+  return "unknown";
+}
+
+// The two process-wide sets that say each row count's way: cuBLAS where
+// `own` lacks the count, else the narrow product where `narrow` holds it,
+// else the own product.
+struct ProductSets {
+  fused::ProductRowCounts own;     // fused::own_products_at()
+  fused::ProductRowCounts narrow;  // fused::narrow_products_at()
+  friend bool operator==(const ProductSets&, const ProductSets&) = default;
+};
+
+inline ProductSets product_sets_in_force() {
+  return {.own = fused::own_products_at(), .narrow = fused::narrow_products_at()};
+}
+
+// Sets both, or (the narrow set refused) neither.
+inline void set_product_sets(const ProductSets& sets) {
+  const fused::ProductRowCounts narrow_before = fused::narrow_products_at();
+  fused::set_narrow_products_at(sets.narrow);  // the one that can refuse, first
+  try {
+    fused::set_own_products_at(sets.own);
+  } catch (...) {
+    fused::set_narrow_products_at(narrow_before);
+    throw;
+  }
+}
+
+// The way of `rows` rows under `sets`. Throws std::invalid_argument for a
+// count outside 1 to kMaxSkinnyRows (fused::product_rows_of).
+inline ProductWay way_at(const ProductSets& sets, int rows) {
+  const fused::ProductRowCounts count = fused::product_rows_of({rows});
+  if ((sets.own & count).none()) return ProductWay::cublas;
+  return (sets.narrow & count).any() ? ProductWay::narrow : ProductWay::own;
+}
+
+// Whether the narrow product takes `rows` rows.
+inline bool narrow_takes(int rows) { return rows >= fused::kMinNarrowRows && rows <= fused::kMaxGemvRows; }
+
+// `sets` with `rows` rows given `way`, nothing else changed. Throws
+// std::invalid_argument for a count outside 1 to kMaxSkinnyRows, or the
+// narrow way at a count it does not take.
+inline ProductSets with_way(ProductSets sets, int rows, ProductWay way) {
+  const fused::ProductRowCounts count = fused::product_rows_of({rows});
+  if (way == ProductWay::narrow && !narrow_takes(rows)) {
+    detail::invalid("the narrow products at " + std::to_string(rows) + " rows; they take " +
+                    std::to_string(fused::kMinNarrowRows) + " to " + std::to_string(fused::kMaxGemvRows));
+  }
+  if (way == ProductWay::cublas) {
+    sets.own &= ~count;
+  } else {
+    sets.own |= count;
+  }
+  if (way == ProductWay::narrow) {
+    sets.narrow |= count;
+  } else {
+    sets.narrow &= ~count;
+  }
+  return sets;
+}
+
+// One row count's decode step, timed each way it can take.
 struct ProductTiming {
   int rows = 0;
   double own_seconds = 0;     // median seconds per step, the own products at this row count
   double cublas_seconds = 0;  // the same step with cuBLAS's products
+  // The same step with the narrow products, where they take the count and
+  // were timed.
+  std::optional<double> narrow_seconds;
 };
 
 struct ProductTuningOptions {
   // The decode batches to time, each 1 to fused::kMaxSkinnyRows. A count at
   // which no product of the model fits the own kernels (fused::linear_fits)
-  // gives the same step both ways and is not timed.
+  // gives the same step every way and is not timed.
   std::vector<std::int64_t> rows{1, 2, 4, 8, 16, 32, 64};
   std::int64_t context = 64;  // the context bucket the timed steps run in, 1 to the model's max_len
   int steps = 32;             // steps per timing
-  int repeats = 5;            // timings of each way, the two ways alternating
-  // A row count leaves the choice it starts from only where the other way is
-  // at least this much faster (0.02: 2%), so that noise does not flip it.
+  int repeats = 5;            // timings of each way, the ways taking turns to go first
+  // A row count leaves the way it starts from only for one at least this
+  // much faster (0.02: 2%), so that noise does not flip it.
   double margin = 0.02;
+  // Whether the narrow products are timed too, at the counts they take.
+  bool narrow = true;
 };
 
 struct ProductTuning {
   ProductTuningOptions options;        // what was asked
-  fused::ProductRowCounts start;       // the set in use when it ran, which near ties keep
+  ProductSets start;                   // the sets in use when it ran, which near ties keep
   std::vector<ProductTiming> timings;  // the timed row counts, ascending
-  fused::ProductRowCounts chosen;      // what set_own_products_at() should be given
+  ProductSets chosen;                  // what set_product_sets() should be given
 };
 
-// The two sets one row count's ways are captured under: `start` with the
-// count added (the own products there) and with it removed (cuBLAS's).
+// The sets one row count's ways are captured under: `start` with the count
+// given each way (with_way), the narrow one where it takes the count.
 struct ProductWays {
-  fused::ProductRowCounts own;
-  fused::ProductRowCounts cublas;
+  ProductSets own;
+  ProductSets cublas;
+  std::optional<ProductSets> narrow;
 };
 
 namespace detail {
@@ -74,18 +161,27 @@ inline void check_margin(double margin) {
     invalid("product tuning: a margin of " + std::to_string(margin) + "; it must be in [0, 1)");
   }
 }
+
+inline void check_time(int rows, double seconds) {
+  if (!(std::isfinite(seconds) && seconds > 0)) {
+    invalid("choose_own_products: row count " + std::to_string(rows) + " has a time of " + std::to_string(seconds) +
+            " s; times must be positive and finite");
+  }
+}
 }  // namespace detail
 
-// From `start`, each timed row count takes the faster way where it is faster
-// by at least `margin` (own_seconds <= (1 - margin) * cublas_seconds, or
-// the reverse); near ties, exact ones, and counts not timed keep `start`'s
-// choice. Throws std::invalid_argument for a count outside 1 to
-// kMaxSkinnyRows (fused::product_rows_of), a count timed twice, a time that
-// is not a positive finite number, or a margin outside [0, 1).
-inline fused::ProductRowCounts choose_own_products(const std::vector<ProductTiming>& timings,
-                                                   fused::ProductRowCounts start, double margin) {
+// From `start`, each timed row count takes its fastest way where that is
+// faster than the count's way in `start` by at least `margin` (seconds <=
+// (1 - margin) * the start's way's seconds); near ties, exact ones, and
+// counts not timed, and counts whose start's way was not timed keep
+// `start`'s way. Throws std::invalid_argument for a
+// count outside 1 to kMaxSkinnyRows (fused::product_rows_of), a count timed
+// twice, a narrow time at a count the narrow products do not take, a time
+// that is not a positive finite number, or a margin outside [0, 1).
+inline ProductSets choose_own_products(const std::vector<ProductTiming>& timings, const ProductSets& start,
+                                       double margin) {
   detail::check_margin(margin);
-  fused::ProductRowCounts chosen = start;
+  ProductSets chosen = start;
   fused::ProductRowCounts seen;
   for (const ProductTiming& t : timings) {
     const fused::ProductRowCounts count = fused::product_rows_of({t.rows});
@@ -93,23 +189,37 @@ inline fused::ProductRowCounts choose_own_products(const std::vector<ProductTimi
       detail::invalid("choose_own_products: row count " + std::to_string(t.rows) + " is timed twice");
     }
     seen |= count;
-    for (const double seconds : {t.own_seconds, t.cublas_seconds}) {
-      if (!(std::isfinite(seconds) && seconds > 0)) {
-        detail::invalid("choose_own_products: row count " + std::to_string(t.rows) + " has a time of " +
-                        std::to_string(seconds) + " s; times must be positive and finite");
-      }
+    if (t.narrow_seconds.has_value() && !narrow_takes(t.rows)) {
+      detail::invalid("choose_own_products: row count " + std::to_string(t.rows) +
+                      " has a narrow time; the narrow products take " + std::to_string(fused::kMinNarrowRows) +
+                      " to " + std::to_string(fused::kMaxGemvRows) + " rows");
     }
-    if (t.own_seconds < t.cublas_seconds && t.own_seconds <= (1 - margin) * t.cublas_seconds) chosen |= count;
-    if (t.cublas_seconds < t.own_seconds && t.cublas_seconds <= (1 - margin) * t.own_seconds) chosen &= ~count;
+    std::vector<std::pair<ProductWay, double>> ways{{ProductWay::own, t.own_seconds},
+                                                    {ProductWay::cublas, t.cublas_seconds}};
+    if (t.narrow_seconds.has_value()) ways.emplace_back(ProductWay::narrow, *t.narrow_seconds);
+    for (const auto& [way, seconds] : ways) detail::check_time(t.rows, seconds);
+    const ProductWay current = way_at(start, t.rows);
+    const auto current_way = std::find_if(ways.begin(), ways.end(), [&](const auto& w) { return w.first == current; });
+    if (current_way == ways.end()) continue;  // the start's way (narrow) not timed: nothing to compare it with
+    const double current_seconds = current_way->second;
+    const auto fastest = std::min_element(ways.begin(), ways.end(),
+                                          [](const auto& a, const auto& b) { return a.second < b.second; });
+    if (fastest->first != current && fastest->second < current_seconds &&
+        fastest->second <= (1 - margin) * current_seconds) {
+      chosen = with_way(chosen, t.rows, fastest->first);
+    }
   }
   return chosen;
 }
 
 // Throws std::invalid_argument for a count outside 1 to kMaxSkinnyRows
 // (fused::product_rows_of).
-inline ProductWays own_product_ways(fused::ProductRowCounts start, int rows) {
-  const fused::ProductRowCounts count = fused::product_rows_of({rows});
-  return ProductWays{.own = start | count, .cublas = start & ~count};
+inline ProductWays own_product_ways(const ProductSets& start, int rows, bool narrow = true) {
+  ProductWays ways{.own = with_way(start, rows, ProductWay::own),
+                   .cublas = with_way(start, rows, ProductWay::cublas),
+                   .narrow = std::nullopt};
+  if (narrow && narrow_takes(rows)) ways.narrow = with_way(start, rows, ProductWay::narrow);
+  return ways;
 }
 
 // Whether the own products change a decode step of `rows` rows of this
@@ -121,27 +231,34 @@ inline bool any_product_fits_own_kernels(const LlamaConfig& config, int rows) {
 }
 
 namespace detail {
-// One row count's two ways: each captured under its set (a graph keeps the
-// set it was captured under), then their launches timed in turn.
-inline ProductTiming time_both_ways(const LlamaModel& model, KvCache& cache, const ProductWays& ways, int rows,
-                                    const ProductTuningOptions& options) {
+// One row count's ways: each captured under its sets (a graph keeps the sets
+// it was captured under), then their launches timed in turn.
+inline ProductTiming time_each_way(const LlamaModel& model, KvCache& cache, const ProductWays& ways, int rows,
+                                   const ProductTuningOptions& options) {
   const ExecutorOptions executor_options{.mode = StepMode::graphed,
                                          .batch_buckets = {rows},
                                          .context_buckets = {options.context},
                                          .kernels = DecodeKernels::fused,
                                          .prefill = PrefillMode::unpadded};
-  const auto captured = [&](fused::ProductRowCounts set, const char* way) {
-    fused::set_own_products_at(set);
+  struct Way {
+    const char* name;
+    std::unique_ptr<LlamaExecutor> executor;
+    std::vector<double> seconds;
+  };
+  std::vector<Way> captured;
+  const auto capture = [&](const ProductSets& sets, const char* name) {
+    set_product_sets(sets);
     auto executor = std::make_unique<LlamaExecutor>(model, cache, executor_options);
     if (!executor->capture_failures().empty()) {
-      throw std::runtime_error("llm_decode: tune_own_products: the " + std::string(way) + " way at " +
+      throw std::runtime_error("llm_decode: tune_own_products: the " + std::string(name) + " way at " +
                                std::to_string(rows) + " rows was not captured: " +
                                executor->capture_failures().front());
     }
-    return executor;
+    captured.push_back(Way{.name = name, .executor = std::move(executor), .seconds = {}});
   };
-  const std::unique_ptr<LlamaExecutor> own = captured(ways.own, "own products'");
-  const std::unique_ptr<LlamaExecutor> cublas = captured(ways.cublas, "cuBLAS");
+  capture(ways.own, "own products'");
+  capture(ways.cublas, "cuBLAS");
+  if (ways.narrow.has_value()) capture(*ways.narrow, "narrow products'");
 
   // Rows at the middle of the context; the cache is zeros (finite), and
   // each step writes the same positions again.
@@ -154,40 +271,37 @@ inline ProductTiming time_both_ways(const LlamaModel& model, KvCache& cache, con
     for (int s = 0; s < steps; ++s) (void)run_launch(executor, step_rows, rows, options.context, 1, {});
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / steps;
   };
-  (void)seconds_per_step(*own, 2);  // warm-up: the first replays upload the graphs
-  (void)seconds_per_step(*cublas, 2);
-  std::vector<double> own_seconds;
-  std::vector<double> cublas_seconds;
+  for (Way& way : captured) (void)seconds_per_step(*way.executor, 2);  // warm-up: the first replays upload the graphs
   for (int repeat = 0; repeat < options.repeats; ++repeat) {
-    // Alternating which goes first, so that neither always runs after the other.
-    if (repeat % 2 == 0) {
-      own_seconds.push_back(seconds_per_step(*own, options.steps));
-      cublas_seconds.push_back(seconds_per_step(*cublas, options.steps));
-    } else {
-      cublas_seconds.push_back(seconds_per_step(*cublas, options.steps));
-      own_seconds.push_back(seconds_per_step(*own, options.steps));
+    // Each way goes first in turn, so that none always runs after another.
+    for (std::size_t i = 0; i < captured.size(); ++i) {
+      Way& way = captured[(i + static_cast<std::size_t>(repeat)) % captured.size()];
+      way.seconds.push_back(seconds_per_step(*way.executor, options.steps));
     }
   }
-  return {.rows = rows,
-          .own_seconds = percentile(own_seconds, 0.5),
-          .cublas_seconds = percentile(cublas_seconds, 0.5)};
+  ProductTiming timing{.rows = rows,
+                       .own_seconds = percentile(captured[0].seconds, 0.5),
+                       .cublas_seconds = percentile(captured[1].seconds, 0.5),
+                       .narrow_seconds = std::nullopt};
+  if (captured.size() > 2) timing.narrow_seconds = percentile(captured[2].seconds, 0.5);
+  return timing;
 }
 }  // namespace detail
 
 // Times `model`'s graphed fused decode step (DecodeKernels::fused, the
 // programmatic launches and folded norms as set now) at each of
-// options.rows where any product fits the own kernels, with and without
-// them at that count (own_product_ways() from the set in use, `start`), and
-// chooses from the timings (choose_own_products()). It does not set the
-// result: give `chosen` to fused::set_own_products_at().
+// options.rows where any product fits the own kernels, each way at that
+// count (own_product_ways() from the sets in use, `start`: own, cuBLAS, and
+// narrow where it takes the count and options.narrow asks or `start` has
+// it), and chooses from the timings (choose_own_products()). It does not
+// set the result: give `chosen` to set_product_sets().
 //
 // A timing is the median, over options.repeats runs of options.steps
 // launches of one step, of a run's wall time per launch, as `llm_decode
 // bench` times a step: the host's staging and its wait for the tokens are in
-// it, the same both ways. The
-// process-wide set is changed while the two ways are captured, cuBLAS's
-// way stays in force while they are timed, and it is as before when this
-// returns or throws (see the top of this file). Throws
+// it, the same every way. The process-wide sets are changed while the ways
+// are captured (each graph keeps the sets it was captured under), and they
+// are as before when this returns or throws (see the top of this file). Throws
 // std::invalid_argument, naming it, for options out of range or a model the
 // fused kernels do not take (before anything is captured or changed), and
 // std::runtime_error where a way's graph could not be captured (its steps
@@ -215,14 +329,21 @@ inline ProductTuning tune_own_products(const LlamaModel& model, const ProductTun
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   check_fused_kernels_take(model, who);
 
-  // Puts back the set it found, also when a capture or a step throws.
-  const fused::ScopedOwnProducts restore(fused::own_products_at());
-  ProductTuning tuning{.options = options, .start = restore.previous(), .timings = {}, .chosen = {}};
+  // Puts back the sets it found, also when a capture or a step throws.
+  const fused::ScopedOwnProducts restore_own(fused::own_products_at());
+  const fused::ScopedNarrowProducts restore_narrow(fused::narrow_products_at());
+  ProductTuning tuning{.options = options,
+                       .start = {.own = restore_own.previous(), .narrow = restore_narrow.previous()},
+                       .timings = {},
+                       .chosen = {}};
   if (!rows.empty()) {
     KvCache cache(model.config(), rows.back(), model.device(), model.dtype());
     for (const int r : rows) {
       if (!any_product_fits_own_kernels(model.config(), r)) continue;
-      tuning.timings.push_back(detail::time_both_ways(model, cache, own_product_ways(tuning.start, r), r, options));
+      // The narrow way where asked, and always where the start has it (so that it is compared).
+      const bool narrow = options.narrow || way_at(tuning.start, r) == ProductWay::narrow;
+      tuning.timings.push_back(
+          detail::time_each_way(model, cache, own_product_ways(tuning.start, r, narrow), r, options));
     }
   }
   tuning.chosen = choose_own_products(tuning.timings, tuning.start, options.margin);

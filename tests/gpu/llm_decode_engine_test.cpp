@@ -782,23 +782,42 @@ TEST_CASE("ExecutorOptions::stream_priority: the stream has a higher priority wh
   CHECK(tokens[llm_decode::StreamPriority::high] == tokens[llm_decode::StreamPriority::normal]);
 }
 
-TEST_CASE("tune_own_products times both ways at each count the own products take and puts the set back") {
+TEST_CASE("tune_own_products times each way at each count the own products take and puts the sets back") {
   const at::Device cuda(at::kCUDA, 0);
   const LlamaModel model = tiny_model(cuda);
-  const auto start = llm_decode::fused::product_rows_of({2, 5});
-  const llm_decode_test::OwnProductsAt in_use(start);
+  const llm_decode::ProductSets start{.own = llm_decode::fused::product_rows_of({2, 5, 6}),
+                                      .narrow = llm_decode::fused::product_rows_of({6})};
+  const llm_decode_test::OwnProductsAt own_in_use(start.own);
+  const llm_decode::fused::ScopedNarrowProducts narrow_in_use(start.narrow);
   // 9 rows: no product of the model fits the own kernels (GEMVs to 8 rows,
-  // skinny GEMMs at multiples of 16), so the two ways are one step: not timed.
+  // skinny GEMMs at multiples of 16), so the ways are one step: not timed.
   const llm_decode::ProductTuningOptions tuning_options{
       .rows = {16, 1, 9, 4, 1}, .context = 32, .steps = 4, .repeats = 3};
   const llm_decode::ProductTuning tuning = llm_decode::tune_own_products(model, tuning_options);
-  CHECK(llm_decode::fused::own_products_at() == start);
+  CHECK(llm_decode::product_sets_in_force() == start);
   CHECK(tuning.start == start);
   std::vector<int> timed;
-  for (const llm_decode::ProductTiming& t : tuning.timings) timed.push_back(t.rows);
+  std::vector<int> narrow_timed;
+  for (const llm_decode::ProductTiming& t : tuning.timings) {
+    timed.push_back(t.rows);
+    if (t.narrow_seconds.has_value()) narrow_timed.push_back(t.rows);
+    CHECK(t.own_seconds > 0);
+    CHECK(t.cublas_seconds > 0);
+  }
   CHECK(timed == std::vector<int>{1, 4, 16});
-  CHECK(tuning.chosen.test(1));  // 2 and 5 rows were not timed: as they were
-  CHECK(tuning.chosen.test(4));
+  CHECK(narrow_timed == std::vector<int>{4});  // the narrow products take 2 to 8 rows
+  // 2, 5 and 6 rows were not timed: as they were.
+  for (const auto& [rows, way] : {std::pair{2, llm_decode::ProductWay::own}, std::pair{5, llm_decode::ProductWay::own},
+                                  std::pair{6, llm_decode::ProductWay::narrow}}) {
+    CHECK(llm_decode::way_at(tuning.chosen, rows) == way);
+  }
+  // Without the narrow products asked for, they are timed only where the start has them.
+  const llm_decode::ProductTuning own_only =
+      llm_decode::tune_own_products(model, {.rows = {4, 6}, .context = 32, .steps = 2, .repeats = 1, .narrow = false});
+  REQUIRE(own_only.timings.size() == 2);
+  CHECK_FALSE(own_only.timings[0].narrow_seconds.has_value());
+  CHECK(own_only.timings[1].narrow_seconds.has_value());
+  CHECK(llm_decode::product_sets_in_force() == start);
   // A model the fused kernels do not take (9 query heads over one key/value
   // head: more than the fused attention takes) is refused before anything
   // is captured or changed.
@@ -811,7 +830,7 @@ TEST_CASE("tune_own_products times both ways at each count the own products take
   CHECK_THROWS_WITH_AS((void)llm_decode::tune_own_products(refused_model, {.rows = {1}, .context = 32}),
                        doctest::Contains("tune_own_products: kernels = DecodeKernels::fused cannot take this model"),
                        std::invalid_argument);
-  CHECK(llm_decode::fused::own_products_at() == start);
+  CHECK(llm_decode::product_sets_in_force() == start);
 }
 
 TEST_CASE("a launch asking for more steps than the executor was made for is refused") {

@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -182,9 +183,15 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
   }
 
   TEST_CASE("fp16 on CUDA: the fused decode kernels give the operators' logits, cache rows and greedy tokens") {
-    for (const auto& [heads, kv_heads] : {std::pair{4, 2}, std::pair{4, 1}, std::pair{4, 4}}) {
+    // The default products (own at one row, cuBLAS's above), then the own
+    // products at every row count with the narrow ones at 2 to 8 rows.
+    for (const auto& [heads, kv_heads, narrow] : {std::tuple{4, 2, false}, std::tuple{4, 1, false},
+                                                  std::tuple{4, 4, false}, std::tuple{4, 2, true}}) {
       CAPTURE(heads);
       CAPTURE(kv_heads);
+      CAPTURE(narrow);
+      const llm_decode_test::OwnProductRows own_products(narrow ? llm_decode::fused::kMaxSkinnyRows : 1);
+      const llm_decode_test::NarrowProducts narrow_products(narrow);
       const LlamaConfig config = llm_decode_test::tiny_config(heads, kv_heads);
       const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
       const std::vector<Sequence> sequences = three_sequences(config.vocab_size);
@@ -229,24 +236,28 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     }
   }
 
-  TEST_CASE("the fused products (GEMV, tensor-core skinny GEMM, split over blocks) agree with a float32 linear, the same bits twice") {
+  TEST_CASE("the fused products (GEMV, narrow and skinny tensor-core products, split over blocks) agree with a float32 linear, the same bits twice") {
     at::manual_seed(replay_test::case_seed());
     std::vector<llm_decode_test::ProductShape> shapes = llm_decode_test::product_shapes();
-    // The presets' products at batch 1, 8, 16 and 64 (1b: qkv, o, gate_up, down, lm_head).
-    for (const int rows : {1, 8, 16, 64}) {
+    // The presets' products at batch 1, 4, 8, 16 and 64 (1b: qkv, o, gate_up, down, lm_head).
+    for (const int rows : {1, 4, 8, 16, 64}) {
       for (const auto& [in, out] : {std::pair{2048, 3072}, std::pair{2048, 2048}, std::pair{2048, 16384},
                                     std::pair{8192, 2048}, std::pair{2048, 32000}, std::pair{768, 1280}}) {
         shapes.push_back({rows, in, out});
       }
     }
-    for (const llm_decode_test::ProductShape s : shapes) {
-      INFO(s.rows << " rows of " << s.in << " halves into " << s.out << " outputs");
-      const llm_decode_test::ProductErrors errors =
-          llm_decode_test::fused_product_errors(llm_decode::fused::kernels(), gpu, s);
-      CHECK(errors.linear < 2e-3);
-      CHECK(errors.gated < 2e-3);
-      CHECK(errors.repeatable);
-      CHECK(errors.counters_left_zero);
+    for (const bool narrow : {false, true}) {
+      const llm_decode_test::NarrowProducts narrow_products(narrow);
+      for (const llm_decode_test::ProductShape s : shapes) {
+        if (narrow && (s.rows < 2 || s.rows > llm_decode::fused::kMaxGemvRows)) continue;
+        INFO(s.rows << " rows of " << s.in << " halves into " << s.out << " outputs" << (narrow ? ", narrow" : ""));
+        const llm_decode_test::ProductErrors errors =
+            llm_decode_test::fused_product_errors(llm_decode::fused::kernels(), gpu, s);
+        CHECK(errors.linear < 2e-3);
+        CHECK(errors.gated < 2e-3);
+        CHECK(errors.repeatable);
+        CHECK(errors.counters_left_zero);
+      }
     }
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   }
@@ -293,9 +304,11 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
     const auto fused = llm_decode::DecodeKernels::fused;
     const std::int64_t context = 32;
-    // 4 rows: the GEMV products; 16: the tensor-core ones.
-    for (const std::int64_t rows : {4, 16}) {
-      INFO(rows << " rows");
+    // 4 rows: the GEMV products, then the narrow ones; 16: the skinny ones.
+    for (const auto& [rows, narrow] : {std::pair{std::int64_t{4}, false}, std::pair{std::int64_t{4}, true},
+                                       std::pair{std::int64_t{16}, false}}) {
+      INFO(rows << " rows" << (narrow ? ", narrow products" : ""));
+      const llm_decode_test::NarrowProducts narrow_products(narrow);
       KvCache cache(config, rows, gpu, at::kHalf);
       cache.k.normal_();
       cache.v.normal_();
@@ -454,15 +467,18 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     }
   }
 
-  TEST_CASE("the fused gate_up_silu kernel gives linear then silu_mul, bit for bit, 1 to 8 rows") {
+  TEST_CASE("the fused gate_up_silu kernel gives linear then silu_mul, bit for bit, 1 to 8 rows, GEMV and narrow") {
     at::manual_seed(replay_test::case_seed());
     // small's and 1b's MLPs; one warp; an odd width (a last block of one
     // output); more vectors than the preload takes, so the loop after it runs.
-    for (const auto& [in, width] : {std::pair{768, 2048}, std::pair{2048, 8192}, std::pair{64, 37}, std::pair{2056, 9},
-                                    std::pair{8200, 5}}) {
-      for (int rows = 1; rows <= llm_decode::fused::kMaxGemvRows; ++rows) {
-        INFO(rows << " rows of " << in << " halves into " << width << " outputs");
-        CHECK(llm_decode_test::gate_up_silu_as_two_kernels(llm_decode::fused::kernels(), gpu, {rows, in, width}));
+    for (const bool narrow : {false, true}) {
+      const llm_decode_test::NarrowProducts narrow_products(narrow);
+      for (const auto& [in, width] : {std::pair{768, 2048}, std::pair{2048, 8192}, std::pair{64, 37},
+                                      std::pair{2056, 9}, std::pair{8200, 5}}) {
+        for (int rows = 1; rows <= llm_decode::fused::kMaxGemvRows; ++rows) {
+          INFO(rows << " rows of " << in << " halves into " << width << " outputs" << (narrow ? ", narrow" : ""));
+          CHECK(llm_decode_test::gate_up_silu_as_two_kernels(llm_decode::fused::kernels(), gpu, {rows, in, width}));
+        }
       }
     }
   }

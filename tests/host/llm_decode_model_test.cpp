@@ -311,9 +311,12 @@ TEST_SUITE("host") {
     const llm_decode_test::OwnProductRows own_products(llm_decode::fused::kMaxSkinnyRows);  // the products at every row count
     // fp16 on the CPU: the same kernel code as on a GPU, run as one thread.
     constexpr double kFp16Tolerance = 2e-2;
-    for (const auto& [heads, kv_heads] : {std::pair{4, 2}, std::pair{4, 1}, std::pair{4, 4}}) {
+    for (const auto& [heads, kv_heads, narrow] : {std::tuple{4, 2, false}, std::tuple{4, 1, false},
+                                                  std::tuple{4, 4, false}, std::tuple{4, 2, true}}) {
       CAPTURE(heads);
       CAPTURE(kv_heads);
+      CAPTURE(narrow);  // the narrow products at 2 to 8 rows, or the GEMV
+      const llm_decode_test::NarrowProducts narrow_products(narrow);
       const LlamaConfig config = llm_decode_test::tiny_config(heads, kv_heads);
       const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), cpu, at::kHalf);
       const std::vector<llm_decode_test::Sequence> sequences =
@@ -444,15 +447,19 @@ TEST_SUITE("host") {
 
   TEST_CASE("the fused products (their host versions) agree with a float32 linear to fp16 rounding, every output") {
     at::manual_seed(replay_test::case_seed());
-    for (const llm_decode_test::ProductShape s : llm_decode_test::product_shapes()) {
-      INFO(s.rows << " rows of " << s.in << " halves into " << s.out << " outputs");
-      const llm_decode_test::ProductErrors errors =
-          llm_decode_test::fused_product_errors(llm_decode::fused::host_kernels(), cpu, s);
-      CHECK(errors.split == ((s.rows == 64 && s.in == 512) || (s.rows == 16 && s.in == 2048)));
-      CHECK(errors.linear < 2e-3);
-      CHECK(errors.gated < 2e-3);
-      CHECK(errors.repeatable);
-      CHECK(errors.counters_left_zero);
+    for (const bool narrow : {false, true}) {
+      const llm_decode_test::NarrowProducts narrow_products(narrow);
+      for (const llm_decode_test::ProductShape s : llm_decode_test::product_shapes()) {
+        if (narrow && (s.rows < 2 || s.rows > llm_decode::fused::kMaxGemvRows)) continue;
+        INFO(s.rows << " rows of " << s.in << " halves into " << s.out << " outputs" << (narrow ? ", narrow" : ""));
+        const llm_decode_test::ProductErrors errors =
+            llm_decode_test::fused_product_errors(llm_decode::fused::host_kernels(), cpu, s);
+        CHECK(errors.split == ((s.rows == 64 && s.in == 512) || (s.rows == 16 && s.in == 2048)));
+        CHECK(errors.linear < 2e-3);
+        CHECK(errors.gated < 2e-3);
+        CHECK(errors.repeatable);
+        CHECK(errors.counters_left_zero);
+      }
     }
     // A split product without its workspace.
     const llm_decode::fused::Kernels& k = llm_decode::fused::host_kernels();
@@ -525,6 +532,22 @@ TEST_SUITE("host") {
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS((void)product_rows_of({65}), doctest::Contains("at 65 rows"), std::invalid_argument);
     CHECK(own_products_at() == product_rows_up_to(1));  // the refusals changed nothing
+    // The narrow tensor-core product in place of the GEMV: 2 to 8 rows, none by default.
+    using llm_decode::fused::narrow_products_at;
+    using llm_decode::fused::set_narrow_products_at;
+    CHECK(narrow_products_at().none());
+    for (const int outside : {1, 9, 16}) {
+      const std::string message = "narrow products at " + std::to_string(outside) + " rows; they take 2 to 8";
+      CHECK_THROWS_WITH_AS(set_narrow_products_at(product_rows_of({4, outside})), doctest::Contains(message.c_str()),
+                           std::invalid_argument);
+    }
+    CHECK(narrow_products_at().none());  // the refusals changed nothing
+    {
+      const llm_decode_test::NarrowProducts narrow(true);
+      CHECK(narrow_products_at() == product_rows_of({2, 3, 4, 5, 6, 7, 8}));
+      CHECK_FALSE(use_own_product(4, 2048, 64));  // the way of the own products, not whether they are used
+    }
+    CHECK(narrow_products_at().none());
     CHECK_THROWS_WITH_AS(check_linear_shape(9, 2048, 16), doctest::Contains("9 rows of 2048 halves into 16 outputs"),
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(check_linear_shape(1, 12, 16), doctest::Contains("1 rows of 12 halves"),
@@ -583,15 +606,18 @@ TEST_SUITE("host") {
     CHECK_FALSE(llm_decode::fused::fold_norms());
   }
 
-  TEST_CASE("the fused gate_up_silu (its host version) gives linear then silu_mul, bit for bit; misuse is named") {
+  TEST_CASE("the fused gate_up_silu (its host version, GEMV and narrow) gives linear then silu_mul, bit for bit; misuse is named") {
     at::manual_seed(replay_test::case_seed());
     const llm_decode::fused::Kernels& k = llm_decode::fused::host_kernels();
     // Odd widths (a last block of one output), and more vectors than one
     // pass of the threads.
-    for (const auto& [in, width] : {std::pair{64, 37}, std::pair{264, 16}, std::pair{8, 3}, std::pair{8200, 5}}) {
-      for (const int rows : {1, 3, llm_decode::fused::kMaxGemvRows}) {
-        INFO(rows << " rows of " << in << " halves into " << width << " outputs");
-        CHECK(llm_decode_test::gate_up_silu_as_two_kernels(k, cpu, {rows, in, width}));
+    for (const bool narrow : {false, true}) {
+      const llm_decode_test::NarrowProducts narrow_products(narrow);
+      for (const auto& [in, width] : {std::pair{64, 37}, std::pair{264, 16}, std::pair{8, 3}, std::pair{8200, 5}}) {
+        for (const int rows : {1, 3, llm_decode::fused::kMaxGemvRows}) {
+          INFO(rows << " rows of " << in << " halves into " << width << " outputs" << (narrow ? ", narrow" : ""));
+          CHECK(llm_decode_test::gate_up_silu_as_two_kernels(k, cpu, {rows, in, width}));
+        }
       }
     }
     using llm_decode_test::half_ptr;

@@ -1,8 +1,8 @@
 // examples/llm_decode/product_tuning.hpp without a device: the policy that
-// turns the two ways' step times into the set of row counts given the own
-// products (choose_own_products), the counts at which they change a step at
-// all, the refusals tune_own_products makes before it captures or changes
-// anything, and the scope that puts the set back. The timing itself runs in
+// turns each way's step times into the sets of row counts given the own and
+// the narrow products (choose_own_products, with_way), the counts at which
+// they change a step at all, the refusals tune_own_products makes before it
+// captures or changes anything, and the scope that puts a set back. The timing itself runs in
 // gpu/llm_decode_engine_test.cpp.
 //
 // libtorch first: c10's logging header defines a glog-style CHECK macro,
@@ -25,15 +25,20 @@
 
 namespace {
 
+using llm_decode::ProductSets;
 using llm_decode::ProductTiming;
+using llm_decode::ProductWay;
 using llm_decode::choose_own_products;
+using llm_decode::fused::product_row_list;
 using llm_decode::fused::product_rows_of;
+
+ProductSets own_at(std::vector<int> rows) { return {.own = product_rows_of(rows), .narrow = {}}; }
 
 }  // namespace
 
 TEST_SUITE("host") {
   TEST_CASE("choose_own_products: each timed count takes the way faster by the margin; near ties and untimed counts keep the start") {
-    const auto start = product_rows_of({1, 4, 32});
+    const ProductSets start = own_at({1, 4, 32});
     const std::vector<ProductTiming> timings{
         {.rows = 1, .own_seconds = 1.00, .cublas_seconds = 1.20},  // own faster: stays own
         {.rows = 2, .own_seconds = 0.90, .cublas_seconds = 1.00},  // own 10% faster: becomes own
@@ -42,8 +47,9 @@ TEST_SUITE("host") {
         {.rows = 32, .own_seconds = 1.01, .cublas_seconds = 1.00},  // cuBLAS 1% faster: a tie, stays own
         {.rows = 64, .own_seconds = 0.98, .cublas_seconds = 1.00},  // exactly the margin: becomes own
     };
-    const auto chosen = choose_own_products(timings, start, 0.02);
-    CHECK(llm_decode::fused::product_row_list(chosen) == std::vector<int>{1, 2, 32, 64});
+    const ProductSets chosen = choose_own_products(timings, start, 0.02);
+    CHECK(product_row_list(chosen.own) == std::vector<int>{1, 2, 32, 64});
+    CHECK(chosen.narrow.none());
     // Counts not timed keep the start (1, 4 and 32 set, the rest clear), and
     // timed counts whose faster way the start already has change nothing.
     CHECK(choose_own_products({}, start, 0.02) == start);
@@ -51,12 +57,46 @@ TEST_SUITE("host") {
                                {.rows = 4, .own_seconds = 1.0, .cublas_seconds = 2.0}},
                               start, 0.02) == start);
     // With no margin, any difference decides; an exact tie still keeps the start.
-    CHECK(llm_decode::fused::product_row_list(choose_own_products(timings, start, 0.0)) == std::vector<int>{1, 2, 8, 64});
+    CHECK(product_row_list(choose_own_products(timings, start, 0.0).own) == std::vector<int>{1, 2, 8, 64});
     CHECK(choose_own_products({{.rows = 4, .own_seconds = 1.0, .cublas_seconds = 1.0}}, start, 0.0) == start);
   }
 
+  TEST_CASE("choose_own_products with the narrow products: the fastest of three ways, against the start's way") {
+    const ProductSets start{.own = product_rows_of({1, 2, 4, 6}), .narrow = product_rows_of({6})};
+    const std::vector<ProductTiming> timings{
+        // GEMV at the start; narrow 20% faster: becomes narrow.
+        {.rows = 2, .own_seconds = 1.00, .cublas_seconds = 1.10, .narrow_seconds = 0.80},
+        // GEMV at the start; narrow 1% faster (a tie), cuBLAS slower: stays GEMV.
+        {.rows = 4, .own_seconds = 1.00, .cublas_seconds = 1.50, .narrow_seconds = 0.99},
+        // narrow at the start; cuBLAS fastest by 10%: becomes cuBLAS (and leaves the narrow set).
+        {.rows = 6, .own_seconds = 1.20, .cublas_seconds = 0.90, .narrow_seconds = 1.00},
+        // cuBLAS at the start; narrow fastest, GEMV also faster: becomes narrow.
+        {.rows = 8, .own_seconds = 0.95, .cublas_seconds = 1.00, .narrow_seconds = 0.70},
+    };
+    const ProductSets chosen = choose_own_products(timings, start, 0.02);
+    CHECK(product_row_list(chosen.own) == std::vector<int>{1, 2, 4, 8});
+    CHECK(product_row_list(chosen.narrow) == std::vector<int>{2, 8});
+    CHECK(llm_decode::way_at(chosen, 4) == ProductWay::own);
+    CHECK(llm_decode::way_at(chosen, 6) == ProductWay::cublas);
+    // The start's way not timed (narrow, without its time): kept, whatever the others took.
+    CHECK(choose_own_products({{.rows = 6, .own_seconds = 1.0, .cublas_seconds = 0.5}}, start, 0.02) == start);
+    // A narrow time where the narrow products do not take the count.
+    for (const int rows : {1, 16}) {
+      const std::string message =
+          "row count " + std::to_string(rows) + " has a narrow time; the narrow products take 2 to 8";
+      CHECK_THROWS_WITH_AS(
+          (void)choose_own_products({{.rows = rows, .own_seconds = 1, .cublas_seconds = 1, .narrow_seconds = 1}},
+                                    start, 0.02),
+          doctest::Contains(message.c_str()), std::invalid_argument);
+    }
+    CHECK_THROWS_WITH_AS(
+        (void)choose_own_products({{.rows = 3, .own_seconds = 1, .cublas_seconds = 1, .narrow_seconds = 0.0}}, start,
+                                  0.02),
+        doctest::Contains("row count 3 has a time of"), std::invalid_argument);
+  }
+
   TEST_CASE("choose_own_products refuses counts out of range, a count timed twice, bad times and margins, naming them") {
-    const auto start = product_rows_of({1});
+    const ProductSets start = own_at({1});
     const auto timed = [](int rows, double own, double library) {
       return std::vector<ProductTiming>{{.rows = rows, .own_seconds = own, .cublas_seconds = library}};
     };
@@ -83,18 +123,45 @@ TEST_SUITE("host") {
     }
   }
 
-  TEST_CASE("own_product_ways: the start with the count added and removed, nothing else changed; bad counts named") {
-    const auto start = product_rows_of({1, 4, 32});
+  TEST_CASE("own_product_ways and with_way: the start with one count given each way, nothing else changed; bad counts named") {
+    const ProductSets start{.own = product_rows_of({1, 4, 6, 32}), .narrow = product_rows_of({6})};
     const llm_decode::ProductWays at_four = llm_decode::own_product_ways(start, 4);
     CHECK(at_four.own == start);
-    CHECK(at_four.cublas == product_rows_of({1, 32}));
-    const llm_decode::ProductWays at_two = llm_decode::own_product_ways(start, 2);
-    CHECK(at_two.own == product_rows_of({1, 2, 4, 32}));
+    CHECK(at_four.cublas == ProductSets{.own = product_rows_of({1, 6, 32}), .narrow = product_rows_of({6})});
+    REQUIRE(at_four.narrow.has_value());
+    CHECK(*at_four.narrow == ProductSets{.own = start.own, .narrow = product_rows_of({4, 6})});
+    const llm_decode::ProductWays at_two = llm_decode::own_product_ways(start, 2, /*narrow=*/false);
+    CHECK(at_two.own == ProductSets{.own = product_rows_of({1, 2, 4, 6, 32}), .narrow = start.narrow});
     CHECK(at_two.cublas == start);
+    CHECK_FALSE(at_two.narrow.has_value());
+    // The narrow products take 2 to 8 rows: no narrow way at 1 or 16.
+    CHECK_FALSE(llm_decode::own_product_ways(start, 1).narrow.has_value());
+    CHECK_FALSE(llm_decode::own_product_ways(start, 16).narrow.has_value());
+    // Off the narrow way, a count leaves the narrow set too.
+    CHECK(llm_decode::with_way(start, 6, ProductWay::own) == ProductSets{.own = start.own, .narrow = {}});
+    CHECK(llm_decode::with_way(start, 6, ProductWay::cublas) ==
+          ProductSets{.own = product_rows_of({1, 4, 32}), .narrow = {}});
+    CHECK(llm_decode::way_at(start, 6) == ProductWay::narrow);
+    CHECK(llm_decode::way_at(start, 4) == ProductWay::own);
+    CHECK(llm_decode::way_at(start, 8) == ProductWay::cublas);
+    CHECK_THROWS_WITH_AS((void)llm_decode::with_way(start, 1, ProductWay::narrow),
+                         doctest::Contains("the narrow products at 1 rows; they take 2 to 8"), std::invalid_argument);
     CHECK_THROWS_WITH_AS((void)llm_decode::own_product_ways(start, 0),
                          doctest::Contains("own products at 0 rows; a count is 1 to 64"), std::invalid_argument);
     CHECK_THROWS_WITH_AS((void)llm_decode::own_product_ways(start, 65), doctest::Contains("own products at 65 rows"),
                          std::invalid_argument);
+  }
+
+  TEST_CASE("set_product_sets sets both sets, or neither where the narrow set is refused") {
+    const ProductSets before = llm_decode::product_sets_in_force();
+    const llm_decode::fused::ScopedOwnProducts restore_own(before.own);
+    const llm_decode::fused::ScopedNarrowProducts restore_narrow(before.narrow);
+    const ProductSets sets{.own = product_rows_of({1, 3}), .narrow = product_rows_of({3})};
+    llm_decode::set_product_sets(sets);
+    CHECK(llm_decode::product_sets_in_force() == sets);
+    CHECK_THROWS_WITH_AS(llm_decode::set_product_sets({.own = product_rows_of({2}), .narrow = product_rows_of({1})}),
+                         doctest::Contains("narrow products at 1 rows"), std::invalid_argument);
+    CHECK(llm_decode::product_sets_in_force() == sets);
   }
 
   TEST_CASE("any_product_fits_own_kernels: the counts at which some product of the model fits the own kernels") {

@@ -235,6 +235,14 @@ class OwnProductRows : public OwnProductsAt {
  public:
   explicit OwnProductRows(int rows) : OwnProductsAt(llm_decode::fused::product_rows_up_to(rows)) {}
 };
+// The own products of 2 to 8 rows as the narrow tensor-core product (on),
+// or the GEMV (off), for a scope.
+class NarrowProducts : public llm_decode::fused::ScopedNarrowProducts {
+ public:
+  explicit NarrowProducts(bool on)
+      : llm_decode::fused::ScopedNarrowProducts(on ? llm_decode::fused::product_rows_of({2, 3, 4, 5, 6, 7, 8})
+                                                   : llm_decode::fused::ProductRowCounts{}) {}
+};
 // Where the fused kernels are launched programmatically.
 using ProgrammaticLaunchesSetting =
     ScopedSetting<llm_decode::fused::ProgrammaticLaunches, &llm_decode::fused::programmatic_launches,
@@ -278,9 +286,10 @@ struct ProductErrors {
   bool counters_left_zero = true;
 };
 
-// Shapes of both kinds: GEMVs over widths giving 1 to 8 warps and several
-// vectors per thread, outputs not a multiple of a block's 4 weight rows, 1
-// to 8 rows; skinny GEMMs of 16 to 64 rows, one block per output tile or the
+// Shapes of every kind: 1 to 8 rows (GEMVs, or narrow products from 2 rows)
+// over widths giving 1 to 8 warps and several vectors per thread or a last
+// chunk of 8 halves, outputs not a multiple of a block's weight rows (4 or
+// 16); skinny GEMMs of 16 to 64 rows, one block per output tile or the
 // width split over 2 and 8 blocks.
 inline std::vector<ProductShape> product_shapes() {
   return {{1, 64, 128}, {3, 768, 37},   {8, 2056, 9},  {5, 8, 3},      {2, 4096, 6},  {7, 264, 5},
