@@ -886,8 +886,9 @@ struct ProductBlock {
   }
 };
 
-constexpr int kLinearPairs = kLinearOutputs / 2;
 using LinearBlock = ProductBlock<kLinearOutputs>;
+// store_block_outputs(): one thread per output and row, and a GEMV block has at least 32.
+static_assert(kLinearOutputs * kMaxGemvRows <= 32);
 
 // Output j of a paired block from its slots' sums: each product rounded to
 // fp16 as linear() stores it, then silu_times() as silu_mul() computes it.
@@ -1018,7 +1019,7 @@ __global__ void __launch_bounds__(kLinearWarps * 32)
   linear_block_sums<Rows, Gated>(preloaded, x, weight, y, in, out, block);
 }
 
-// gate_up_silu(): kLinearPairs outputs of SwiGLU's product per block, their
+// gate_up_silu(): LinearBlock::kPairs outputs of SwiGLU's product per block, their
 // gate and up rows read together; each product rounded to fp16 as linear()
 // stores it, then silu_times() as silu_mul() computes it.
 template <int Rows>
@@ -1365,7 +1366,7 @@ std::atomic<unsigned long long> narrow_products_set{0};  // set_narrow_products_
 
 // Whether a product of `rows` rows (1 to kMaxGemvRows) is the narrow
 // tensor-core product rather than the GEMV.
-bool narrow_product_at(int rows) {
+bool uses_narrow_product(int rows) {
   return rows >= 2 && rows <= kMaxGemvRows &&
          ((narrow_products_set.load(std::memory_order_relaxed) >> (rows - 1)) & 1U) != 0;
 }
@@ -1520,6 +1521,9 @@ void with_linear_rows(int rows, F&& f) {
   if constexpr (Rows <= kMaxGemvRows) {
     if (rows != Rows) return with_linear_rows<Rows + 1>(rows, std::forward<F>(f));
     return f(std::integral_constant<int, Rows>{});
+  } else {
+    // The callers' checks keep rows in range: a launch of nothing would be a silent wrong answer.
+    throw std::logic_error("fused: no product kernel for " + std::to_string(rows) + " rows");
   }
 }
 
@@ -1546,7 +1550,7 @@ void check_linear_call(const char* kernel, const __half* x, const __half* weight
 template <bool Gated>
 void launch_linear(const __half* x, const __half* weight, __half* y, int rows, int in, int out,
                    const LinearWorkspace& workspace, cudaStream_t stream) {
-  if (rows <= kMaxGemvRows && !narrow_product_at(rows)) {
+  if (rows <= kMaxGemvRows && !uses_narrow_product(rows)) {
     const dim3 grid(static_cast<unsigned>((out + kLinearOutputs - 1) / kLinearOutputs));
     with_linear_rows<1>(rows, [&](auto r) {
       launch_programmatic(linear_kernel<r(), Gated>, {grid, dim3(static_cast<unsigned>(linear_threads(in)))}, stream,
@@ -1604,8 +1608,8 @@ void check_gate_up_silu_call(const __half* x, const __half* gate_up, int rows, i
 void gate_up_silu(const __half* x, const __half* gate_up, __half* out, int rows, int in, int width,
                   cudaStream_t stream) {
   check_gate_up_silu_call(x, gate_up, rows, in, width);
-  if (!narrow_product_at(rows)) {
-    const dim3 grid(static_cast<unsigned>((width + kLinearPairs - 1) / kLinearPairs));
+  if (!uses_narrow_product(rows)) {
+    const dim3 grid(static_cast<unsigned>((width + LinearBlock::kPairs - 1) / LinearBlock::kPairs));
     with_linear_rows<1>(rows, [&](auto r) {
       launch_programmatic(gate_up_silu_kernel<r()>, {grid, dim3(static_cast<unsigned>(linear_threads(in)))}, stream,
                           x, gate_up, out, in, width);
@@ -1926,14 +1930,15 @@ float host_narrow_sum(const __half* x, const __half* w, int in, int r) {
   return total;
 }
 
-// A GEMV's (Block = LinearBlock, one row) or narrow product's (NarrowBlock,
-// 2 to kMaxGemvRows rows) blocks as one thread: block b's slots (plain_at,
+// A GEMV's (Block = LinearBlock) or narrow product's (NarrowBlock) blocks,
+// 1 to kMaxGemvRows rows, as one thread: block b's slots (plain_at,
 // or paired_at for gate_up_silu) summed as that kernel sums them, then
 // store(block, sums, r) for each input row r.
 template <class Block, bool Gated, class Store>
 void host_product_blocks(const __half* x, const __half* weight, int rows, int in, int outputs, bool paired,
                          Store store) {
-  std::vector<float> lanes(static_cast<std::size_t>(linear_threads(in)));
+  std::vector<float> lanes;  // the GEMV's
+  if constexpr (std::is_same_v<Block, LinearBlock>) lanes.resize(static_cast<std::size_t>(linear_threads(in)));
   const int per_block = paired ? Block::kPairs : Block::kSlots;
   for (int b = 0; b < (outputs + per_block - 1) / per_block; ++b) {
     const Block block = paired ? Block::paired_at(b, outputs) : Block::plain_at(b, outputs);
@@ -1953,7 +1958,7 @@ void host_product_blocks(const __half* x, const __half* weight, int rows, int in
   }
 }
 
-// The GEMV's or the narrow product's blocks (by rows) as one thread.
+// The GEMV's or the narrow product's blocks (as uses_narrow_product() picks) as one thread.
 template <bool Gated>
 void host_linear_product(const __half* x, const __half* weight, __half* y, int rows, int in, int out) {
   const auto store = [&](const auto& block, const auto& sums, int r) {
@@ -1961,7 +1966,7 @@ void host_linear_product(const __half* x, const __half* weight, __half* y, int r
       y[static_cast<std::int64_t>(r) * out + block.first + j] = __float2half(sums[static_cast<std::size_t>(j)]);
     }
   };
-  if (!narrow_product_at(rows)) {
+  if (!uses_narrow_product(rows)) {
     host_product_blocks<LinearBlock, Gated>(x, weight, rows, in, out, false, store);
   } else {
     host_product_blocks<NarrowBlock, Gated>(x, weight, rows, in, out, false, store);
@@ -2057,9 +2062,10 @@ void host_gated_linear(const __half* gate_up, const __half* weight, __half* y, i
   host_product<true>(gate_up, weight, y, rows, in, out, workspace);
 }
 
-// gate_up_silu_kernel's (one row) or narrow_gate_up_silu_kernel's blocks as
-// one thread: each block's gate and up slots (paired_at) summed as that
-// kernel sums them, then the epilogue's paired_output() for its outputs.
+// gate_up_silu_kernel's or narrow_gate_up_silu_kernel's blocks (as
+// uses_narrow_product() picks) as one thread: each block's gate and up
+// slots (paired_at) summed as that kernel sums them, then the epilogue's
+// paired_output() for its outputs.
 void host_gate_up_silu(const __half* x, const __half* gate_up, __half* out, int rows, int in, int width,
                        cudaStream_t /*stream*/) {
   check_gate_up_silu_call(x, gate_up, rows, in, width);
@@ -2069,7 +2075,7 @@ void host_gate_up_silu(const __half* x, const __half* gate_up, __half* out, int 
           sums[static_cast<std::size_t>(j)], sums[static_cast<std::size_t>(block.up_slot(j))]);
     }
   };
-  if (!narrow_product_at(rows)) {
+  if (!uses_narrow_product(rows)) {
     host_product_blocks<LinearBlock, false>(x, gate_up, rows, in, width, true, store);
   } else {
     host_product_blocks<NarrowBlock, false>(x, gate_up, rows, in, width, true, store);

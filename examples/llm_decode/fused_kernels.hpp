@@ -97,8 +97,8 @@ void check_linear_shape(int rows, int in, int out);
 // GEMM lost by far (`small`: 1.273 against 0.511 ms): it reads its input
 // from L2 once per tile. Read when a step is issued, so a graph keeps what
 // was set when it was captured; `llm_decode --own-product-rows N` (1 to N)
-// or `--own-products-at 1,2`, or chosen by timing the model's step both
-// ways (product_tuning.hpp, `--tune-own-products`).
+// or `--own-products-at 1,2`, or chosen by timing the model's step each
+// way (product_tuning.hpp, `--tune-own-products`).
 using ProductRowCounts = std::bitset<kMaxSkinnyRows>;
 void set_own_products_at(ProductRowCounts row_counts);
 // A number is not a set of counts (std::bitset would take 8 as row 4 alone):

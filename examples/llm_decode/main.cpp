@@ -108,6 +108,12 @@ struct Common {
     }
   }
 
+  // The own products' row counts given: --own-products-at, else 1 to --own-product-rows.
+  llm_decode::fused::ProductRowCounts own_products() const {
+    return own_products_at.empty() ? llm_decode::fused::product_rows_up_to(own_product_rows)
+                                   : llm_decode::fused::product_rows_of(own_products_at);
+  }
+
   llm_decode::DecodeKernels decode_kernels() const {
     return kernels == "fused" ? llm_decode::DecodeKernels::fused : llm_decode::DecodeKernels::aten;
   }
@@ -134,7 +140,7 @@ struct LoadedModel {
   std::optional<llm_decode::ProductTuning> product_tuning;
 };
 
-// Times the fused step both ways at the batch buckets up to 64
+// Times the fused step each way (own, cuBLAS, narrow) at the batch buckets up to 64
 // (product_tuning.hpp), prints the timings and sets what they chose.
 llm_decode::ProductTuning tune_and_set_own_products(const Common& c, const LlamaModel& model) {
   llm_decode::ProductTuningOptions options{.rows = {}, .context = c.context_buckets.front()};
@@ -201,9 +207,7 @@ LlamaModel make_model(const Common& c) {
 // --tune-own-products, tunes and sets its own products.
 LoadedModel load_model(const Common& c) {
   llm_decode::fused::set_programmatic_launches(kPdlModes.at(c.programmatic_launches));
-  llm_decode::fused::set_own_products_at(c.own_products_at.empty()
-                                             ? llm_decode::fused::product_rows_up_to(c.own_product_rows)
-                                             : llm_decode::fused::product_rows_of(c.own_products_at));
+  llm_decode::fused::set_own_products_at(c.own_products());
   llm_decode::fused::set_narrow_products_at(llm_decode::fused::product_rows_of(c.narrow_products_at));
   llm_decode::fused::set_fold_norms(c.fold_norms);
   LoadedModel loaded{.model = make_model(c)};
@@ -1436,6 +1440,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "llm_decode: --tune-own-products chooses the fused step's products: it needs --kernels "
                          "fused here (given --kernels %s)\n", c.kernels.c_str());
     return 2;
+  }
+  // --narrow-products-at picks the own products' kernel: at a count where
+  // they are not used it would change nothing, silently.
+  for (const int rows : c.narrow_products_at) {
+    if (!c.own_products().test(static_cast<std::size_t>(rows - 1))) {
+      std::fprintf(stderr, "llm_decode: --narrow-products-at %d: the own products are not used at %d rows (own "
+                           "products at %s; give --own-product-rows or --own-products-at with it)\n",
+                   rows, rows, llm_decode::fused::describe_product_rows(c.own_products()).c_str());
+      return 2;
+    }
   }
   if (new_tokens < 2) {
     std::fprintf(stderr, "llm_decode: --new-tokens must be at least 2\n");

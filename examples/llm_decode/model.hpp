@@ -51,7 +51,8 @@ enum class DecodeKernels : std::uint8_t {
   aten,
   // fused_kernels.hpp: rotary, cache write and decode attention reading the
   // cache by slot in one kernel, residual add with RMSNorm, and the
-  // products as GEMVs (1 to 8 rows) or tensor-core skinny GEMMs (16 to 64),
+  // products as GEMVs or narrow tensor-core products (1 to 8 rows) or
+  // tensor-core skinny GEMMs (16 to 64),
   // the down one computing SiLU x up as it loads (7 kernels per layer; 5 at
   // one row with fused::set_fold_norms(true), each norm computed by the
   // product after it; other row counts: torch's GEMMs and a SiLU x up
@@ -774,7 +775,7 @@ class LlamaModel {
         attention_workspace(options, rows, heads, kv_heads, head_dim, context_positions);
     const fused::AttentionWorkspace workspace = workspace_tensors.view();
     const at::Tensor attended = at::empty({rows, heads * head_dim}, options);
-    // The products: the fused GEMVs and skinny GEMMs where the step uses them
+    // The products: the fused GEMVs, narrow and skinny products where the step uses them
     // (fused::use_own_product: at fused::own_products_at()'s row counts, where
     // they take the shape), launched programmatically like the other
     // kernels; torch's GEMM (cuBLAS) elsewhere. A skinny GEMM that splits its
@@ -807,7 +808,7 @@ class LlamaModel {
       return y;
     };
     // The MLP's down product over silu(gate) * up: the SiLU product computed
-    // by the gate and up product's GEMV (Kernels::gate_up_silu, unfolded, 1
+    // by the gate and up product (Kernels::gate_up_silu, unfolded, 1
     // to kMaxGemvRows rows of the step's own products), or as the fused down
     // product loads its input, or by its own kernel before torch's GEMM.
     const bool silu_in_gate_up =

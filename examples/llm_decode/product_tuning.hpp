@@ -70,16 +70,11 @@ inline ProductSets product_sets_in_force() {
   return {.own = fused::own_products_at(), .narrow = fused::narrow_products_at()};
 }
 
-// Sets both, or (the narrow set refused) neither.
+// Sets both, or neither where the narrow set is refused (checked first; the
+// own set takes any counts).
 inline void set_product_sets(const ProductSets& sets) {
-  const fused::ProductRowCounts narrow_before = fused::narrow_products_at();
-  fused::set_narrow_products_at(sets.narrow);  // the one that can refuse, first
-  try {
-    fused::set_own_products_at(sets.own);
-  } catch (...) {
-    fused::set_narrow_products_at(narrow_before);
-    throw;
-  }
+  fused::set_narrow_products_at(sets.narrow);
+  fused::set_own_products_at(sets.own);
 }
 
 // The way of `rows` rows under `sets`. Throws std::invalid_argument for a

@@ -801,8 +801,6 @@ TEST_CASE("tune_own_products times each way at each count the own products take 
   for (const llm_decode::ProductTiming& t : tuning.timings) {
     timed.push_back(t.rows);
     if (t.narrow_seconds.has_value()) narrow_timed.push_back(t.rows);
-    CHECK(t.own_seconds > 0);
-    CHECK(t.cublas_seconds > 0);
   }
   CHECK(timed == std::vector<int>{1, 4, 16});
   CHECK(narrow_timed == std::vector<int>{4});  // the narrow products take 2 to 8 rows

@@ -292,7 +292,7 @@ struct ProductErrors {
 // 16); skinny GEMMs of 16 to 64 rows, one block per output tile or the
 // width split over 2 and 8 blocks.
 inline std::vector<ProductShape> product_shapes() {
-  return {{1, 64, 128}, {3, 768, 37},   {8, 2056, 9},  {5, 8, 3},      {2, 4096, 6},  {7, 264, 5},
+  return {{1, 64, 128}, {3, 768, 37},   {8, 2056, 9},  {5, 8, 3},      {2, 4096, 6},  {7, 264, 5}, {6, 520, 40},
           {16, 64, 128}, {32, 96, 32}, {64, 512, 96}, {16, 2048, 64}, {48, 256, 64}};
 }
 
