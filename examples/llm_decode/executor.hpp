@@ -121,6 +121,12 @@ struct ExecutorOptions {
   // The priority of the executor's stream (a stream of torch's pool): what
   // the GPU schedules first when another executor's work runs beside it.
   StreamPriority stream_priority = StreamPriority::normal;
+  // The fused step's products for this executor's steps and prefills,
+  // eager and captured, on whatever thread issues them
+  // (fused::ThreadProductSets around each); empty: the process-wide sets
+  // (fused::set_own_products_at, set_narrow_products_at) as they are when a
+  // step is issued or captured. Two executors of one model may differ.
+  std::optional<fused::ProductSets> products;
 };
 
 // What the executor measured since it was made (or since reset_stats()).
@@ -267,6 +273,7 @@ class LlamaExecutor {
     }
     resolve_prefill_buckets(model.config().max_len);
     if (options_.kernels == DecodeKernels::fused) check_fused_kernels_take(model, "LlamaExecutor");
+    if (options_.products.has_value()) fused::check_narrow_products(options_.products->narrow);
     max_batch_ = options_.batch_buckets.back();
     columns_ = std::max<std::int64_t>(max_batch_, 3);  // row 5 holds 3 loop counters
     steps_ = static_cast<std::int64_t>(options_.steps_per_launch);
@@ -650,6 +657,7 @@ class LlamaExecutor {
     const LlamaModel::Packing packing{.slots = block[kPrefillSlotsRow],
                                       .positions = block[kPrefillPositionsRow],
                                       .segments = block[kPrefillSegmentsRow]};
+    const fused::ThreadProductSets products(options_.products);
     const at::Tensor logits =
         model_->prefill_packed(*cache_, block[kPrefillTokensRow], packing,
                                prefill_state_[kPrefillLastRow].narrow(0, 0, cache_->slots()), options_.kernels);
@@ -712,6 +720,7 @@ class LlamaExecutor {
   // One decode step for the first `batch` rows, reading `context` positions:
   // capture-safe (only device tensors, no host read-back).
   void step(std::int64_t batch, std::int64_t context) {
+    const fused::ThreadProductSets products(options_.products);  // eager, a warm-up or a capture
     const at::Tensor rows = state_.narrow(1, 0, batch);
     const StepState s{.slots = rows[kSlotsRow],
                       .positions = rows[kPositionsRow],

@@ -1367,9 +1367,11 @@ std::atomic<unsigned long long> narrow_products_set{0};  // set_narrow_products_
 // Whether a product of `rows` rows (1 to kMaxGemvRows) is the narrow
 // tensor-core product rather than the GEMV.
 bool uses_narrow_product(int rows) {
-  return rows >= 2 && rows <= kMaxGemvRows &&
-         ((narrow_products_set.load(std::memory_order_relaxed) >> (rows - 1)) & 1U) != 0;
+  return rows >= kMinNarrowRows && rows <= kMaxGemvRows &&
+         product_sets_in_force().narrow.test(static_cast<std::size_t>(rows - 1));
 }
+// ThreadProductSets: the innermost scope's sets on this thread, if any.
+thread_local std::optional<ProductSets> thread_product_sets;
 std::atomic<bool> fold_norms_on{false};            // set_fold_norms()
 
 // What a launch on `stream` would depend on: cudaStreamGetCaptureInfo (CUDA
@@ -2181,14 +2183,35 @@ void set_own_products_at(ProductRowCounts row_counts) {
 
 ProductRowCounts own_products_at() { return ProductRowCounts(own_products_set.load(std::memory_order_relaxed)); }
 
-void set_narrow_products_at(ProductRowCounts row_counts) {
+void check_narrow_products(ProductRowCounts row_counts) {
   for (const int rows : product_row_list(row_counts)) {
     if (rows < kMinNarrowRows || rows > kMaxGemvRows) {
       throw std::invalid_argument("fused: narrow products at " + std::to_string(rows) + " rows; they take " +
                                   std::to_string(kMinNarrowRows) + " to " + std::to_string(kMaxGemvRows));
     }
   }
+}
+
+void set_narrow_products_at(ProductRowCounts row_counts) {
+  check_narrow_products(row_counts);
   narrow_products_set.store(row_counts.to_ullong(), std::memory_order_relaxed);
+}
+
+ProductSets product_sets_in_force() {
+  if (thread_product_sets.has_value()) return *thread_product_sets;
+  return {.own = own_products_at(), .narrow = narrow_products_at()};
+}
+
+ThreadProductSets::ThreadProductSets(const std::optional<ProductSets>& sets) {
+  if (!sets.has_value()) return;
+  check_narrow_products(sets->narrow);
+  previous_ = thread_product_sets;
+  thread_product_sets = *sets;
+  opened_ = true;
+}
+
+ThreadProductSets::~ThreadProductSets() {
+  if (opened_) thread_product_sets = previous_;
 }
 
 ProductRowCounts narrow_products_at() {
@@ -2247,8 +2270,8 @@ std::string describe_product_rows(ProductRowCounts row_counts) {
 void set_own_product_rows(int rows) { set_own_products_at(product_rows_up_to(rows)); }
 
 bool use_own_product(int rows, int in, int out) {
-  return rows >= 1 && rows <= kMaxSkinnyRows && own_products_at().test(static_cast<std::size_t>(rows - 1)) &&
-         linear_fits(rows, in, out);
+  return rows >= 1 && rows <= kMaxSkinnyRows &&
+         product_sets_in_force().own.test(static_cast<std::size_t>(rows - 1)) && linear_fits(rows, in, out);
 }
 
 bool linear_fits(int rows, int in, int out) {

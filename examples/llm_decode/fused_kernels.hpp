@@ -95,10 +95,12 @@ void check_linear_shape(int rows, int in, int out);
 // step 1.12 / 0.86 / 0.53x, so no one row count suits both, and a model may
 // want its own products at some counts and not at others. At 64 rows the skinny
 // GEMM lost by far (`small`: 1.273 against 0.511 ms): it reads its input
-// from L2 once per tile. Read when a step is issued, so a graph keeps what
-// was set when it was captured; `llm_decode --own-product-rows N` (1 to N)
-// or `--own-products-at 1,2`, or chosen by timing the model's step each
-// way (product_tuning.hpp, `--tune-own-products`).
+// from L2 once per tile. Process-wide, read when a step is issued, so a
+// graph keeps what was set when it was captured (a thread's
+// ThreadProductSets, below, or an executor's own sets take its place);
+// `llm_decode --own-product-rows N` (1 to N) or `--own-products-at 1,2`, or
+// chosen by timing the model's step each way (product_tuning.hpp,
+// `--tune-own-products`).
 using ProductRowCounts = std::bitset<kMaxSkinnyRows>;
 void set_own_products_at(ProductRowCounts row_counts);
 // A number is not a set of counts (std::bitset would take 8 as row 4 alone):
@@ -150,9 +152,41 @@ template <std::integral Number>
 void set_narrow_products_at(Number) = delete;
 ProductRowCounts narrow_products_at();
 using ScopedNarrowProducts = ScopedSetting<ProductRowCounts, &narrow_products_at, &set_narrow_products_at>;
+// Throws what set_narrow_products_at() throws, setting nothing.
+void check_narrow_products(ProductRowCounts row_counts);
+
+// Both sets, as a step reads them: cuBLAS at a count `own` lacks, else the
+// narrow product where `narrow` holds it, else the own product.
+struct ProductSets {
+  ProductRowCounts own;
+  ProductRowCounts narrow;
+  friend bool operator==(const ProductSets&, const ProductSets&) = default;
+};
+
+// The sets this thread's steps read: the innermost ThreadProductSets open
+// on this thread, else the process-wide ones (own_products_at(),
+// narrow_products_at()).
+ProductSets product_sets_in_force();
+
+// Until the scope ends, the steps this thread issues or captures read
+// `sets` in place of the process-wide ones (no sets: the scope changes
+// nothing); other threads are not affected, and scopes nest. What an
+// executor with its own sets (ExecutorOptions::products) opens around its
+// steps. Throws std::invalid_argument as set_narrow_products_at() does.
+class ThreadProductSets {
+ public:
+  explicit ThreadProductSets(const std::optional<ProductSets>& sets);
+  ThreadProductSets(const ThreadProductSets&) = delete;
+  ThreadProductSets& operator=(const ThreadProductSets&) = delete;
+  ~ThreadProductSets();
+
+ private:
+  bool opened_ = false;
+  std::optional<ProductSets> previous_;  // the scope's sets it replaced, if any
+};
 
 // Whether the step computes this product with linear() / gated_linear():
-// own_products_at() holds `rows` and linear_fits().
+// product_sets_in_force().own holds `rows` and linear_fits().
 bool use_own_product(int rows, int in, int out);
 
 // Threads per block of a GEMV over `in` input halves: one 16-byte vector of

@@ -7,14 +7,16 @@
 // measured).
 //
 //   const llm_decode::ProductTuning tuning = llm_decode::tune_own_products(model, {.rows = {1, 2, 4, 8}});
-//   llm_decode::set_product_sets(tuning.chosen);  // before any graph is captured
+//   ExecutorOptions options{..., .products = tuning.chosen};  // this executor's steps
+//   llm_decode::set_product_sets(tuning.chosen);  // or the process-wide sets, before any graph is captured
 //
-// The sets are process-wide and per row count, not per phase: a count
-// chosen from decode steps also sets the products of a bucketed prefill of
-// that many tokens (and of its logits, over as many rows as the cache's
-// slots), which are not timed. Tuning changes the sets while it captures,
-// so it must never run at the same time as anything else that captures or
-// issues fused steps in the process. choose_own_products(),
+// The sets are per row count, not per phase: a count chosen from decode
+// steps also sets the products of a bucketed prefill of that many tokens
+// (and of its logits, over as many rows as the cache's slots), which are
+// not timed. Tuning captures each way in an executor of its own sets
+// (ExecutorOptions::products) and changes no process-wide setting, so other
+// threads' steps are as they were (their work on the GPU meanwhile would
+// disturb the timings, not the choice's correctness). choose_own_products(),
 // own_product_ways(), with_way() and any_product_fits_own_kernels() are the
 // policy alone (host code, no device).
 #include <algorithm>
@@ -57,21 +59,10 @@ inline const char* product_way_name(ProductWay way) {
   return "unknown";
 }
 
-// The two process-wide sets that say each row count's way: cuBLAS where
-// `own` lacks the count, else the narrow product where `narrow` holds it,
-// else the own product.
-struct ProductSets {
-  fused::ProductRowCounts own;     // fused::own_products_at()
-  fused::ProductRowCounts narrow;  // fused::narrow_products_at()
-  friend bool operator==(const ProductSets&, const ProductSets&) = default;
-};
+using fused::ProductSets;
 
-inline ProductSets product_sets_in_force() {
-  return {.own = fused::own_products_at(), .narrow = fused::narrow_products_at()};
-}
-
-// Sets both, or neither where the narrow set is refused (checked first; the
-// own set takes any counts).
+// Sets both process-wide sets, or neither where the narrow set is refused
+// (checked first; the own set takes any counts).
 inline void set_product_sets(const ProductSets& sets) {
   fused::set_narrow_products_at(sets.narrow);
   fused::set_own_products_at(sets.own);
@@ -230,11 +221,6 @@ namespace detail {
 // it was captured under), then their launches timed in turn.
 inline ProductTiming time_each_way(const LlamaModel& model, KvCache& cache, const ProductWays& ways, int rows,
                                    const ProductTuningOptions& options) {
-  const ExecutorOptions executor_options{.mode = StepMode::graphed,
-                                         .batch_buckets = {rows},
-                                         .context_buckets = {options.context},
-                                         .kernels = DecodeKernels::fused,
-                                         .prefill = PrefillMode::unpadded};
   struct Way {
     const char* name;
     std::unique_ptr<LlamaExecutor> executor;
@@ -242,8 +228,13 @@ inline ProductTiming time_each_way(const LlamaModel& model, KvCache& cache, cons
   };
   std::vector<Way> captured;
   const auto capture = [&](const ProductSets& sets, const char* name) {
-    set_product_sets(sets);
-    auto executor = std::make_unique<LlamaExecutor>(model, cache, executor_options);
+    auto executor = std::make_unique<LlamaExecutor>(model, cache,
+                                                    ExecutorOptions{.mode = StepMode::graphed,
+                                                                    .batch_buckets = {rows},
+                                                                    .context_buckets = {options.context},
+                                                                    .kernels = DecodeKernels::fused,
+                                                                    .prefill = PrefillMode::unpadded,
+                                                                    .products = sets});
     if (!executor->capture_failures().empty()) {
       throw std::runtime_error("llm_decode: tune_own_products: the " + std::string(name) + " way at " +
                                std::to_string(rows) + " rows was not captured: " +
@@ -294,13 +285,12 @@ inline ProductTiming time_each_way(const LlamaModel& model, KvCache& cache, cons
 // A timing is the median, over options.repeats runs of options.steps
 // launches of one step, of a run's wall time per launch, as `llm_decode
 // bench` times a step: the host's staging and its wait for the tokens are in
-// it, the same every way. The process-wide sets are changed while the ways
-// are captured (each graph keeps the sets it was captured under), and they
-// are as before when this returns or throws (see the top of this file). Throws
+// it, the same every way. `start` is the sets in force on the calling
+// thread (fused::product_sets_in_force()); no setting changes. Throws
 // std::invalid_argument, naming it, for options out of range or a model the
-// fused kernels do not take (before anything is captured or changed), and
+// fused kernels do not take (before anything is captured), and
 // std::runtime_error where a way's graph could not be captured (its steps
-// would run eagerly, under whatever set is in force, and time the wrong way).
+// would run eagerly: not the graphed step it means to time).
 inline ProductTuning tune_own_products(const LlamaModel& model, const ProductTuningOptions& options = {}) {
   const std::string who = "llm_decode: tune_own_products";
   if (options.context < 1 || options.context > model.config().max_len) {
@@ -324,13 +314,7 @@ inline ProductTuning tune_own_products(const LlamaModel& model, const ProductTun
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   check_fused_kernels_take(model, who);
 
-  // Puts back the sets it found, also when a capture or a step throws.
-  const fused::ScopedOwnProducts restore_own(fused::own_products_at());
-  const fused::ScopedNarrowProducts restore_narrow(fused::narrow_products_at());
-  ProductTuning tuning{.options = options,
-                       .start = {.own = restore_own.previous(), .narrow = restore_narrow.previous()},
-                       .timings = {},
-                       .chosen = {}};
+  ProductTuning tuning{.options = options, .start = fused::product_sets_in_force(), .timings = {}, .chosen = {}};
   if (!rows.empty()) {
     KvCache cache(model.config(), rows.back(), model.device(), model.dtype());
     for (const int r : rows) {

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <random>
 #include <string>
 #include <thread>
@@ -782,7 +783,7 @@ TEST_CASE("ExecutorOptions::stream_priority: the stream has a higher priority wh
   CHECK(tokens[llm_decode::StreamPriority::high] == tokens[llm_decode::StreamPriority::normal]);
 }
 
-TEST_CASE("tune_own_products times each way at each count the own products take and puts the sets back") {
+TEST_CASE("tune_own_products times each way at each count the own products take and changes no setting") {
   const at::Device cuda(at::kCUDA, 0);
   const LlamaModel model = tiny_model(cuda);
   const llm_decode::ProductSets start{.own = llm_decode::fused::product_rows_of({2, 5, 6}),
@@ -794,7 +795,7 @@ TEST_CASE("tune_own_products times each way at each count the own products take 
   const llm_decode::ProductTuningOptions tuning_options{
       .rows = {16, 1, 9, 4, 1}, .context = 32, .steps = 4, .repeats = 3};
   const llm_decode::ProductTuning tuning = llm_decode::tune_own_products(model, tuning_options);
-  CHECK(llm_decode::product_sets_in_force() == start);
+  CHECK(llm_decode::fused::product_sets_in_force() == start);
   CHECK(tuning.start == start);
   std::vector<int> timed;
   std::vector<int> narrow_timed;
@@ -815,7 +816,7 @@ TEST_CASE("tune_own_products times each way at each count the own products take 
   REQUIRE(own_only.timings.size() == 2);
   CHECK_FALSE(own_only.timings[0].narrow_seconds.has_value());
   CHECK(own_only.timings[1].narrow_seconds.has_value());
-  CHECK(llm_decode::product_sets_in_force() == start);
+  CHECK(llm_decode::fused::product_sets_in_force() == start);
   // A model the fused kernels do not take (9 query heads over one key/value
   // head: more than the fused attention takes) is refused before anything
   // is captured or changed.
@@ -828,7 +829,51 @@ TEST_CASE("tune_own_products times each way at each count the own products take 
   CHECK_THROWS_WITH_AS((void)llm_decode::tune_own_products(refused_model, {.rows = {1}, .context = 32}),
                        doctest::Contains("tune_own_products: kernels = DecodeKernels::fused cannot take this model"),
                        std::invalid_argument);
-  CHECK(llm_decode::product_sets_in_force() == start);
+  CHECK(llm_decode::fused::product_sets_in_force() == start);
+}
+
+TEST_CASE("executors with their own product sets, two threads at once: graphed and K-step launches give the eager tokens of the same sets") {
+  const at::Device cuda(at::kCUDA, 0);
+  const LlamaModel model = tiny_model(cuda);
+  const auto fused = llm_decode::DecodeKernels::fused;
+  // The process-wide sets meanwhile: the GEMV up to 8 rows, which neither executor's sets are.
+  const llm_decode_test::OwnProductRows process_wide(8);
+  const llm_decode::fused::ProductSets before = llm_decode::fused::product_sets_in_force();
+  const std::array<llm_decode::fused::ProductSets, 2> sets{
+      llm_decode::fused::ProductSets{.own = llm_decode::fused::product_rows_up_to(llm_decode::fused::kMaxSkinnyRows),
+                                     .narrow = llm_decode::fused::product_rows_of({2, 3, 4, 5, 6, 7, 8})},
+      llm_decode::fused::ProductSets{.own = {}, .narrow = {}}};  // cuBLAS everywhere
+  std::array<std::size_t, 2> launches{};
+  std::array<std::string, 2> failures;
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < sets.size(); ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        const c10::cuda::CUDAStreamGuard stream_guard(c10::cuda::getStreamFromPool(false, cuda.index()));
+        KvCache eager_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+        KvCache graphed_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+        ExecutorOptions eager_options = options(StepMode::eager, 3, true, fused);
+        eager_options.products = sets[t];
+        ExecutorOptions graphed_options = options(StepMode::graphed, 3, true, fused);
+        graphed_options.products = sets[t];
+        LlamaExecutor eager(model, eager_cache, eager_options);
+        LlamaExecutor graphed(model, graphed_cache, graphed_options);
+        if (!graphed.capture_failures().empty()) throw std::runtime_error(graphed.capture_failures().front());
+        launches[t] = run_random_schedule({&eager, &graphed}, 3, 500 + t, model.config().vocab_size, 64, 30);
+      } catch (const std::exception& error) {
+        failures[t] = error.what();
+      } catch (...) {
+        failures[t] = "a failed assertion (above)";
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (std::size_t t = 0; t < sets.size(); ++t) {
+    INFO("thread " << t);
+    CHECK_MESSAGE(failures[t].empty(), failures[t]);
+    CHECK(launches[t] > 10);
+  }
+  CHECK(llm_decode::fused::product_sets_in_force() == before);
 }
 
 TEST_CASE("a launch asking for more steps than the executor was made for is refused") {

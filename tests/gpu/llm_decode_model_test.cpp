@@ -20,11 +20,13 @@
 #undef CHECK
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <latch>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -332,6 +334,75 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
       CHECK(differing_fused_replays(model, cache, slots, positions, tokens, context, 50, restore, plain,
                                     plain_cache) == 0);
     }
+  }
+
+  TEST_CASE("a thread's own product sets: its steps give the logits of the same sets set process-wide, bit for bit, while another thread decodes under the process-wide sets at once") {
+    const LlamaConfig config = LlamaConfig::preset("tiny");
+    const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);
+    const auto fused = llm_decode::DecodeKernels::fused;
+    const std::int64_t rows = 4;
+    const std::int64_t context = 32;
+    KvCache history(config, rows, gpu, at::kHalf);
+    history.k.normal_();
+    history.v.normal_();
+    const at::Tensor slots = at::arange(rows, at::TensorOptions().device(gpu).dtype(at::kLong));
+    const at::Tensor positions = at::randint(0, context, {rows}, slots.options());
+    const at::Tensor tokens = at::randint(0, config.vocab_size, {rows}, slots.options());
+    // Each step writes the same cache rows again, so it gives the same logits every time.
+    const auto decode_on = [&](KvCache& cache) { return model.decode(cache, slots, positions, tokens, context, fused); };
+    const auto copy_of = [&](const KvCache& from) {
+      KvCache cache(config, rows, gpu, at::kHalf);
+      cache.k.copy_(from.k);
+      cache.v.copy_(from.v);
+      return cache;
+    };
+    const llm_decode::fused::ProductSets own_sets{
+        .own = llm_decode::fused::product_rows_up_to(llm_decode::fused::kMaxSkinnyRows),
+        .narrow = llm_decode::fused::product_rows_of({2, 3, 4, 5, 6, 7, 8})};
+    at::Tensor own_reference;
+    {
+      const llm_decode_test::OwnProductsAt own(own_sets.own);
+      const llm_decode::fused::ScopedNarrowProducts narrow(own_sets.narrow);
+      KvCache cache = copy_of(history);
+      own_reference = decode_on(cache).clone();
+    }
+    const llm_decode_test::OwnProductRows process_wide(0);  // cuBLAS's products, for every thread without sets of its own
+    KvCache cache = copy_of(history);
+    const at::Tensor process_wide_reference = decode_on(cache).clone();
+    REQUIRE_FALSE(own_reference.equal(process_wide_reference));  // the two ways differ: the test can tell which ran
+
+    constexpr int kRounds = 20;
+    std::array<int, 2> differing{};
+    std::array<std::string, 2> failures;
+    std::latch start(2);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t) {
+      threads.emplace_back([&, t] {
+        try {
+          const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
+          const c10::cuda::CUDAStreamGuard guard(stream);
+          KvCache mine = copy_of(history);
+          const std::optional<llm_decode::fused::ProductSets> sets =
+              t == 0 ? std::optional{own_sets} : std::nullopt;
+          const llm_decode::fused::ThreadProductSets scope(sets);
+          const at::Tensor& expected = t == 0 ? own_reference : process_wide_reference;
+          start.arrive_and_wait();
+          for (int round = 0; round < kRounds; ++round) {
+            if (!decode_on(mine).equal(expected)) ++differing[static_cast<std::size_t>(t)];
+          }
+        } catch (const std::exception& error) {
+          failures[static_cast<std::size_t>(t)] = error.what();
+        }
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+    for (int t = 0; t < 2; ++t) {
+      INFO("thread " << t << (t == 0 ? " (own sets)" : " (process-wide sets)"));
+      const auto index = static_cast<std::size_t>(t);
+      CHECK_MESSAGE(failures[index].empty(), failures[index]);
+      CHECK(differing[index] == 0);
+    }
+    CHECK(llm_decode::fused::product_sets_in_force().own.none());
   }
 
   TEST_CASE("programmatic launches after own kernels only: no programmatic edge leaves a torch kernel, the same logits bit for bit") {

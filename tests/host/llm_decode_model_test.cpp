@@ -31,6 +31,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -548,6 +549,35 @@ TEST_SUITE("host") {
       CHECK_FALSE(use_own_product(4, 2048, 64));  // the way of the own products, not whether they are used
     }
     CHECK(narrow_products_at().none());
+    {
+      // A thread's own sets: in force on that thread alone, nested, put back; none: no change.
+      using llm_decode::fused::ProductSets;
+      using llm_decode::fused::ThreadProductSets;
+      using llm_decode::fused::product_sets_in_force;
+      const ProductSets process_wide = product_sets_in_force();
+      const ProductSets mine{.own = product_rows_of({4, 16}), .narrow = product_rows_of({4})};
+      {
+        const ThreadProductSets scope(mine);
+        CHECK(product_sets_in_force() == mine);
+        CHECK(use_own_product(4, 2048, 64));
+        CHECK_FALSE(use_own_product(1, 2048, 64));  // the process-wide set has 1 row; this thread's does not
+        CHECK(own_products_at() == product_rows_up_to(1));  // the process-wide set itself is unchanged
+        ProductSets seen_elsewhere;
+        std::thread([&] { seen_elsewhere = product_sets_in_force(); }).join();
+        CHECK(seen_elsewhere == process_wide);
+        {
+          const ThreadProductSets inner(ProductSets{.own = {}, .narrow = {}});
+          CHECK_FALSE(use_own_product(4, 2048, 64));
+          const ThreadProductSets none(std::nullopt);
+          CHECK(product_sets_in_force().own.none());
+        }
+        CHECK(product_sets_in_force() == mine);
+        CHECK_THROWS_WITH_AS(ThreadProductSets(ProductSets{.own = {}, .narrow = product_rows_of({9})}),
+                             doctest::Contains("narrow products at 9 rows"), std::invalid_argument);
+        CHECK(product_sets_in_force() == mine);  // the refusal opened nothing
+      }
+      CHECK(product_sets_in_force() == process_wide);
+    }
     CHECK_THROWS_WITH_AS(check_linear_shape(9, 2048, 16), doctest::Contains("9 rows of 2048 halves into 16 outputs"),
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(check_linear_shape(1, 12, 16), doctest::Contains("1 rows of 12 halves"),

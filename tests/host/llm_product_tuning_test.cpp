@@ -153,15 +153,15 @@ TEST_SUITE("host") {
   }
 
   TEST_CASE("set_product_sets sets both sets, or neither where the narrow set is refused") {
-    const ProductSets before = llm_decode::product_sets_in_force();
+    const ProductSets before = llm_decode::fused::product_sets_in_force();
     const llm_decode::fused::ScopedOwnProducts restore_own(before.own);
     const llm_decode::fused::ScopedNarrowProducts restore_narrow(before.narrow);
     const ProductSets sets{.own = product_rows_of({1, 3}), .narrow = product_rows_of({3})};
     llm_decode::set_product_sets(sets);
-    CHECK(llm_decode::product_sets_in_force() == sets);
+    CHECK(llm_decode::fused::product_sets_in_force() == sets);
     CHECK_THROWS_WITH_AS(llm_decode::set_product_sets({.own = product_rows_of({2}), .narrow = product_rows_of({1})}),
                          doctest::Contains("narrow products at 1 rows"), std::invalid_argument);
-    CHECK(llm_decode::product_sets_in_force() == sets);
+    CHECK(llm_decode::fused::product_sets_in_force() == sets);
   }
 
   TEST_CASE("any_product_fits_own_kernels: the counts at which some product of the model fits the own kernels") {
