@@ -123,9 +123,11 @@ struct ExecutorOptions {
   StreamPriority stream_priority = StreamPriority::normal;
   // The fused step's products for this executor's steps and prefills,
   // eager and captured, on whatever thread issues them
-  // (fused::ThreadProductSets around each); empty: the process-wide sets
-  // (fused::set_own_products_at, set_narrow_products_at) as they are when a
-  // step is issued or captured. Two executors of one model may differ.
+  // (fused::ThreadProductSets around each); empty: the sets in force on the
+  // issuing thread (fused::product_sets_in_force(): its own scope, else the
+  // process-wide sets) when a step is issued or captured. Either way a step
+  // reads them once, so a change on another thread meanwhile cannot split
+  // one step between two sets. Two executors of one model may differ.
   std::optional<fused::ProductSets> products;
 };
 
@@ -657,11 +659,17 @@ class LlamaExecutor {
     const LlamaModel::Packing packing{.slots = block[kPrefillSlotsRow],
                                       .positions = block[kPrefillPositionsRow],
                                       .segments = block[kPrefillSegmentsRow]};
-    const fused::ThreadProductSets products(options_.products);
+    const fused::ThreadProductSets products(products_of_step());
     const at::Tensor logits =
         model_->prefill_packed(*cache_, block[kPrefillTokensRow], packing,
                                prefill_state_[kPrefillLastRow].narrow(0, 0, cache_->slots()), options_.kernels);
     prefill_first_.copy_(logits.argmax(-1));
+  }
+
+  // The product sets a step or prefill forward reads, taken once for it
+  // (see ExecutorOptions::products).
+  fused::ProductSets products_of_step() const {
+    return options_.products.value_or(fused::product_sets_in_force());
   }
 
   // Lazy prefill capture: the warm-ups and the capture run on padding only.
@@ -720,7 +728,7 @@ class LlamaExecutor {
   // One decode step for the first `batch` rows, reading `context` positions:
   // capture-safe (only device tensors, no host read-back).
   void step(std::int64_t batch, std::int64_t context) {
-    const fused::ThreadProductSets products(options_.products);  // eager, a warm-up or a capture
+    const fused::ThreadProductSets products(products_of_step());  // eager, a warm-up or a capture
     const at::Tensor rows = state_.narrow(1, 0, batch);
     const StepState s{.slots = rows[kSlotsRow],
                       .positions = rows[kPositionsRow],

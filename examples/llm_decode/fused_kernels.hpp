@@ -66,8 +66,8 @@ void check_attention_shape(int heads, int kv_heads, int head_dim);
 
 // The products of the step (Kernels::linear, Kernels::gated_linear), chosen
 // by rows: for 1 to kMaxGemvRows rows a GEMV (16-byte loads of each weight
-// row, fp32 sums on the CUDA cores), or at the counts
-// set_narrow_products_at() holds (2 to kMaxGemvRows) a narrow product on
+// row, fp32 sums on the CUDA cores), or at the counts the narrow set in
+// force holds (product_sets_in_force(); 2 to kMaxGemvRows) a narrow product on
 // the tensor cores (mma 16x8x16 with the rows as its 8-wide side, 16 weight
 // rows a block, fp16 in, fp32 sums); for 16, 32, 48 or 64 rows a skinny
 // GEMM on the tensor cores (WMMA 16x16x16), each weight read once, its
@@ -170,9 +170,11 @@ ProductSets product_sets_in_force();
 
 // Until the scope ends, the steps this thread issues or captures read
 // `sets` in place of the process-wide ones (no sets: the scope changes
-// nothing); other threads are not affected, and scopes nest. What an
-// executor with its own sets (ExecutorOptions::products) opens around its
-// steps. Throws std::invalid_argument as set_narrow_products_at() does.
+// nothing); other threads are not affected. Scopes nest, and must end
+// innermost first on the thread that opened them (as block-scoped objects
+// do). What an executor opens around each of its steps
+// (ExecutorOptions::products). Throws std::invalid_argument as
+// set_narrow_products_at() does.
 class ThreadProductSets {
  public:
   explicit ThreadProductSets(const std::optional<ProductSets>& sets);
@@ -409,7 +411,7 @@ struct Kernels {
                       cudaStream_t stream);
   // The MLP's gate and up products and SwiGLU's product after them, one
   // kernel for 1 to kMaxGemvRows rows (the GEMV, or the narrow product at
-  // the counts set_narrow_products_at() holds): each block reads gate rows
+  // the counts of the narrow set in force): each block reads gate rows
   // and their up rows together, so silu_mul()'s input is never stored and
   // the down product is a plain linear() (the SiLU computed once per
   // output, not once per block of the down product as gated_linear() does).

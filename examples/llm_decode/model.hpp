@@ -776,7 +776,7 @@ class LlamaModel {
     const fused::AttentionWorkspace workspace = workspace_tensors.view();
     const at::Tensor attended = at::empty({rows, heads * head_dim}, options);
     // The products: the fused GEMVs, narrow and skinny products where the step uses them
-    // (fused::use_own_product: at fused::own_products_at()'s row counts, where
+    // (fused::use_own_product: at the row counts of the own set in force, where
     // they take the shape), launched programmatically like the other
     // kernels; torch's GEMM (cuBLAS) elsewhere. A skinny GEMM that splits its
     // width over blocks uses the workspace: one set for every product of the

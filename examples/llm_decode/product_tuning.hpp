@@ -16,7 +16,8 @@
 // not timed. Tuning captures each way in an executor of its own sets
 // (ExecutorOptions::products) and changes no process-wide setting, so other
 // threads' steps are as they were (their work on the GPU meanwhile would
-// disturb the timings, not the choice's correctness). choose_own_products(),
+// disturb the timings, and so perhaps the choice, never a step's results).
+// choose_own_products(),
 // own_product_ways(), with_way() and any_product_fits_own_kernels() are the
 // policy alone (host code, no device).
 #include <algorithm>
@@ -130,7 +131,7 @@ struct ProductTuning {
   ProductTuningOptions options;        // what was asked
   ProductSets start;                   // the sets in use when it ran, which near ties keep
   std::vector<ProductTiming> timings;  // the timed row counts, ascending
-  ProductSets chosen;                  // what set_product_sets() should be given
+  ProductSets chosen;                  // for set_product_sets() or ExecutorOptions::products
 };
 
 // The sets one row count's ways are captured under: `start` with the count
@@ -280,7 +281,8 @@ inline ProductTiming time_each_way(const LlamaModel& model, KvCache& cache, cons
 // count (own_product_ways() from the sets in use, `start`: own, cuBLAS, and
 // narrow where it takes the count and options.narrow asks or `start` has
 // it), and chooses from the timings (choose_own_products()). It does not
-// set the result: give `chosen` to set_product_sets().
+// set the result: give `chosen` to set_product_sets() or to an executor's
+// ExecutorOptions::products.
 //
 // A timing is the median, over options.repeats runs of options.steps
 // launches of one step, of a run's wall time per launch, as `llm_decode

@@ -810,6 +810,15 @@ TEST_CASE("tune_own_products times each way at each count the own products take 
                                   std::pair{6, llm_decode::ProductWay::narrow}}) {
     CHECK(llm_decode::way_at(tuning.chosen, rows) == way);
   }
+  // The start is the calling thread's sets: a scope of its own, where open.
+  {
+    const llm_decode::fused::ProductSets scoped{.own = llm_decode::fused::product_rows_of({1, 4}),
+                                                .narrow = llm_decode::fused::product_rows_of({4})};
+    const llm_decode::fused::ThreadProductSets scope(scoped);
+    const llm_decode::ProductTuning in_scope =
+        llm_decode::tune_own_products(model, {.rows = {4}, .context = 32, .steps = 2, .repeats = 1});
+    CHECK(in_scope.start == scoped);
+  }
   // Without the narrow products asked for, they are timed only where the start has them.
   const llm_decode::ProductTuning own_only =
       llm_decode::tune_own_products(model, {.rows = {4, 6}, .context = 32, .steps = 2, .repeats = 1, .narrow = false});
@@ -843,6 +852,22 @@ TEST_CASE("executors with their own product sets, two threads at once: graphed a
       llm_decode::fused::ProductSets{.own = llm_decode::fused::product_rows_up_to(llm_decode::fused::kMaxSkinnyRows),
                                      .narrow = llm_decode::fused::product_rows_of({2, 3, 4, 5, 6, 7, 8})},
       llm_decode::fused::ProductSets{.own = {}, .narrow = {}}};  // cuBLAS everywhere
+  // References without sets of their own: graphs captured first, each with
+  // the process-wide sets made those of one thread (a graph keeps the sets
+  // it was captured under), then replayed while the process-wide sets are
+  // the GEMV's again. An executor that ignored its own sets would run the
+  // GEMV up to 8 rows and could part from its reference.
+  std::vector<std::unique_ptr<KvCache>> reference_caches;
+  std::vector<std::unique_ptr<LlamaExecutor>> references;
+  for (const llm_decode::fused::ProductSets& s : sets) {
+    const llm_decode_test::OwnProductsAt own(s.own);
+    const llm_decode::fused::ScopedNarrowProducts narrow(s.narrow);
+    reference_caches.push_back(std::make_unique<KvCache>(model.config(), kBatchBuckets.back(), cuda, model.dtype()));
+    references.push_back(
+        std::make_unique<LlamaExecutor>(model, *reference_caches.back(), options(StepMode::graphed, 3, true, fused)));
+    REQUIRE(references.back()->capture_failures().empty());
+  }
+  REQUIRE(llm_decode::fused::product_sets_in_force() == before);
   std::array<std::size_t, 2> launches{};
   std::array<std::string, 2> failures;
   std::vector<std::thread> threads;
@@ -856,10 +881,12 @@ TEST_CASE("executors with their own product sets, two threads at once: graphed a
         eager_options.products = sets[t];
         ExecutorOptions graphed_options = options(StepMode::graphed, 3, true, fused);
         graphed_options.products = sets[t];
+        graphed_options.capture_threads = 2;  // the capture workers open the executor's sets too
         LlamaExecutor eager(model, eager_cache, eager_options);
         LlamaExecutor graphed(model, graphed_cache, graphed_options);
         if (!graphed.capture_failures().empty()) throw std::runtime_error(graphed.capture_failures().front());
-        launches[t] = run_random_schedule({&eager, &graphed}, 3, 500 + t, model.config().vocab_size, 64, 30);
+        launches[t] = run_random_schedule({references[t].get(), &eager, &graphed}, 3, 500 + t,
+                                          model.config().vocab_size, 64, 30);
       } catch (const std::exception& error) {
         failures[t] = error.what();
       } catch (...) {
@@ -873,7 +900,6 @@ TEST_CASE("executors with their own product sets, two threads at once: graphed a
     CHECK_MESSAGE(failures[t].empty(), failures[t]);
     CHECK(launches[t] > 10);
   }
-  CHECK(llm_decode::fused::product_sets_in_force() == before);
 }
 
 TEST_CASE("a launch asking for more steps than the executor was made for is refused") {

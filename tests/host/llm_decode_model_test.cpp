@@ -577,6 +577,28 @@ TEST_SUITE("host") {
         CHECK(product_sets_in_force() == mine);  // the refusal opened nothing
       }
       CHECK(product_sets_in_force() == process_wide);
+      // The kernels (here their host versions) pick the narrow product by
+      // this thread's sets: under a scope, the product of the same set
+      // process-wide, bit for bit; not the GEMV's (whose sums run in
+      // another order: over 2,048 outputs some round apart).
+      const llm_decode::fused::Kernels& k = llm_decode::fused::host_kernels();
+      using llm_decode_test::half_ptr;
+      const at::Tensor x = at::randn({4, 4096}).to(at::kHalf);
+      const at::Tensor w = (at::randn({512, 4096}) / 64).to(at::kHalf);
+      const auto product = [&] {
+        const at::Tensor y = at::empty({4, 512}, x.options());
+        k.linear(half_ptr(x), half_ptr(w), half_ptr(y), 4, 4096, 512, {}, nullptr);
+        return y;
+      };
+      at::Tensor scoped_narrow;
+      {
+        const ThreadProductSets scope(mine);
+        scoped_narrow = product();
+      }
+      const at::Tensor gemv = product();
+      const llm_decode_test::NarrowProducts narrow_everywhere(true);
+      CHECK(product().equal(scoped_narrow));
+      CHECK_FALSE(gemv.equal(scoped_narrow));
     }
     CHECK_THROWS_WITH_AS(check_linear_shape(9, 2048, 16), doctest::Contains("9 rows of 2048 halves into 16 outputs"),
                          std::invalid_argument);
