@@ -93,7 +93,7 @@ struct Common {
   std::string json;
   // --pdl (--no-pdl: off), a name in kPdlModes: fused::set_programmatic_launches; the library's default unless given.
   std::string programmatic_launches = pdl_mode_name(llm_decode::fused::programmatic_launches());
-  int own_product_rows = 1;               // --own-product-rows: fused::set_own_product_rows
+  std::optional<int> own_product_rows;   // --own-product-rows: fused::set_own_product_rows; absent: the library's
   std::vector<int> own_products_at;       // --own-products-at: fused::set_own_products_at; given, it replaces the above
   bool tune_own_products = false;         // --tune-own-products: tune_own_products at the batch buckets up to 64
   std::vector<int> narrow_products_at;    // --narrow-products-at: fused::set_narrow_products_at
@@ -108,10 +108,12 @@ struct Common {
     }
   }
 
-  // The own products' row counts given: --own-products-at, else 1 to --own-product-rows.
+  // The own products' row counts: --own-products-at, else 1 to
+  // --own-product-rows, else the library's default (the process-wide set).
   llm_decode::fused::ProductRowCounts own_products() const {
-    return own_products_at.empty() ? llm_decode::fused::product_rows_up_to(own_product_rows)
-                                   : llm_decode::fused::product_rows_of(own_products_at);
+    if (!own_products_at.empty()) return llm_decode::fused::product_rows_of(own_products_at);
+    if (own_product_rows.has_value()) return llm_decode::fused::product_rows_up_to(*own_product_rows);
+    return llm_decode::fused::own_products_at();
   }
 
   llm_decode::DecodeKernels decode_kernels() const {
@@ -1282,9 +1284,9 @@ int main(int argc, char** argv) {
     CLI::Option* own_rows =
         sub->add_option("--own-product-rows", c.own_product_rows,
                         "the fused step's own products (GEMV, tensor-core skinny GEMM) up to this many rows, cuBLAS "
-                        "above (0: cuBLAS everywhere; 64: every row count they take)")
-            ->check(CLI::Range(0, llm_decode::fused::kMaxSkinnyRows))
-            ->capture_default_str();
+                        "above (0: cuBLAS everywhere; 64: every row count they take; default: the library's, at row counts " +
+                            llm_decode::fused::describe_product_rows(llm_decode::fused::own_products_at()) + ")")
+            ->check(CLI::Range(0, llm_decode::fused::kMaxSkinnyRows));
     CLI::Option* own_at =
         sub->add_option("--own-products-at", c.own_products_at,
                         "the fused step's own products at exactly these row counts (1 to 64, comma-separated), "
