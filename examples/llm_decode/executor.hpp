@@ -125,9 +125,11 @@ struct ExecutorOptions {
   // eager and captured, on whatever thread issues them
   // (fused::ThreadProductSets around each); empty: the sets in force on the
   // issuing thread (fused::product_sets_in_force(): its own scope, else the
-  // process-wide sets) when a step is issued or captured. Either way a step
-  // reads them once, so a change on another thread meanwhile cannot split
-  // one step between two sets. Two executors of one model may differ.
+  // process-wide sets) when a step is issued or captured. A step reads
+  // them once (LlamaModel's fused forward), so a change on another thread
+  // meanwhile cannot split one step between two sets. Two executors of one
+  // model may differ. Throws std::invalid_argument as
+  // fused::check_product_sets() does, when the executor is made.
   std::optional<fused::ProductSets> products;
 };
 
@@ -275,7 +277,7 @@ class LlamaExecutor {
     }
     resolve_prefill_buckets(model.config().max_len);
     if (options_.kernels == DecodeKernels::fused) check_fused_kernels_take(model, "LlamaExecutor");
-    if (options_.products.has_value()) fused::check_narrow_products(options_.products->narrow);
+    if (options_.products.has_value()) fused::check_product_sets(*options_.products);
     max_batch_ = options_.batch_buckets.back();
     columns_ = std::max<std::int64_t>(max_batch_, 3);  // row 5 holds 3 loop counters
     steps_ = static_cast<std::int64_t>(options_.steps_per_launch);
@@ -659,17 +661,11 @@ class LlamaExecutor {
     const LlamaModel::Packing packing{.slots = block[kPrefillSlotsRow],
                                       .positions = block[kPrefillPositionsRow],
                                       .segments = block[kPrefillSegmentsRow]};
-    const fused::ThreadProductSets products(products_of_step());
+    const fused::ThreadProductSets products(options_.products);
     const at::Tensor logits =
         model_->prefill_packed(*cache_, block[kPrefillTokensRow], packing,
                                prefill_state_[kPrefillLastRow].narrow(0, 0, cache_->slots()), options_.kernels);
     prefill_first_.copy_(logits.argmax(-1));
-  }
-
-  // The product sets a step or prefill forward reads, taken once for it
-  // (see ExecutorOptions::products).
-  fused::ProductSets products_of_step() const {
-    return options_.products.value_or(fused::product_sets_in_force());
   }
 
   // Lazy prefill capture: the warm-ups and the capture run on padding only.
@@ -728,7 +724,7 @@ class LlamaExecutor {
   // One decode step for the first `batch` rows, reading `context` positions:
   // capture-safe (only device tensors, no host read-back).
   void step(std::int64_t batch, std::int64_t context) {
-    const fused::ThreadProductSets products(products_of_step());  // eager, a warm-up or a capture
+    const fused::ThreadProductSets products(options_.products);  // eager, a warm-up or a capture
     const at::Tensor rows = state_.narrow(1, 0, batch);
     const StepState s{.slots = rows[kSlotsRow],
                       .positions = rows[kPositionsRow],

@@ -1367,8 +1367,7 @@ std::atomic<unsigned long long> narrow_products_set{0};  // set_narrow_products_
 // Whether a product of `rows` rows (1 to kMaxGemvRows) is the narrow
 // tensor-core product rather than the GEMV.
 bool uses_narrow_product(int rows) {
-  return rows >= kMinNarrowRows && rows <= kMaxGemvRows &&
-         product_sets_in_force().narrow.test(static_cast<std::size_t>(rows - 1));
+  return narrow_takes(rows) && product_sets_in_force().narrow.test(static_cast<std::size_t>(rows - 1));
 }
 // ThreadProductSets: the innermost scope's sets on this thread, if any.
 thread_local std::optional<ProductSets> thread_product_sets;
@@ -2183,12 +2182,30 @@ void set_own_products_at(ProductRowCounts row_counts) {
 
 ProductRowCounts own_products_at() { return ProductRowCounts(own_products_set.load(std::memory_order_relaxed)); }
 
+namespace {
+// The fewest rows among `counts` (which holds some).
+int first_count(ProductRowCounts counts) {
+  int rows = 1;
+  while (!counts.test(static_cast<std::size_t>(rows - 1))) ++rows;
+  return rows;
+}
+}  // namespace
+
 void check_narrow_products(ProductRowCounts row_counts) {
-  for (const int rows : product_row_list(row_counts)) {
-    if (rows < kMinNarrowRows || rows > kMaxGemvRows) {
-      throw std::invalid_argument("fused: narrow products at " + std::to_string(rows) + " rows; they take " +
-                                  std::to_string(kMinNarrowRows) + " to " + std::to_string(kMaxGemvRows));
-    }
+  const ProductRowCounts outside = row_counts & ~kNarrowRowCounts;
+  if (outside.any()) {
+    throw std::invalid_argument("fused: narrow products at " + std::to_string(first_count(outside)) +
+                                " rows; they take " + std::to_string(kMinNarrowRows) + " to " +
+                                std::to_string(kMaxGemvRows));
+  }
+}
+
+void check_product_sets(const ProductSets& sets) {
+  check_narrow_products(sets.narrow);
+  const ProductRowCounts without_own = sets.narrow & ~sets.own;
+  if (without_own.any()) {
+    throw std::invalid_argument("fused: narrow products at " + std::to_string(first_count(without_own)) +
+                                " rows, where the own products are not used (it would change nothing)");
   }
 }
 

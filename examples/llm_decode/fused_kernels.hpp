@@ -102,6 +102,9 @@ void check_linear_shape(int rows, int in, int out);
 // chosen by timing the model's step each way (product_tuning.hpp,
 // `--tune-own-products`).
 using ProductRowCounts = std::bitset<kMaxSkinnyRows>;
+// The counts the narrow product takes, kMinNarrowRows to kMaxGemvRows.
+inline constexpr ProductRowCounts kNarrowRowCounts{((1ULL << kMaxGemvRows) - 1) & ~((1ULL << (kMinNarrowRows - 1)) - 1)};
+inline constexpr bool narrow_takes(int rows) { return rows >= kMinNarrowRows && rows <= kMaxGemvRows; }
 void set_own_products_at(ProductRowCounts row_counts);
 // A number is not a set of counts (std::bitset would take 8 as row 4 alone):
 // product_rows_up_to(8) or product_rows_of({8}).
@@ -159,9 +162,14 @@ void check_narrow_products(ProductRowCounts row_counts);
 // narrow product where `narrow` holds it, else the own product.
 struct ProductSets {
   ProductRowCounts own;
-  ProductRowCounts narrow;
+  ProductRowCounts narrow;  // within kNarrowRowCounts; where `own` lacks a count, unused
   friend bool operator==(const ProductSets&, const ProductSets&) = default;
 };
+
+// Throws std::invalid_argument, naming the count, for a narrow count the
+// narrow product does not take or where `own` lacks it (it would change
+// nothing): what an executor's and the tuning's sets must pass.
+void check_product_sets(const ProductSets& sets);
 
 // The sets this thread's steps read: the innermost ThreadProductSets open
 // on this thread, else the process-wide ones (own_products_at(),
@@ -174,7 +182,7 @@ ProductSets product_sets_in_force();
 // innermost first on the thread that opened them (as block-scoped objects
 // do). What an executor opens around each of its steps
 // (ExecutorOptions::products). Throws std::invalid_argument as
-// set_narrow_products_at() does.
+// check_narrow_products() does.
 class ThreadProductSets {
  public:
   explicit ThreadProductSets(const std::optional<ProductSets>& sets);

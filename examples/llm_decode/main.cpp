@@ -93,10 +93,10 @@ struct Common {
   std::string json;
   // --pdl (--no-pdl: off), a name in kPdlModes: fused::set_programmatic_launches; the library's default unless given.
   std::string programmatic_launches = pdl_mode_name(llm_decode::fused::programmatic_launches());
-  std::optional<int> own_product_rows;   // --own-product-rows: fused::set_own_product_rows; absent: the library's
+  std::optional<int> own_product_rows;   // --own-product-rows: 1 to N rows (own_products()); absent: the library's
   std::vector<int> own_products_at;       // --own-products-at: fused::set_own_products_at; given, it replaces the above
   bool tune_own_products = false;         // --tune-own-products: tune_own_products at the batch buckets up to 64
-  std::vector<int> narrow_products_at;    // --narrow-products-at: fused::set_narrow_products_at
+  std::vector<int> narrow_products_at;    // --narrow-products-at: fused::set_narrow_products_at; absent: the library's
   bool fold_norms = false;                // --fold-norms: fused::set_fold_norms
 
   // Chunked prefill runs on the fused kernels' bucketed prefill only
@@ -210,7 +210,9 @@ LlamaModel make_model(const Common& c) {
 LoadedModel load_model(const Common& c) {
   llm_decode::fused::set_programmatic_launches(kPdlModes.at(c.programmatic_launches));
   llm_decode::fused::set_own_products_at(c.own_products());
-  llm_decode::fused::set_narrow_products_at(llm_decode::fused::product_rows_of(c.narrow_products_at));
+  if (!c.narrow_products_at.empty()) {
+    llm_decode::fused::set_narrow_products_at(llm_decode::fused::product_rows_of(c.narrow_products_at));
+  }
   llm_decode::fused::set_fold_norms(c.fold_norms);
   LoadedModel loaded{.model = make_model(c)};
   if (c.tune_own_products) loaded.product_tuning = tune_and_set_own_products(c, loaded.model);

@@ -51,8 +51,8 @@ enum class DecodeKernels : std::uint8_t {
   aten,
   // fused_kernels.hpp: rotary, cache write and decode attention reading the
   // cache by slot in one kernel, residual add with RMSNorm, and the
-  // products as GEMVs or narrow tensor-core products (1 to 8 rows) or
-  // tensor-core skinny GEMMs (16 to 64),
+  // products as GEMVs (1 to 8 rows) or narrow tensor-core products (2 to
+  // 8) or tensor-core skinny GEMMs (16 to 64),
   // the down one computing SiLU x up as it loads (7 kernels per layer; 5 at
   // one row with fused::set_fold_norms(true), each norm computed by the
   // product after it; other row counts: torch's GEMMs and a SiLU x up
@@ -730,6 +730,9 @@ class LlamaModel {
   at::Tensor decode_fused(KvCache& cache, const at::Tensor& slots, const at::Tensor& positions,
                           const at::Tensor& tokens, std::int64_t context,
                           const at::Tensor* logit_rows = nullptr) const {
+    // The product sets read once for the whole forward: a change on another
+    // thread meanwhile cannot give it two.
+    const fused::ThreadProductSets products(fused::product_sets_in_force());
     if (dtype_ != at::kHalf || !(device_.is_cuda() || device_.is_cpu())) {
       detail::invalid("DecodeKernels::fused needs the model in fp16 (on a CUDA device; on the CPU its kernels' host "
                       "versions run); this one is " +

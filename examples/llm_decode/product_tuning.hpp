@@ -62,9 +62,10 @@ inline const char* product_way_name(ProductWay way) {
 
 using fused::ProductSets;
 
-// Sets both process-wide sets, or neither where the narrow set is refused
-// (checked first; the own set takes any counts).
+// Sets both process-wide sets, or neither where fused::check_product_sets()
+// refuses them.
 inline void set_product_sets(const ProductSets& sets) {
+  fused::check_product_sets(sets);
   fused::set_narrow_products_at(sets.narrow);
   fused::set_own_products_at(sets.own);
 }
@@ -77,15 +78,12 @@ inline ProductWay way_at(const ProductSets& sets, int rows) {
   return (sets.narrow & count).any() ? ProductWay::narrow : ProductWay::own;
 }
 
-// Whether the narrow product takes `rows` rows.
-inline bool narrow_takes(int rows) { return rows >= fused::kMinNarrowRows && rows <= fused::kMaxGemvRows; }
-
 // `sets` with `rows` rows given `way`, nothing else changed. Throws
 // std::invalid_argument for a count outside 1 to kMaxSkinnyRows, or the
 // narrow way at a count it does not take.
 inline ProductSets with_way(ProductSets sets, int rows, ProductWay way) {
   const fused::ProductRowCounts count = fused::product_rows_of({rows});
-  if (way == ProductWay::narrow && !narrow_takes(rows)) {
+  if (way == ProductWay::narrow && !fused::narrow_takes(rows)) {
     detail::invalid("the narrow products at " + std::to_string(rows) + " rows; they take " +
                     std::to_string(fused::kMinNarrowRows) + " to " + std::to_string(fused::kMaxGemvRows));
   }
@@ -176,7 +174,7 @@ inline ProductSets choose_own_products(const std::vector<ProductTiming>& timings
       detail::invalid("choose_own_products: row count " + std::to_string(t.rows) + " is timed twice");
     }
     seen |= count;
-    if (t.narrow_seconds.has_value() && !narrow_takes(t.rows)) {
+    if (t.narrow_seconds.has_value() && !fused::narrow_takes(t.rows)) {
       detail::invalid("choose_own_products: row count " + std::to_string(t.rows) +
                       " has a narrow time; the narrow products take " + std::to_string(fused::kMinNarrowRows) +
                       " to " + std::to_string(fused::kMaxGemvRows) + " rows");
@@ -205,7 +203,7 @@ inline ProductWays own_product_ways(const ProductSets& start, int rows, bool nar
   ProductWays ways{.own = with_way(start, rows, ProductWay::own),
                    .cublas = with_way(start, rows, ProductWay::cublas),
                    .narrow = std::nullopt};
-  if (narrow && narrow_takes(rows)) ways.narrow = with_way(start, rows, ProductWay::narrow);
+  if (narrow && fused::narrow_takes(rows)) ways.narrow = with_way(start, rows, ProductWay::narrow);
   return ways;
 }
 
@@ -223,12 +221,12 @@ namespace detail {
 inline ProductTiming time_each_way(const LlamaModel& model, KvCache& cache, const ProductWays& ways, int rows,
                                    const ProductTuningOptions& options) {
   struct Way {
-    const char* name;
+    ProductWay way;
     std::unique_ptr<LlamaExecutor> executor;
     std::vector<double> seconds;
   };
   std::vector<Way> captured;
-  const auto capture = [&](const ProductSets& sets, const char* name) {
+  const auto capture = [&](const ProductSets& sets, ProductWay way) {
     auto executor = std::make_unique<LlamaExecutor>(model, cache,
                                                     ExecutorOptions{.mode = StepMode::graphed,
                                                                     .batch_buckets = {rows},
@@ -237,15 +235,15 @@ inline ProductTiming time_each_way(const LlamaModel& model, KvCache& cache, cons
                                                                     .prefill = PrefillMode::unpadded,
                                                                     .products = sets});
     if (!executor->capture_failures().empty()) {
-      throw std::runtime_error("llm_decode: tune_own_products: the " + std::string(name) + " way at " +
-                               std::to_string(rows) + " rows was not captured: " +
+      throw std::runtime_error("llm_decode: tune_own_products: the " + std::string(product_way_name(way)) +
+                               " way at " + std::to_string(rows) + " rows was not captured: " +
                                executor->capture_failures().front());
     }
-    captured.push_back(Way{.name = name, .executor = std::move(executor), .seconds = {}});
+    captured.push_back(Way{.way = way, .executor = std::move(executor), .seconds = {}});
   };
-  capture(ways.own, "own products'");
-  capture(ways.cublas, "cuBLAS");
-  if (ways.narrow.has_value()) capture(*ways.narrow, "narrow products'");
+  capture(ways.own, ProductWay::own);
+  capture(ways.cublas, ProductWay::cublas);
+  if (ways.narrow.has_value()) capture(*ways.narrow, ProductWay::narrow);
 
   // Rows at the middle of the context; the cache is zeros (finite), and
   // each step writes the same positions again.
@@ -266,11 +264,21 @@ inline ProductTiming time_each_way(const LlamaModel& model, KvCache& cache, cons
       way.seconds.push_back(seconds_per_step(*way.executor, options.steps));
     }
   }
-  ProductTiming timing{.rows = rows,
-                       .own_seconds = percentile(captured[0].seconds, 0.5),
-                       .cublas_seconds = percentile(captured[1].seconds, 0.5),
-                       .narrow_seconds = std::nullopt};
-  if (captured.size() > 2) timing.narrow_seconds = percentile(captured[2].seconds, 0.5);
+  ProductTiming timing{.rows = rows};
+  for (const Way& way : captured) {
+    const double median = percentile(way.seconds, 0.5);
+    switch (way.way) {
+      case ProductWay::own:
+        timing.own_seconds = median;
+        break;
+      case ProductWay::cublas:
+        timing.cublas_seconds = median;
+        break;
+      case ProductWay::narrow:
+        timing.narrow_seconds = median;
+        break;
+    }
+  }
   return timing;
 }
 }  // namespace detail
@@ -288,7 +296,8 @@ inline ProductTiming time_each_way(const LlamaModel& model, KvCache& cache, cons
 // launches of one step, of a run's wall time per launch, as `llm_decode
 // bench` times a step: the host's staging and its wait for the tokens are in
 // it, the same every way. `start` is the sets in force on the calling
-// thread (fused::product_sets_in_force()); no setting changes. Throws
+// thread (fused::product_sets_in_force(), less narrow counts the own set
+// lacks); no setting changes. Throws
 // std::invalid_argument, naming it, for options out of range or a model the
 // fused kernels do not take (before anything is captured), and
 // std::runtime_error where a way's graph could not be captured (its steps
@@ -316,7 +325,10 @@ inline ProductTuning tune_own_products(const LlamaModel& model, const ProductTun
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   check_fused_kernels_take(model, who);
 
-  ProductTuning tuning{.options = options, .start = fused::product_sets_in_force(), .timings = {}, .chosen = {}};
+  // The narrow counts where the own products are not used change nothing: dropped.
+  ProductSets start = fused::product_sets_in_force();
+  start.narrow &= start.own;
+  ProductTuning tuning{.options = options, .start = start, .timings = {}, .chosen = {}};
   if (!rows.empty()) {
     KvCache cache(model.config(), rows.back(), model.device(), model.dtype());
     for (const int r : rows) {

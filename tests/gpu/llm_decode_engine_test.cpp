@@ -322,6 +322,16 @@ TEST_CASE("LlamaExecutor refuses options that cannot work, naming them") {
   // The fused kernels need fp16 on a CUDA device: refused before any capture.
   CHECK_THROWS_WITH_AS(LlamaExecutor(model, cache, options(StepMode::eager, 1, true, llm_decode::DecodeKernels::fused)),
                        doctest::Contains("DecodeKernels::fused"), std::invalid_argument);
+  // Product sets of its own whose narrow counts would change nothing, or that the narrow product does not take.
+  ExecutorOptions inert_narrow = options(StepMode::eager, 1);
+  inert_narrow.products = llm_decode::fused::ProductSets{.own = llm_decode::fused::product_rows_of({1, 2}),
+                                                         .narrow = llm_decode::fused::product_rows_of({2, 4})};
+  CHECK_THROWS_WITH_AS(LlamaExecutor(model, cache, inert_narrow),
+                       doctest::Contains("narrow products at 4 rows, where the own products are not used"),
+                       std::invalid_argument);
+  inert_narrow.products->narrow = llm_decode::fused::product_rows_of({1});
+  CHECK_THROWS_WITH_AS(LlamaExecutor(model, cache, inert_narrow),
+                       doctest::Contains("narrow products at 1 rows; they take 2 to 8"), std::invalid_argument);
 }
 
 TEST_CASE("DecodeEngine refuses chunked prefill its executor could not run, before touching a device") {
@@ -850,7 +860,7 @@ TEST_CASE("executors with their own product sets, two threads at once: graphed a
   const llm_decode::fused::ProductSets before = llm_decode::fused::product_sets_in_force();
   const std::array<llm_decode::fused::ProductSets, 2> sets{
       llm_decode::fused::ProductSets{.own = llm_decode::fused::product_rows_up_to(llm_decode::fused::kMaxSkinnyRows),
-                                     .narrow = llm_decode::fused::product_rows_of({2, 3, 4, 5, 6, 7, 8})},
+                                     .narrow = llm_decode::fused::kNarrowRowCounts},
       llm_decode::fused::ProductSets{.own = {}, .narrow = {}}};  // cuBLAS everywhere
   // References without sets of their own: graphs captured first, each with
   // the process-wide sets made those of one thread (a graph keeps the sets

@@ -358,7 +358,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     };
     const llm_decode::fused::ProductSets own_sets{
         .own = llm_decode::fused::product_rows_up_to(llm_decode::fused::kMaxSkinnyRows),
-        .narrow = llm_decode::fused::product_rows_of({2, 3, 4, 5, 6, 7, 8})};
+        .narrow = llm_decode::fused::kNarrowRowCounts};
     at::Tensor own_reference;
     {
       const llm_decode_test::OwnProductsAt own(own_sets.own);

@@ -161,7 +161,15 @@ TEST_SUITE("host") {
     CHECK(llm_decode::fused::product_sets_in_force() == sets);
     CHECK_THROWS_WITH_AS(llm_decode::set_product_sets({.own = product_rows_of({2}), .narrow = product_rows_of({1})}),
                          doctest::Contains("narrow products at 1 rows"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(llm_decode::set_product_sets({.own = product_rows_of({2}), .narrow = product_rows_of({3})}),
+                         doctest::Contains("narrow products at 3 rows, where the own products are not used"),
+                         std::invalid_argument);
     CHECK(llm_decode::fused::product_sets_in_force() == sets);
+    // The counts the narrow product takes, one constant.
+    CHECK(llm_decode::fused::kNarrowRowCounts == product_rows_of({2, 3, 4, 5, 6, 7, 8}));
+    CHECK(llm_decode::fused::narrow_takes(2));
+    CHECK_FALSE(llm_decode::fused::narrow_takes(1));
+    CHECK_FALSE(llm_decode::fused::narrow_takes(9));
   }
 
   TEST_CASE("any_product_fits_own_kernels: the counts at which some product of the model fits the own kernels") {

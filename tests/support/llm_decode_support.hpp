@@ -240,7 +240,7 @@ class OwnProductRows : public OwnProductsAt {
 class NarrowProducts : public llm_decode::fused::ScopedNarrowProducts {
  public:
   explicit NarrowProducts(bool on)
-      : llm_decode::fused::ScopedNarrowProducts(on ? llm_decode::fused::product_rows_of({2, 3, 4, 5, 6, 7, 8})
+      : llm_decode::fused::ScopedNarrowProducts(on ? llm_decode::fused::kNarrowRowCounts
                                                    : llm_decode::fused::ProductRowCounts{}) {}
 };
 // Where the fused kernels are launched programmatically.
