@@ -123,23 +123,6 @@ std::vector<int> product_row_list(ProductRowCounts row_counts);
 std::string describe_product_rows(ProductRowCounts row_counts);
 // set_own_products_at(product_rows_up_to(rows)).
 void set_own_product_rows(int rows);
-// Sets one of the settings above for a scope and puts back what it found
-// when the scope ends, also by an exception: `Get` and `Set` are the
-// setting's reader and writer.
-template <typename Value, Value (*Get)(), void (*Set)(Value)>
-class ScopedSetting {
- public:
-  explicit ScopedSetting(Value value) : previous_(Get()) { Set(value); }
-  ScopedSetting(const ScopedSetting&) = delete;
-  ScopedSetting& operator=(const ScopedSetting&) = delete;
-  ~ScopedSetting() { Set(previous_); }
-  // What was in force before, and is again after.
-  Value previous() const { return previous_; }
-
- private:
-  Value previous_;
-};
-using ScopedOwnProducts = ScopedSetting<ProductRowCounts, &own_products_at, &set_own_products_at>;
 
 // The row counts, kMinNarrowRows to kMaxGemvRows, at which the own products
 // (where own_products_at() holds the count) are the narrow tensor-core
@@ -147,14 +130,13 @@ using ScopedOwnProducts = ScopedSetting<ProductRowCounts, &own_products_at, &set
 // read each weight once; the narrow product's multiply-adds run on the
 // tensor cores, the GEMV's on the CUDA cores, whose work grows with the
 // rows, so which is faster depends on the model and the count (the
-// tuning times both, product_tuning.hpp). Read when a product is issued,
+// tuning times each, product_tuning.hpp). Read when a product is issued,
 // as own_products_at() is. Throws std::invalid_argument, naming it, for a
 // count outside kMinNarrowRows to kMaxGemvRows.
 void set_narrow_products_at(ProductRowCounts row_counts);
 template <std::integral Number>
 void set_narrow_products_at(Number) = delete;
 ProductRowCounts narrow_products_at();
-using ScopedNarrowProducts = ScopedSetting<ProductRowCounts, &narrow_products_at, &set_narrow_products_at>;
 // Throws what set_narrow_products_at() throws, setting nothing.
 void check_narrow_products(ProductRowCounts row_counts);
 

@@ -799,7 +799,7 @@ TEST_CASE("tune_own_products times each way at each count the own products take 
   const llm_decode::ProductSets start{.own = llm_decode::fused::product_rows_of({2, 5, 6}),
                                       .narrow = llm_decode::fused::product_rows_of({6})};
   const llm_decode_test::OwnProductsAt own_in_use(start.own);
-  const llm_decode::fused::ScopedNarrowProducts narrow_in_use(start.narrow);
+  const llm_decode_test::ScopedNarrowProducts narrow_in_use(start.narrow);
   // 9 rows: no product of the model fits the own kernels (GEMVs to 8 rows,
   // skinny GEMMs at multiples of 16), so the ways are one step: not timed.
   const llm_decode::ProductTuningOptions tuning_options{
@@ -871,7 +871,7 @@ TEST_CASE("executors with their own product sets, two threads at once: graphed a
   std::vector<std::unique_ptr<LlamaExecutor>> references;
   for (const llm_decode::fused::ProductSets& s : sets) {
     const llm_decode_test::OwnProductsAt own(s.own);
-    const llm_decode::fused::ScopedNarrowProducts narrow(s.narrow);
+    const llm_decode_test::ScopedNarrowProducts narrow(s.narrow);
     reference_caches.push_back(std::make_unique<KvCache>(model.config(), kBatchBuckets.back(), cuda, model.dtype()));
     references.push_back(
         std::make_unique<LlamaExecutor>(model, *reference_caches.back(), options(StepMode::graphed, 3, true, fused)));

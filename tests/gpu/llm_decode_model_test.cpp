@@ -362,7 +362,7 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     at::Tensor own_reference;
     {
       const llm_decode_test::OwnProductsAt own(own_sets.own);
-      const llm_decode::fused::ScopedNarrowProducts narrow(own_sets.narrow);
+      const llm_decode_test::ScopedNarrowProducts narrow(own_sets.narrow);
       KvCache cache = copy_of(history);
       own_reference = decode_on(cache).clone();
     }

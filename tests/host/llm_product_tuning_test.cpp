@@ -16,6 +16,7 @@
 
 #undef CHECK
 #include <doctest/doctest.h>
+#include "llm_decode_support.hpp"
 
 #include <cstdint>
 #include <limits>
@@ -154,8 +155,8 @@ TEST_SUITE("host") {
 
   TEST_CASE("set_product_sets sets both sets, or neither where the narrow set is refused") {
     const ProductSets before = llm_decode::fused::product_sets_in_force();
-    const llm_decode::fused::ScopedOwnProducts restore_own(before.own);
-    const llm_decode::fused::ScopedNarrowProducts restore_narrow(before.narrow);
+    const llm_decode_test::ScopedOwnProducts restore_own(before.own);
+    const llm_decode_test::ScopedNarrowProducts restore_narrow(before.narrow);
     const ProductSets sets{.own = product_rows_of({1, 3}), .narrow = product_rows_of({3})};
     llm_decode::set_product_sets(sets);
     CHECK(llm_decode::fused::product_sets_in_force() == sets);
@@ -219,17 +220,17 @@ TEST_SUITE("host") {
                                       "in fp16 on a CUDA device, not Half on cpu");
   }
 
-  TEST_CASE("fused::ScopedSetting sets for a scope and puts back what it found, also when the scope ends by an exception") {
+  TEST_CASE("ScopedSetting (the tests' scope of a fused setting) sets for a scope and puts back what it found, also when the scope ends by an exception") {
     using llm_decode::fused::own_products_at;
     const auto before = own_products_at();
     {
-      const llm_decode::fused::ScopedOwnProducts scoped(product_rows_of({2, 5}));
+      const llm_decode_test::ScopedOwnProducts scoped(product_rows_of({2, 5}));
       CHECK(own_products_at() == product_rows_of({2, 5}));
       CHECK(scoped.previous() == before);
     }
     CHECK(own_products_at() == before);
     CHECK_THROWS_AS(([] {
-                      const llm_decode::fused::ScopedOwnProducts scoped(product_rows_of({3}));
+                      const llm_decode_test::ScopedOwnProducts scoped(product_rows_of({3}));
                       throw std::runtime_error("mid-scope");
                     }()),
                     std::runtime_error);

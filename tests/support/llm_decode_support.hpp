@@ -218,14 +218,35 @@ inline BookkeepingComparison compare_step_bookkeeping(const llm_decode::fused::K
 
 // The fused kernels' process-wide settings for a scope, the previous value
 // restored after (the settings are read when a step is issued).
-using llm_decode::fused::ScopedSetting;
+// Sets one of the fused kernels' settings for a scope and puts back what it
+// found when the scope ends, also by an exception: `Get` and `Set` are the
+// setting's reader and writer.
+template <typename Value, Value (*Get)(), void (*Set)(Value)>
+class ScopedSetting {
+ public:
+  explicit ScopedSetting(Value value) : previous_(Get()) { Set(value); }
+  ScopedSetting(const ScopedSetting&) = delete;
+  ScopedSetting& operator=(const ScopedSetting&) = delete;
+  ~ScopedSetting() { Set(previous_); }
+  // What was in force before, and is again after.
+  Value previous() const { return previous_; }
+
+ private:
+  Value previous_;
+};
+using ScopedOwnProducts =
+    ScopedSetting<llm_decode::fused::ProductRowCounts, &llm_decode::fused::own_products_at,
+                  &llm_decode::fused::set_own_products_at>;
+using ScopedNarrowProducts =
+    ScopedSetting<llm_decode::fused::ProductRowCounts, &llm_decode::fused::narrow_products_at,
+                  &llm_decode::fused::set_narrow_products_at>;
 
 // The step's own products at these row counts (the default uses them at
 // batch 1 only), so that a test covers them inside a whole step.
-class OwnProductsAt : public llm_decode::fused::ScopedOwnProducts {
+class OwnProductsAt : public ScopedOwnProducts {
  public:
   explicit OwnProductsAt(llm_decode::fused::ProductRowCounts row_counts)
-      : llm_decode::fused::ScopedOwnProducts(row_counts) {}
+      : ScopedOwnProducts(row_counts) {}
   // A number is not a set of counts: OwnProductRows(8), or product_rows_of({8}).
   template <std::integral Number>
   explicit OwnProductsAt(Number) = delete;
@@ -237,10 +258,10 @@ class OwnProductRows : public OwnProductsAt {
 };
 // The own products of 2 to 8 rows as the narrow tensor-core product (on),
 // or the GEMV (off), for a scope.
-class NarrowProducts : public llm_decode::fused::ScopedNarrowProducts {
+class NarrowProducts : public ScopedNarrowProducts {
  public:
   explicit NarrowProducts(bool on)
-      : llm_decode::fused::ScopedNarrowProducts(on ? llm_decode::fused::kNarrowRowCounts
+      : ScopedNarrowProducts(on ? llm_decode::fused::kNarrowRowCounts
                                                    : llm_decode::fused::ProductRowCounts{}) {}
 };
 // Where the fused kernels are launched programmatically.
