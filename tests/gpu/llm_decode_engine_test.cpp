@@ -35,6 +35,7 @@
 #include <doctest/doctest.h>
 #include "gpu_suite.hpp"
 #include "llm_decode_support.hpp"
+#include "threads_at_once.hpp"
 
 namespace {
 
@@ -879,11 +880,9 @@ TEST_CASE("executors with their own product sets, two threads at once: graphed a
   }
   REQUIRE(llm_decode::fused::product_sets_in_force() == before);
   std::array<std::size_t, 2> launches{};
-  std::array<std::string, 2> failures;
-  std::vector<std::thread> threads;
-  for (std::size_t t = 0; t < sets.size(); ++t) {
-    threads.emplace_back([&, t] {
-      try {
+  const std::vector<std::string> failures =
+      replay_test::run_threads_at_once(2, [&](int thread, replay_test::ThreadStart& /*start*/) {
+        const auto t = static_cast<std::size_t>(thread);
         const c10::cuda::CUDAStreamGuard stream_guard(c10::cuda::getStreamFromPool(false, cuda.index()));
         KvCache eager_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
         KvCache graphed_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
@@ -897,14 +896,7 @@ TEST_CASE("executors with their own product sets, two threads at once: graphed a
         if (!graphed.capture_failures().empty()) throw std::runtime_error(graphed.capture_failures().front());
         launches[t] = run_random_schedule({references[t].get(), &eager, &graphed}, 3, 500 + t,
                                           model.config().vocab_size, 64, 30);
-      } catch (const std::exception& error) {
-        failures[t] = error.what();
-      } catch (...) {
-        failures[t] = "a failed assertion (above)";
-      }
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
+      });
   for (std::size_t t = 0; t < sets.size(); ++t) {
     INFO("thread " << t);
     CHECK_MESSAGE(failures[t].empty(), failures[t]);

@@ -22,19 +22,17 @@
 
 #include <array>
 #include <cstdint>
-#include <exception>
 #include <functional>
-#include <latch>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "gpu_suite.hpp"
 #include "llm_decode_support.hpp"
+#include "threads_at_once.hpp"
 
 namespace {
 
@@ -383,32 +381,19 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
 
     constexpr int kRounds = 20;
     std::array<int, 2> differing{};
-    std::array<std::string, 2> failures;
-    std::latch start(2);
-    std::vector<std::thread> threads;
-    for (int t = 0; t < 2; ++t) {
-      threads.emplace_back([&, t] {
-        bool arrived = false;
-        try {
+    const std::vector<std::string> failures =
+        replay_test::run_threads_at_once(2, [&](int t, replay_test::ThreadStart& start) {
           const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
           const c10::cuda::CUDAStreamGuard guard(stream);
           KvCache mine = copy_of(history);
-          const std::optional<llm_decode::fused::ProductSets> sets =
-              t == 0 ? std::optional{own_sets} : std::nullopt;
+          const std::optional<llm_decode::fused::ProductSets> sets = t == 0 ? std::optional{own_sets} : std::nullopt;
           const llm_decode::fused::ThreadProductSets scope(sets);
           const at::Tensor& expected = t == 0 ? own_reference : process_wide_reference;
-          arrived = true;
           start.arrive_and_wait();
           for (int round = 0; round < kRounds; ++round) {
             if (!decode_on(mine).equal(expected)) ++differing[static_cast<std::size_t>(t)];
           }
-        } catch (const std::exception& error) {
-          failures[static_cast<std::size_t>(t)] = error.what();
-          if (!arrived) start.count_down();  // the other thread still starts
-        }
-      });
-    }
-    for (std::thread& thread : threads) thread.join();
+        });
     for (int t = 0; t < 2; ++t) {
       INFO("thread " << t << (t == 0 ? " (own sets)" : " (process-wide sets)"));
       const auto index = static_cast<std::size_t>(t);
@@ -504,27 +489,13 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
 
       constexpr int kThreads = 4;
       std::vector<ProgrammaticEdges> edges(kThreads);
-      std::vector<std::string> failures(kThreads);
-      std::latch captures(kThreads);
-      std::vector<std::thread> threads;
-      for (int t = 0; t < kThreads; ++t) {
-        threads.emplace_back([&, t] {
-          const auto index = static_cast<std::size_t>(t);
-          bool arrived = false;
-          try {
+      // The threads capture together.
+      const std::vector<std::string> failures =
+          replay_test::run_threads_at_once(kThreads, [&](int t, replay_test::ThreadStart& start) {
             const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
             const c10::cuda::CUDAStreamGuard guard(stream);
-            edges[index] = edges_after([&] {
-              arrived = true;
-              captures.arrive_and_wait();
-            });
-          } catch (const std::exception& error) {
-            failures[index] = error.what();
-            if (!arrived) captures.count_down();  // the others still capture together
-          }
-        });
-      }
-      for (std::thread& thread : threads) thread.join();
+            edges[static_cast<std::size_t>(t)] = edges_after([&] { start.arrive_and_wait(); });
+          });
       for (int t = 0; t < kThreads; ++t) {
         INFO("thread " << t);
         const auto index = static_cast<std::size_t>(t);
