@@ -584,15 +584,13 @@ TEST_SUITE("host") {
       // 0.001, so each way's fp32 sums lose different parts of the small
       // ones beside the large (the GEMV's 4.105 against the narrow
       // product's 4.094, rounded to fp16; random inputs can round alike).
-      const llm_decode::fused::Kernels& k = llm_decode::fused::host_kernels();
-      using llm_decode_test::half_ptr;
-      const at::Tensor x = at::full({4, 4096}, 0.001, at::TensorOptions().dtype(at::kHalf));
-      x.select(1, 0).fill_(16384);
-      x.select(1, 4095).fill_(-16384);
-      const at::Tensor w = at::ones({512, 4096}, x.options());
+      const at::Tensor ordered = at::full({4, 4096}, 0.001, at::TensorOptions().dtype(at::kHalf));
+      ordered.select(1, 0).fill_(16384);
+      ordered.select(1, 4095).fill_(-16384);
+      const at::Tensor ones = at::ones({512, 4096}, ordered.options());
       const auto product = [&] {
-        const at::Tensor y = at::empty({4, 512}, x.options());
-        k.linear(half_ptr(x), half_ptr(w), half_ptr(y), 4, 4096, 512, {}, nullptr);
+        const at::Tensor y = at::empty({4, 512}, ordered.options());
+        k.linear(half_ptr(ordered), half_ptr(ones), half_ptr(y), 4, 4096, 512, {}, nullptr);
         return y;
       };
       at::Tensor scoped_narrow;
