@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -45,6 +46,11 @@ struct EngineOptions {
   // DecodeKernels::fused; max_prefill_tokens is then the chunk budget).
   replay::DecodePrefill decode_prefill = replay::DecodePrefill::separate;
   replay::CaptureProgress<std::array<std::int64_t, 2>> on_capture_progress{};
+  // The executor's (ExecutorOptions): its product sets (empty: those in
+  // force on the thread that makes the engine, fixed then) and its capture
+  // threads.
+  std::optional<fused::ProductSets> products{};
+  int capture_threads = 1;
 };
 
 class DecodeEngine {
@@ -64,7 +70,9 @@ class DecodeEngine {
                             .prefill = options.prefill,
                             .prefill_buckets = options.prefill_buckets,
                             .capture_at_start = options.capture_at_start,
-                            .on_capture_progress = options.on_capture_progress})),
+                            .capture_threads = options.capture_threads,
+                            .on_capture_progress = options.on_capture_progress,
+                            .products = options.products})),
         scheduler_(std::make_unique<replay::DecodeScheduler<LlamaExecutor&>>(
             *executor_, replay::DecodeOptions{.max_slots = static_cast<std::size_t>(options.batch_buckets.back()),
                                               .max_len = static_cast<std::size_t>(options.context_buckets.back()),

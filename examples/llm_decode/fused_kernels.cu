@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <source_location>
 #include <stdexcept>
@@ -1359,10 +1360,12 @@ __global__ void step_update_kernel(StepRows state, const std::int64_t* next) {
 std::atomic<ProgrammaticLaunches> programmatic_launches_set{ProgrammaticLaunches::after_own_kernels};
 // The nodes this thread's launches added to the capture under way (after_own_kernels).
 thread_local OwnCapturedKernels own_captured_kernels;
-// set_own_products_at(): rows r at bit r - 1.
-static_assert(kMaxSkinnyRows <= std::numeric_limits<unsigned long long>::digits);
-std::atomic<unsigned long long> own_products_set{1};
-std::atomic<unsigned long long> narrow_products_set{0};  // set_narrow_products_at(), the same bits
+// The process-wide product sets (rows r at bit r - 1), both under one lock:
+// set_product_sets() changes the pair at once, so a reader never sees half
+// of it (72 bits, more than one atomic holds). Read once per step, by a
+// thread without a scope of its own.
+std::mutex process_wide_sets_lock;
+ProductSets process_wide_sets{.own = ProductRowCounts(1), .narrow = {}};
 
 // Whether a product of `rows` rows (1 to kMaxGemvRows) is the narrow
 // tensor-core product rather than the GEMV.
@@ -2177,10 +2180,14 @@ bool folds_norms(int rows, int hidden, int qkv_width, int gate_up_width, int voc
 }
 
 void set_own_products_at(ProductRowCounts row_counts) {
-  own_products_set.store(row_counts.to_ullong(), std::memory_order_relaxed);
+  const std::scoped_lock lock(process_wide_sets_lock);
+  process_wide_sets.own = row_counts;
 }
 
-ProductRowCounts own_products_at() { return ProductRowCounts(own_products_set.load(std::memory_order_relaxed)); }
+ProductRowCounts own_products_at() {
+  const std::scoped_lock lock(process_wide_sets_lock);
+  return process_wide_sets.own;
+}
 
 namespace {
 // The fewest rows among `counts` (which holds some).
@@ -2211,12 +2218,20 @@ void check_product_sets(const ProductSets& sets) {
 
 void set_narrow_products_at(ProductRowCounts row_counts) {
   check_narrow_products(row_counts);
-  narrow_products_set.store(row_counts.to_ullong(), std::memory_order_relaxed);
+  const std::scoped_lock lock(process_wide_sets_lock);
+  process_wide_sets.narrow = row_counts;
+}
+
+void set_product_sets(const ProductSets& sets) {
+  check_product_sets(sets);
+  const std::scoped_lock lock(process_wide_sets_lock);
+  process_wide_sets = sets;
 }
 
 ProductSets product_sets_in_force() {
   if (thread_product_sets.has_value()) return *thread_product_sets;
-  return {.own = own_products_at(), .narrow = narrow_products_at()};
+  const std::scoped_lock lock(process_wide_sets_lock);
+  return process_wide_sets;
 }
 
 ThreadProductSets::ThreadProductSets(const std::optional<ProductSets>& sets) {
@@ -2232,7 +2247,8 @@ ThreadProductSets::~ThreadProductSets() {
 }
 
 ProductRowCounts narrow_products_at() {
-  return ProductRowCounts(narrow_products_set.load(std::memory_order_relaxed));
+  const std::scoped_lock lock(process_wide_sets_lock);
+  return process_wide_sets.narrow;
 }
 
 ProductRowCounts product_rows_up_to(int rows) {

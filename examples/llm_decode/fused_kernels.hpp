@@ -97,7 +97,8 @@ void check_linear_shape(int rows, int in, int out);
 // GEMM lost by far (`small`: 1.273 against 0.511 ms): it reads its input
 // from L2 once per tile. Process-wide, read when a step is issued, so a
 // graph keeps what was set when it was captured (a thread's
-// ThreadProductSets, below, or an executor's own sets take its place);
+// ThreadProductSets, below, takes its place; an executor fixes its sets,
+// its own or those in force, when it is made);
 // `llm_decode --own-product-rows N` (1 to N) or `--own-products-at 1,2`, or
 // chosen by timing the model's step each way (product_tuning.hpp,
 // `--tune-own-products`).
@@ -152,6 +153,10 @@ struct ProductSets {
 // narrow product does not take or where `own` lacks it (it would change
 // nothing): what an executor's and the tuning's sets must pass.
 void check_product_sets(const ProductSets& sets);
+
+// Sets both process-wide sets at once (a thread reading them gets both old
+// or both new), or neither where check_product_sets() refuses them.
+void set_product_sets(const ProductSets& sets);
 
 // The sets this thread's steps read: the innermost ThreadProductSets open
 // on this thread, else the process-wide ones (own_products_at(),

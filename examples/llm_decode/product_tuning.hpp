@@ -8,7 +8,7 @@
 //
 //   const llm_decode::ProductTuning tuning = llm_decode::tune_own_products(model, {.rows = {1, 2, 4, 8}});
 //   ExecutorOptions options{..., .products = tuning.chosen};  // this executor's steps
-//   llm_decode::set_product_sets(tuning.chosen);  // or the process-wide sets, before any graph is captured
+//   llm_decode::set_product_sets(tuning.chosen);  // or the process-wide sets, before the executors are made
 //
 // The sets are per row count, not per phase: a count chosen from decode
 // steps also sets the products of a bucketed prefill of that many tokens
@@ -61,14 +61,7 @@ inline const char* product_way_name(ProductWay way) {
 }
 
 using fused::ProductSets;
-
-// Sets both process-wide sets, or neither where fused::check_product_sets()
-// refuses them.
-inline void set_product_sets(const ProductSets& sets) {
-  fused::check_product_sets(sets);
-  fused::set_narrow_products_at(sets.narrow);
-  fused::set_own_products_at(sets.own);
-}
+using fused::set_product_sets;
 
 // The way of `rows` rows under `sets`. Throws std::invalid_argument for a
 // count outside 1 to kMaxSkinnyRows (fused::product_rows_of).

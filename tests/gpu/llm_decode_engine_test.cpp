@@ -13,6 +13,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -879,7 +880,11 @@ TEST_CASE("executors with their own product sets, two threads at once: graphed a
     REQUIRE(references.back()->capture_failures().empty());
   }
   REQUIRE(llm_decode::fused::product_sets_in_force() == before);
+  // Both caches, bit for bit: each product's rounding shows there, where
+  // the tokens (argmaxes) rarely show it.
+  const auto same_cache = [](const KvCache& a, const KvCache& b) { return a.k.equal(b.k) && a.v.equal(b.v); };
   std::array<std::size_t, 2> launches{};
+  std::array<bool, 2> cache_as_reference{};
   const std::vector<std::string> failures =
       replay_test::run_threads_at_once(2, [&](int thread, replay_test::ThreadStart& /*start*/) {
         const auto t = static_cast<std::size_t>(thread);
@@ -894,14 +899,70 @@ TEST_CASE("executors with their own product sets, two threads at once: graphed a
         LlamaExecutor eager(model, eager_cache, eager_options);
         LlamaExecutor graphed(model, graphed_cache, graphed_options);
         if (!graphed.capture_failures().empty()) throw std::runtime_error(graphed.capture_failures().front());
+        if (graphed.products() != sets[t] || eager.products() != sets[t]) throw std::runtime_error("sets not kept");
         launches[t] = run_random_schedule({references[t].get(), &eager, &graphed}, 3, 500 + t,
                                           model.config().vocab_size, 64, 30);
+        cache_as_reference[t] = same_cache(graphed_cache, *reference_caches[t]);
       });
   for (std::size_t t = 0; t < sets.size(); ++t) {
     INFO("thread " << t);
     CHECK_MESSAGE(failures[t].empty(), failures[t]);
     CHECK(launches[t] > 10);
+    CHECK(cache_as_reference[t]);
+    // What an executor that ignored its sets would have run: the same
+    // schedule under the process-wide sets. Its cache must differ from the
+    // reference's, or this case could not tell the two apart.
+    KvCache control_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+    LlamaExecutor control(model, control_cache, options(StepMode::graphed, 3, true, fused));
+    REQUIRE(control.products() == before);
+    (void)run_random_schedule({&control}, 3, 500 + t, model.config().vocab_size, 64, 30);
+    CHECK_FALSE(same_cache(control_cache, *reference_caches[t]));
   }
+}
+
+TEST_CASE("an executor's product sets are fixed when it is made: its own, else those in force on the thread that makes it") {
+  const at::Device cuda(at::kCUDA, 0);
+  const LlamaModel model = tiny_model(cuda);
+  const auto fused = llm_decode::DecodeKernels::fused;
+  using llm_decode::fused::ProductSets;
+  using llm_decode::fused::product_rows_of;
+  const llm_decode_test::OwnProductRows process_wide(2);
+  const ProductSets process_wide_sets = llm_decode::fused::product_sets_in_force();
+  const ProductSets scoped{.own = product_rows_of({1, 4}), .narrow = product_rows_of({4})};
+  const ProductSets own{.own = {}, .narrow = {}};
+  REQUIRE(process_wide_sets != scoped);
+  REQUIRE(process_wide_sets != own);
+  KvCache cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+  {
+    const llm_decode::fused::ThreadProductSets scope(scoped);
+    const LlamaExecutor in_scope(model, cache, options(StepMode::eager, 1, true, fused));
+    ExecutorOptions with_own = options(StepMode::eager, 1, true, fused);
+    with_own.products = own;
+    const LlamaExecutor own_sets(model, cache, with_own);
+    // Made on another thread: that thread's sets (the process-wide ones), not this one's scope.
+    std::optional<ProductSets> elsewhere;
+    const std::vector<std::string> failures = replay_test::run_threads_at_once(1, [&](int, replay_test::ThreadStart&) {
+      elsewhere = LlamaExecutor(model, cache, options(StepMode::eager, 1, true, fused)).products();
+    });
+    CHECK_MESSAGE(failures.front().empty(), failures.front());
+    CHECK(in_scope.products() == scoped);
+    CHECK(own_sets.products() == own);
+    REQUIRE(elsewhere.has_value());
+    CHECK(*elsewhere == process_wide_sets);
+  }
+  const LlamaExecutor made(model, cache, options(StepMode::eager, 1, true, fused));
+  {
+    // A later change of the process-wide sets leaves it alone.
+    const llm_decode_test::OwnProductRows later(8);
+    CHECK(made.products() == process_wide_sets);
+  }
+  // An engine gives its executor its own sets, else those in force when it is made.
+  llm_decode::DecodeEngine engine(model, {.batch_buckets = {1, 2},
+                                          .context_buckets = {32},
+                                          .mode = StepMode::eager,
+                                          .kernels = fused,
+                                          .products = scoped});
+  CHECK(engine.executor().products() == scoped);
 }
 
 TEST_CASE("a launch asking for more steps than the executor was made for is refused") {
