@@ -17,9 +17,13 @@
 #undef CHECK
 #include <doctest/doctest.h>
 #include "llm_decode_support.hpp"
+#include "threads_at_once.hpp"
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -166,6 +170,31 @@ TEST_SUITE("host") {
                          doctest::Contains("narrow products at 3 rows, where the own products are not used"),
                          std::invalid_argument);
     CHECK(llm_decode::fused::product_sets_in_force() == sets);
+    {
+      // Changed from one thread while three read: each read is one whole
+      // pair (never the own set of one and the narrow set of the other).
+      const ProductSets other{.own = product_rows_of({2, 4}), .narrow = {}};
+      std::atomic<bool> done{false};
+      std::array<int, 3> mixed{};
+      const std::vector<std::string> failures =
+          replay_test::run_threads_at_once(4, [&](int t, replay_test::ThreadStart& start) {
+            start.arrive_and_wait();
+            if (t == 0) {
+              const std::unique_ptr<std::atomic<bool>, void (*)(std::atomic<bool>*)> stop_readers(
+                  &done, [](std::atomic<bool>* d) { *d = true; });  // even if a set throws
+              for (int i = 0; i < 20000; ++i) llm_decode::set_product_sets(i % 2 == 0 ? other : sets);
+              llm_decode::set_product_sets(sets);
+              return;
+            }
+            while (!done) {
+              const ProductSets read = llm_decode::fused::product_sets_in_force();
+              if (read != sets && read != other) ++mixed[static_cast<std::size_t>(t - 1)];
+            }
+          });
+      for (const std::string& failure : failures) CHECK_MESSAGE(failure.empty(), failure);
+      CHECK(mixed == std::array<int, 3>{});
+      CHECK(llm_decode::fused::product_sets_in_force() == sets);
+    }
     // The counts the narrow product takes, one constant.
     CHECK(llm_decode::fused::kNarrowRowCounts == product_rows_of({2, 3, 4, 5, 6, 7, 8}));
     CHECK(llm_decode::fused::narrow_takes(2));
