@@ -83,6 +83,14 @@ struct Live {
   std::size_t left = 0;  // tokens it may still produce
 };
 
+// Whether two caches hold the same bits in their sequence slots. Not the
+// spare slot: the padding and finished rows of one step all write its
+// position 0, in no fixed order.
+bool same_sequence_slots(const KvCache& a, const KvCache& b) {
+  const auto slots = [](const at::Tensor& t) { return t.narrow(1, 0, t.size(1) - 1); };
+  return slots(a.k).equal(slots(b.k)) && slots(a.v).equal(slots(b.v));
+}
+
 // Drives `executors` (all made alike except for their mode) through the
 // same random schedule: sequences join (prefilled into a free slot) and
 // leave (their token budget spent, or under max_len), launches of 1 to
@@ -864,11 +872,11 @@ TEST_CASE("executors with their own product sets, two threads at once: graphed a
       llm_decode::fused::ProductSets{.own = llm_decode::fused::product_rows_up_to(llm_decode::fused::kMaxSkinnyRows),
                                      .narrow = llm_decode::fused::kNarrowRowCounts},
       llm_decode::fused::ProductSets{.own = {}, .narrow = {}}};  // cuBLAS everywhere
-  // References without sets of their own: graphs captured first, each with
-  // the process-wide sets made those of one thread (a graph keeps the sets
-  // it was captured under), then replayed while the process-wide sets are
-  // the GEMV's again. An executor that ignored its own sets would run the
-  // GEMV up to 8 rows and could part from its reference.
+  // References without sets of their own: each made (and its graphs
+  // captured) while the process-wide sets were those of one thread, which
+  // it keeps, then run while the process-wide sets are the GEMV's again. An
+  // executor that ignored its own sets would run the GEMV up to 8 rows and
+  // part from its reference (the control below shows that it would).
   std::vector<std::unique_ptr<KvCache>> reference_caches;
   std::vector<std::unique_ptr<LlamaExecutor>> references;
   for (const llm_decode::fused::ProductSets& s : sets) {
@@ -880,13 +888,12 @@ TEST_CASE("executors with their own product sets, two threads at once: graphed a
     REQUIRE(references.back()->capture_failures().empty());
   }
   REQUIRE(llm_decode::fused::product_sets_in_force() == before);
-  // Both caches, bit for bit: each product's rounding shows there, where
-  // the tokens (argmaxes) rarely show it.
-  const auto same_cache = [](const KvCache& a, const KvCache& b) { return a.k.equal(b.k) && a.v.equal(b.v); };
+  // The caches bit for bit: each product's rounding shows there, where the
+  // tokens (argmaxes) rarely show it.
   std::array<std::size_t, 2> launches{};
   std::array<bool, 2> cache_as_reference{};
   const std::vector<std::string> failures =
-      replay_test::run_threads_at_once(2, [&](int thread, replay_test::ThreadStart& /*start*/) {
+      replay_test::run_threads_at_once(2, [&](int thread, replay_test::ThreadStart& start) {
         const auto t = static_cast<std::size_t>(thread);
         const c10::cuda::CUDAStreamGuard stream_guard(c10::cuda::getStreamFromPool(false, cuda.index()));
         KvCache eager_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
@@ -900,9 +907,10 @@ TEST_CASE("executors with their own product sets, two threads at once: graphed a
         LlamaExecutor graphed(model, graphed_cache, graphed_options);
         if (!graphed.capture_failures().empty()) throw std::runtime_error(graphed.capture_failures().front());
         if (graphed.products() != sets[t] || eager.products() != sets[t]) throw std::runtime_error("sets not kept");
+        start.arrive_and_wait();  // the two schedules run at once
         launches[t] = run_random_schedule({references[t].get(), &eager, &graphed}, 3, 500 + t,
                                           model.config().vocab_size, 64, 30);
-        cache_as_reference[t] = same_cache(graphed_cache, *reference_caches[t]);
+        cache_as_reference[t] = same_sequence_slots(graphed_cache, *reference_caches[t]);
       });
   for (std::size_t t = 0; t < sets.size(); ++t) {
     INFO("thread " << t);
@@ -916,7 +924,7 @@ TEST_CASE("executors with their own product sets, two threads at once: graphed a
     LlamaExecutor control(model, control_cache, options(StepMode::graphed, 3, true, fused));
     REQUIRE(control.products() == before);
     (void)run_random_schedule({&control}, 3, 500 + t, model.config().vocab_size, 64, 30);
-    CHECK_FALSE(same_cache(control_cache, *reference_caches[t]));
+    CHECK_FALSE(same_sequence_slots(control_cache, *reference_caches[t]));
   }
 }
 
@@ -950,19 +958,46 @@ TEST_CASE("an executor's product sets are fixed when it is made: its own, else t
     REQUIRE(elsewhere.has_value());
     CHECK(*elsewhere == process_wide_sets);
   }
-  const LlamaExecutor made(model, cache, options(StepMode::eager, 1, true, fused));
+  // What an executor inherited reaches the thread that runs it and outlives
+  // a process-wide change: one made in a scope and one given the same sets,
+  // both graphed and capturing their buckets lazily (on the thread that runs
+  // them), run from another thread after the process-wide sets changed,
+  // must leave the same cache bits; one made under the new process-wide
+  // sets must leave others, or this could not tell.
+  KvCache inherited_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+  KvCache given_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+  KvCache control_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+  std::unique_ptr<LlamaExecutor> inherited;
   {
-    // A later change of the process-wide sets leaves it alone.
-    const llm_decode_test::OwnProductRows later(8);
-    CHECK(made.products() == process_wide_sets);
+    const llm_decode::fused::ThreadProductSets scope(scoped);
+    inherited = std::make_unique<LlamaExecutor>(model, inherited_cache, options(StepMode::graphed, 3, false, fused));
   }
+  ExecutorOptions given_options = options(StepMode::graphed, 3, false, fused);
+  given_options.products = scoped;
+  LlamaExecutor given(model, given_cache, given_options);
+  const llm_decode_test::OwnProductRows later(8);
+  LlamaExecutor control(model, control_cache, options(StepMode::graphed, 3, false, fused));
+  REQUIRE(control.products() != scoped);
+  const std::vector<std::string> run_failures =
+      replay_test::run_threads_at_once(1, [&](int, replay_test::ThreadStart&) {
+        const c10::cuda::CUDAStreamGuard stream_guard(c10::cuda::getStreamFromPool(false, cuda.index()));
+        (void)run_random_schedule({&given, inherited.get()}, 3, 700, model.config().vocab_size, 64, 30);
+        (void)run_random_schedule({&control}, 3, 700, model.config().vocab_size, 64, 30);
+      });
+  CHECK_MESSAGE(run_failures.front().empty(), run_failures.front());
+  CHECK(inherited->products() == scoped);
+  CHECK(same_sequence_slots(inherited_cache, given_cache));
+  CHECK_FALSE(same_sequence_slots(control_cache, given_cache));
   // An engine gives its executor its own sets, else those in force when it is made.
-  llm_decode::DecodeEngine engine(model, {.batch_buckets = {1, 2},
-                                          .context_buckets = {32},
-                                          .mode = StepMode::eager,
-                                          .kernels = fused,
-                                          .products = scoped});
+  const llm_decode::EngineOptions engine_options{
+      .batch_buckets = {1, 2}, .context_buckets = {32}, .mode = StepMode::eager, .kernels = fused};
+  llm_decode::EngineOptions with_sets = engine_options;
+  with_sets.products = scoped;
+  const llm_decode::DecodeEngine engine(model, with_sets);
   CHECK(engine.executor().products() == scoped);
+  const llm_decode::fused::ThreadProductSets scope(own);
+  const llm_decode::DecodeEngine in_force(model, engine_options);
+  CHECK(in_force.executor().products() == own);
 }
 
 TEST_CASE("a launch asking for more steps than the executor was made for is refused") {

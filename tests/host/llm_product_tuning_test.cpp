@@ -19,6 +19,7 @@
 #include "llm_decode_support.hpp"
 #include "threads_at_once.hpp"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -173,8 +174,12 @@ TEST_SUITE("host") {
     {
       // Changed from one thread while three read: each read is one whole
       // pair (never the own set of one and the narrow set of the other).
+      // The writer goes on until each reader has read 1,000 times, so the
+      // reads overlap the writes.
       const ProductSets other{.own = product_rows_of({2, 4}), .narrow = {}};
+      constexpr int kReads = 1000;
       std::atomic<bool> done{false};
+      std::array<std::atomic<int>, 3> reads{};
       std::array<int, 3> mixed{};
       const std::vector<std::string> failures =
           replay_test::run_threads_at_once(4, [&](int t, replay_test::ThreadStart& start) {
@@ -182,16 +187,24 @@ TEST_SUITE("host") {
             if (t == 0) {
               const std::unique_ptr<std::atomic<bool>, void (*)(std::atomic<bool>*)> stop_readers(
                   &done, [](std::atomic<bool>* d) { *d = true; });  // even if a set throws
-              for (int i = 0; i < 20000; ++i) llm_decode::set_product_sets(i % 2 == 0 ? other : sets);
+              const auto readers_done = [&] {
+                return std::all_of(reads.begin(), reads.end(), [](const std::atomic<int>& r) { return r >= kReads; });
+              };
+              for (int i = 0; i < 10'000'000 && !readers_done(); ++i) {
+                llm_decode::set_product_sets(i % 2 == 0 ? other : sets);
+              }
               llm_decode::set_product_sets(sets);
               return;
             }
+            const auto reader = static_cast<std::size_t>(t - 1);
             while (!done) {
               const ProductSets read = llm_decode::fused::product_sets_in_force();
-              if (read != sets && read != other) ++mixed[static_cast<std::size_t>(t - 1)];
+              if (read != sets && read != other) ++mixed[reader];
+              ++reads[reader];
             }
           });
       for (const std::string& failure : failures) CHECK_MESSAGE(failure.empty(), failure);
+      for (const std::atomic<int>& r : reads) CHECK(r >= kReads);
       CHECK(mixed == std::array<int, 3>{});
       CHECK(llm_decode::fused::product_sets_in_force() == sets);
     }

@@ -4,6 +4,7 @@
 // the threads to overlap calls start.arrive_and_wait() once its set-up is
 // done; a thread that fails before it gets there still lets the others go,
 // so one failure cannot leave the rest waiting forever.
+#include <cstddef>
 #include <exception>
 #include <latch>
 #include <string>
@@ -39,21 +40,31 @@ std::vector<std::string> run_threads_at_once(int count, Body&& body) {
   std::latch line(count);
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(count));
-  for (int t = 0; t < count; ++t) {
-    threads.emplace_back([&, t] {
-      const auto index = static_cast<std::size_t>(t);
-      ThreadStart start(line);
-      try {
-        body(t, start);
-      } catch (const std::exception& error) {
-        failures[index] = error.what();
-      } catch (...) {
-        failures[index] = "a failed assertion (above)";  // doctest's REQUIRE throws its own type
-      }
-      start.leave();
-    });
+  const auto join_all = [&] {
+    for (std::thread& thread : threads) thread.join();
+  };
+  try {
+    for (int t = 0; t < count; ++t) {
+      threads.emplace_back([&, t] {
+        const auto index = static_cast<std::size_t>(t);
+        ThreadStart start(line);
+        try {
+          body(t, start);
+        } catch (const std::exception& error) {
+          failures[index] = error.what();
+        } catch (...) {
+          failures[index] = "a failed assertion (above)";  // doctest's REQUIRE throws its own type
+        }
+        start.leave();
+      });
+    }
+  } catch (...) {
+    // A thread that could not be made: the others must not wait for it.
+    line.count_down(count - static_cast<std::ptrdiff_t>(threads.size()));
+    join_all();
+    throw;
   }
-  for (std::thread& thread : threads) thread.join();
+  join_all();
   return failures;
 }
 
