@@ -278,8 +278,12 @@ class LlamaExecutor {
     }
     resolve_prefill_buckets(model.config().max_len);
     if (options_.kernels == DecodeKernels::fused) check_fused_kernels_take(model, "LlamaExecutor");
-    if (options_.products.has_value()) fused::check_product_sets(*options_.products);
-    products_ = options_.products.value_or(fused::product_sets_in_force());
+    // The sets given, checked, else those in force now: filled in, as the prefill buckets are.
+    if (options_.products.has_value()) {
+      fused::check_product_sets(*options_.products);
+    } else {
+      options_.products = fused::product_sets_in_force();
+    }
     max_batch_ = options_.batch_buckets.back();
     columns_ = std::max<std::int64_t>(max_batch_, 3);  // row 5 holds 3 loop counters
     steps_ = static_cast<std::int64_t>(options_.steps_per_launch);
@@ -545,7 +549,7 @@ class LlamaExecutor {
   const std::vector<std::string>& capture_failures() const noexcept { return capture_failures_; }
   // The product sets every step and prefill of this executor uses
   // (ExecutorOptions::products, else those in force when it was made).
-  const fused::ProductSets& products() const noexcept { return products_; }
+  const fused::ProductSets& products() const noexcept { return *options_.products; }
 
  private:
   static constexpr std::int64_t kSlotsRow = 0, kPositionsRow = 1, kTokensRow = 2, kLimitsRow = 3, kDoneRow = 4,
@@ -666,7 +670,7 @@ class LlamaExecutor {
     const LlamaModel::Packing packing{.slots = block[kPrefillSlotsRow],
                                       .positions = block[kPrefillPositionsRow],
                                       .segments = block[kPrefillSegmentsRow]};
-    const fused::ThreadProductSets products(products_);
+    const fused::ThreadProductSets products(options_.products);
     const at::Tensor logits =
         model_->prefill_packed(*cache_, block[kPrefillTokensRow], packing,
                                prefill_state_[kPrefillLastRow].narrow(0, 0, cache_->slots()), options_.kernels);
@@ -729,7 +733,7 @@ class LlamaExecutor {
   // One decode step for the first `batch` rows, reading `context` positions:
   // capture-safe (only device tensors, no host read-back).
   void step(std::int64_t batch, std::int64_t context) {
-    const fused::ThreadProductSets products(products_);  // eager, a warm-up or a capture
+    const fused::ThreadProductSets products(options_.products);  // eager, a warm-up or a capture
     const at::Tensor rows = state_.narrow(1, 0, batch);
     const StepState s{.slots = rows[kSlotsRow],
                       .positions = rows[kPositionsRow],
@@ -837,7 +841,6 @@ class LlamaExecutor {
   const LlamaModel* model_;
   KvCache* cache_;
   ExecutorOptions options_;
-  fused::ProductSets products_;  // set in the constructor, before any step or capture
   at::Device device_;
   std::optional<c10::cuda::CUDAStream> stream_;  // set in the constructor, after the options are checked
   std::int64_t max_batch_ = 0;
