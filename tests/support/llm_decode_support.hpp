@@ -216,11 +216,9 @@ inline BookkeepingComparison compare_step_bookkeeping(const llm_decode::fused::K
   return result;
 }
 
-// The fused kernels' process-wide settings for a scope, the previous value
-// restored after (the settings are read when a step is issued).
-// Sets one of the fused kernels' settings for a scope and puts back what it
-// found when the scope ends, also by an exception: `Get` and `Set` are the
-// setting's reader and writer.
+// Sets one of the fused kernels' process-wide settings for a scope and puts
+// back what it found when the scope ends, also by an exception: `Get` and
+// `Set` are the setting's reader and writer.
 template <typename Value, Value (*Get)(), void (*Set)(Value)>
 class ScopedSetting {
  public:
