@@ -975,13 +975,17 @@ TEST_CASE("an executor's product sets are fixed when it is made: its own, else t
   ExecutorOptions given_options = options(StepMode::graphed, 3, false, fused);
   given_options.products = scoped;
   LlamaExecutor given(model, given_cache, given_options);
+  KvCache eager_cache(model.config(), kBatchBuckets.back(), cuda, model.dtype());
+  ExecutorOptions eager_options = options(StepMode::eager, 3, false, fused);
+  eager_options.products = scoped;
+  LlamaExecutor eager(model, eager_cache, eager_options);  // the tokens of both, against eager steps
   const llm_decode_test::OwnProductRows later(8);
   LlamaExecutor control(model, control_cache, options(StepMode::graphed, 3, false, fused));
   REQUIRE(control.products() != scoped);
   const std::vector<std::string> run_failures =
       replay_test::run_threads_at_once(1, [&](int, replay_test::ThreadStart&) {
         const c10::cuda::CUDAStreamGuard stream_guard(c10::cuda::getStreamFromPool(false, cuda.index()));
-        (void)run_random_schedule({&given, inherited.get()}, 3, 700, model.config().vocab_size, 64, 30);
+        (void)run_random_schedule({&eager, &given, inherited.get()}, 3, 700, model.config().vocab_size, 64, 30);
         (void)run_random_schedule({&control}, 3, 700, model.config().vocab_size, 64, 30);
       });
   CHECK_MESSAGE(run_failures.front().empty(), run_failures.front());
