@@ -1092,13 +1092,22 @@ __global__ void __launch_bounds__(kLinearWarps * 32)
 // {2t, 2t + 1, 2t + 8, 2t + 9} take halves 8t .. 8t + 3, then 8t + 4 ..
 // 8t + 7: the same positions for A and B, so each mma sums 16 of the chunk's
 // products. A paired block (gate_up_silu()) takes 8 gate rows as slots 0 to
-// 7 and their up rows as 8 to 15. The weights of a warp's first kNarrowUnroll chunks are loaded
-// before the kernel waits for its predecessor.
+// 7 and their up rows as 8 to 15. Each warp keeps narrow_chunks_in_flight(in)
+// chunks of loads in flight, the weights of its first ones loaded before the
+// kernel waits for its predecessor.
 constexpr int kNarrowOutputs = 16;  // mma's m
 constexpr int kNarrowColumns = 8;   // mma's n: the most input rows
 constexpr int kNarrowWarps = 8;
 constexpr int kNarrowChunk = 32;    // halves of a row per warp step: two mma k-steps
-constexpr int kNarrowUnroll = 4;    // chunks per warp in flight
+constexpr int kNarrowUnroll = 4;    // chunks per warp in flight where one pass of the block's warps takes the width
+constexpr int kNarrowDeepUnroll = 8;  // where it would take more: each pass waits for its loads
+
+// narrow_chunks_in_flight()'s default: 4 chunks per warp in flight where one
+// pass of the block's warps takes the width (fewer registers, so more blocks
+// share an SM), else 8: half as many passes, each waiting for its own loads.
+constexpr int narrow_unroll(int in) {
+  return (in + kNarrowChunk - 1) / kNarrowChunk > kNarrowWarps * kNarrowUnroll ? kNarrowDeepUnroll : kNarrowUnroll;
+}
 // The thread layout above: slots g and g + 8, columns 2t and 2t + 1, four
 // threads of 16 bytes per chunk; one epilogue thread per slot and row.
 static_assert(kNarrowOutputs == 16 && kNarrowColumns == 8 && kNarrowChunk == 4 * kVectorHalves);
@@ -1131,11 +1140,12 @@ __device__ __forceinline__ void mma_16x8x16(float (&c)[4], unsigned a0, unsigned
 
 // Weight vectors of slots g (low) and g + 8 (high) for the chunks
 // first_chunk + u * kNarrowWarps; zero past the width or the block's slots.
-__device__ __forceinline__ void load_narrow_weights(uint4 (&low)[kNarrowUnroll], uint4 (&high)[kNarrowUnroll],
+template <int Unroll>
+__device__ __forceinline__ void load_narrow_weights(uint4 (&low)[Unroll], uint4 (&high)[Unroll],
                                                     const __half* low_row, const __half* high_row,
                                                     int first_chunk, int t, int vectors) {
 #pragma unroll
-  for (int u = 0; u < kNarrowUnroll; ++u) {
+  for (int u = 0; u < Unroll; ++u) {
     const int v = (first_chunk + u * kNarrowWarps) * (kNarrowChunk / kVectorHalves) + t;
     const bool inside = v < vectors;
     low[u] = inside && low_row != nullptr ? as_uint4(load_weight_vector(low_row + v * kVectorHalves))
@@ -1145,8 +1155,9 @@ __device__ __forceinline__ void load_narrow_weights(uint4 (&low)[kNarrowUnroll],
   }
 }
 
-// The block's sums into `warp_sums` (visible to the block on return).
-template <int Rows, bool Gated>
+// The block's sums into `warp_sums` (visible to the block on return), with
+// Unroll (narrow_chunks_in_flight(in)) chunks per warp in flight.
+template <int Rows, bool Gated, int Unroll>
 __device__ __forceinline__ void narrow_warp_sums(const __half* x, const __half* weight, int in,
                                                  const NarrowBlock& block, NarrowWarpSums& warp_sums) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -1157,22 +1168,22 @@ __device__ __forceinline__ void narrow_warp_sums(const __half* x, const __half* 
   const int chunks = (in + kNarrowChunk - 1) / kNarrowChunk;
   const __half* low_row = block.holds(g) ? weight_row(weight, in, block.weight_row_of(g)) : nullptr;
   const __half* high_row = block.holds(g + 8) ? weight_row(weight, in, block.weight_row_of(g + 8)) : nullptr;
-  uint4 low[kNarrowUnroll];
-  uint4 high[kNarrowUnroll];
+  uint4 low[Unroll];
+  uint4 high[Unroll];
   load_narrow_weights(low, high, low_row, high_row, warp, t, vectors);  // nothing writes them
   start_after_prerequisite_grid();
   float c[4] = {0.0F, 0.0F, 0.0F, 0.0F};
-  for (int first_chunk = warp; first_chunk < chunks; first_chunk += kNarrowWarps * kNarrowUnroll) {
+  for (int first_chunk = warp; first_chunk < chunks; first_chunk += kNarrowWarps * Unroll) {
     if (first_chunk != warp) load_narrow_weights(low, high, low_row, high_row, first_chunk, t, vectors);
-    uint4 input[kNarrowUnroll];
+    uint4 input[Unroll];
 #pragma unroll
-    for (int u = 0; u < kNarrowUnroll; ++u) {
+    for (int u = 0; u < Unroll; ++u) {
       const int v = (first_chunk + u * kNarrowWarps) * (kNarrowChunk / kVectorHalves) + t;
       input[u] = g < Rows && v < vectors ? as_uint4(linear_input<Gated>(x, in, g, v * kVectorHalves))
                                          : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int u = 0; u < kNarrowUnroll; ++u) {
+    for (int u = 0; u < Unroll; ++u) {
       mma_16x8x16(c, low[u].x, high[u].x, low[u].y, high[u].y, input[u].x, input[u].y);
       mma_16x8x16(c, low[u].z, high[u].z, low[u].w, high[u].w, input[u].z, input[u].w);
     }
@@ -1193,26 +1204,28 @@ __device__ __forceinline__ float narrow_block_sum(const NarrowWarpSums& warp_sum
   return total;
 }
 
-// linear() and gated_linear() for 2 to kMaxGemvRows rows.
-template <int Rows, bool Gated>
+// linear() and gated_linear() for 2 to kMaxGemvRows rows; Unroll =
+// narrow_chunks_in_flight(in).
+template <int Rows, bool Gated, int Unroll>
 __global__ void __launch_bounds__(kNarrowWarps * 32)
     narrow_linear_kernel(const __half* x, const __half* weight, __half* y, int in, int out) {
   const NarrowBlock block = NarrowBlock::plain(out);
   __shared__ NarrowWarpSums warp_sums;
-  narrow_warp_sums<Rows, Gated>(x, weight, in, block, warp_sums);
+  narrow_warp_sums<Rows, Gated, Unroll>(x, weight, in, block, warp_sums);
   store_block_outputs<Rows>(block, [&](int j, int r) {
     y[static_cast<std::int64_t>(r) * out + block.first + j] = __float2half(narrow_block_sum(warp_sums, j, r));
   });
 }
 
 // gate_up_silu() for 2 to kMaxGemvRows rows: NarrowBlock::kPairs outputs per
-// block, rounded as linear() and silu_mul() round them.
-template <int Rows>
+// block, rounded as linear() and silu_mul() round them; Unroll =
+// narrow_chunks_in_flight(in).
+template <int Rows, int Unroll>
 __global__ void __launch_bounds__(kNarrowWarps * 32)
     narrow_gate_up_silu_kernel(const __half* x, const __half* gate_up, __half* out, int in, int width) {
   const NarrowBlock block = NarrowBlock::paired(width);
   __shared__ NarrowWarpSums warp_sums;
-  narrow_warp_sums<Rows, false>(x, gate_up, in, block, warp_sums);
+  narrow_warp_sums<Rows, false, Unroll>(x, gate_up, in, block, warp_sums);
   store_block_outputs<Rows>(block, [&](int j, int r) {
     out[static_cast<std::int64_t>(r) * width + block.first + j] =
         paired_output(narrow_block_sum(warp_sums, j, r), narrow_block_sum(warp_sums, NarrowBlock::up_slot(j), r));
@@ -1375,6 +1388,7 @@ bool uses_narrow_product(int rows) {
 // ThreadProductSets: the innermost scope's sets on this thread, if any.
 thread_local std::optional<ProductSets> thread_product_sets;
 std::atomic<bool> fold_norms_on{false};            // set_fold_norms()
+std::atomic<int> narrow_chunks_forced{0};          // force_narrow_chunks_in_flight(); 0: by the width
 
 // What a launch on `stream` would depend on: cudaStreamGetCaptureInfo (CUDA
 // 13; cudaStreamGetCaptureInfo_v3 before), the edges' data asked for too,
@@ -1531,6 +1545,13 @@ void with_linear_rows(int rows, F&& f) {
   }
 }
 
+// Calls f(unroll) with narrow_chunks_in_flight(in) as a constant (integral_constant).
+template <typename F>
+void with_narrow_unroll(int in, F&& f) {
+  if (narrow_chunks_in_flight(in) == kNarrowDeepUnroll) return f(std::integral_constant<int, kNarrowDeepUnroll>{});
+  return f(std::integral_constant<int, kNarrowUnroll>{});
+}
+
 // What a product (kernel or host version) checks before it runs.
 void check_linear_call(const char* kernel, const __half* x, const __half* weight, int rows, int in, int out,
                        const LinearWorkspace& workspace) {
@@ -1565,8 +1586,10 @@ void launch_linear(const __half* x, const __half* weight, __half* y, int rows, i
   if (rows <= kMaxGemvRows) {
     const dim3 grid(static_cast<unsigned>((out + kNarrowOutputs - 1) / kNarrowOutputs));
     with_linear_rows<2>(rows, [&](auto r) {
-      launch_programmatic(narrow_linear_kernel<r(), Gated>, {grid, dim3(kNarrowWarps * 32)}, stream, x, weight, y, in,
-                          out);
+      with_narrow_unroll(in, [&](auto unroll) {
+        launch_programmatic(narrow_linear_kernel<r(), Gated, unroll()>, {grid, dim3(kNarrowWarps * 32)}, stream, x,
+                            weight, y, in, out);
+      });
     });
     return;
   }
@@ -1622,8 +1645,10 @@ void gate_up_silu(const __half* x, const __half* gate_up, __half* out, int rows,
   }
   const dim3 grid(static_cast<unsigned>((width + NarrowBlock::kPairs - 1) / NarrowBlock::kPairs));
   with_linear_rows<2>(rows, [&](auto r) {
-    launch_programmatic(narrow_gate_up_silu_kernel<r()>, {grid, dim3(kNarrowWarps * 32)}, stream, x, gate_up, out, in,
-                        width);
+    with_narrow_unroll(in, [&](auto unroll) {
+      launch_programmatic(narrow_gate_up_silu_kernel<r(), unroll()>, {grid, dim3(kNarrowWarps * 32)}, stream, x,
+                          gate_up, out, in, width);
+    });
   });
 }
 
@@ -2250,6 +2275,22 @@ ProductRowCounts narrow_products_at() {
   const std::scoped_lock lock(process_wide_sets_lock);
   return process_wide_sets.narrow;
 }
+
+int narrow_chunks_in_flight(int in) {
+  const int forced = forced_narrow_chunks_in_flight();
+  return forced != 0 ? forced : narrow_unroll(in);
+}
+
+void force_narrow_chunks_in_flight(int chunks) {
+  if (chunks != 0 && chunks != kNarrowUnroll && chunks != kNarrowDeepUnroll) {
+    throw std::invalid_argument("fused: " + std::to_string(chunks) + " chunks in flight for the narrow products; " +
+                                "they keep " + std::to_string(kNarrowUnroll) + " or " +
+                                std::to_string(kNarrowDeepUnroll) + " (0: by the width)");
+  }
+  narrow_chunks_forced.store(chunks, std::memory_order_relaxed);
+}
+
+int forced_narrow_chunks_in_flight() { return narrow_chunks_forced.load(std::memory_order_relaxed); }
 
 ProductRowCounts product_rows_up_to(int rows) {
   if (rows < 0 || rows > kMaxSkinnyRows) {

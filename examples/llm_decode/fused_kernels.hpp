@@ -138,6 +138,20 @@ void set_narrow_products_at(ProductRowCounts row_counts);
 template <std::integral Number>
 void set_narrow_products_at(Number) = delete;
 ProductRowCounts narrow_products_at();
+// The 32-half chunks each warp of a narrow product keeps loading at once,
+// for an input `in` halves wide: by default 4, or 8 where 4 would take the
+// block's warps more than one pass over the width (a block holds 16 weight
+// rows only, so most wide products launch few blocks, each pass waiting for
+// its own loads); where force_narrow_chunks_in_flight() set a number, that.
+// Each warp sums its chunks in the same order either way, so the outputs are
+// the same bits.
+int narrow_chunks_in_flight(int in);
+// 4 or 8 at every width, to measure one against the other; 0: by the width
+// (the default). Throws std::invalid_argument for another number.
+// Process-wide, read when a product is issued, so a graph keeps what was
+// set when it was captured; `llm_decode --narrow-chunks-in-flight 4`.
+void force_narrow_chunks_in_flight(int chunks);
+int forced_narrow_chunks_in_flight();
 // Throws what set_narrow_products_at() throws, setting nothing.
 void check_narrow_products(ProductRowCounts row_counts);
 

@@ -98,6 +98,7 @@ struct Common {
   bool tune_own_products = false;         // --tune-own-products: tune_own_products at the batch buckets up to 64
   std::vector<int> narrow_products_at;    // --narrow-products-at: fused::set_narrow_products_at; absent: the library's
   bool fold_norms = false;                // --fold-norms: fused::set_fold_norms
+  int narrow_chunks_in_flight = 0;        // --narrow-chunks-in-flight: fused::force_narrow_chunks_in_flight; 0: by width
 
   // Chunked prefill runs on the fused kernels' bucketed prefill only
   // (LlamaExecutor::prefill_and_decode): refused here rather than in every launch.
@@ -171,13 +172,22 @@ llm_decode::ProductTuning tune_and_set_own_products(const Common& c, const Llama
   return tuning;
 }
 
+// The narrow products' chunks in flight a warp, in words.
+std::string describe_narrow_chunks() {
+  const int forced = llm_decode::fused::forced_narrow_chunks_in_flight();
+  return forced != 0 ? std::to_string(forced) + " at every width"
+                     : std::to_string(llm_decode::fused::narrow_chunks_in_flight(1)) + ", or " +
+                           std::to_string(llm_decode::fused::narrow_chunks_in_flight(1 << 20)) + " where wide";
+}
+
 // The fused step's settings in force, as a report's JSON records them, and
 // what --tune-own-products timed.
 Json fused_settings_json(const LoadedModel& loaded) {
   Json out{{"programmatic_launches", pdl_mode_name(llm_decode::fused::programmatic_launches())},
            {"own_products_at", llm_decode::fused::product_row_list(llm_decode::fused::own_products_at())},
            {"narrow_products_at", llm_decode::fused::product_row_list(llm_decode::fused::narrow_products_at())},
-           {"fold_norms", llm_decode::fused::fold_norms()}};
+           {"fold_norms", llm_decode::fused::fold_norms()},
+           {"narrow_chunks_in_flight", describe_narrow_chunks()}};
   if (const auto& tuning = loaded.product_tuning) {
     Json timings = Json::array();
     for (const llm_decode::ProductTiming& t : tuning->timings) {
@@ -214,6 +224,7 @@ LoadedModel load_model(const Common& c) {
     llm_decode::fused::set_narrow_products_at(llm_decode::fused::product_rows_of(c.narrow_products_at));
   }
   llm_decode::fused::set_fold_norms(c.fold_norms);
+  llm_decode::fused::force_narrow_chunks_in_flight(c.narrow_chunks_in_flight);
   LoadedModel loaded{.model = make_model(c)};
   if (c.tune_own_products) loaded.product_tuning = tune_and_set_own_products(c, loaded.model);
   return loaded;
@@ -485,11 +496,11 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
   const LlamaModel& model = loaded.model;
   const PeakBandwidth peak = peak_bandwidth(model.device().index(), peak_tbps);
   std::printf("llm_decode bench: HBM peak %.2f TB/s, from %s; fused kernels' programmatic launches %s; own products "
-              "at row counts %s (narrow at %s), cuBLAS elsewhere; norms %s\n",
+              "at row counts %s (narrow at %s; chunks in flight: %s), cuBLAS elsewhere; norms %s\n",
               peak.bytes_per_s / 1e12, peak.source.c_str(), c.programmatic_launches.c_str(),
               llm_decode::fused::describe_product_rows(llm_decode::fused::own_products_at()).c_str(),
               llm_decode::fused::describe_product_rows(llm_decode::fused::narrow_products_at()).c_str(),
-              c.fold_norms ? "folded into the products at one row (--fold-norms)" : "kernels of their own");
+              describe_narrow_chunks().c_str(), c.fold_norms ? "folded into the products at one row (--fold-norms)" : "kernels of their own");
   // Refused before any measurement, not after minutes of them.
   for (const std::size_t tokens : beside_prefill) {
     if (tokens == 0 || static_cast<std::int64_t>(tokens) > model.config().max_len) {
@@ -1310,6 +1321,10 @@ int main(int argc, char** argv) {
         ->excludes(own_rows)
         ->excludes(own_at)
         ->excludes(narrow_at);
+    sub->add_option("--narrow-chunks-in-flight", c.narrow_chunks_in_flight,
+                    "chunks of 32 halves each warp of the narrow products loads at once: 4 or 8 at every width, to "
+                    "measure one against the other (default: by the width, 8 where 4 would take more than one pass)")
+        ->check(CLI::IsMember(std::vector<int>{4, 8}));
     sub->add_flag("--fold-norms", c.fold_norms,
                   "at one row with the own products, compute each residual add and RMSNorm inside the product "
                   "after it (5 kernels per layer instead of 7)");

@@ -540,6 +540,20 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     }
   }
 
+  TEST_CASE("the narrow products give the same bits with 4 or 8 chunks of loads in flight a warp") {
+    at::manual_seed(replay_test::case_seed());
+    const llm_decode_test::NarrowProducts narrow_products(true);
+    // Widths of one pass at either depth, of several passes, and with a
+    // last chunk of 8 halves; the large terms in warp 0's first chunk and
+    // in its last (chunk c is warp c % 8's; 32 halves a chunk).
+    for (const auto& [in, cancel_at] : {std::pair{1024, 768}, std::pair{2056, 2048}, std::pair{8200, 8192}}) {
+      for (int rows = llm_decode::fused::kMinNarrowRows; rows <= llm_decode::fused::kMaxGemvRows; ++rows) {
+        INFO(rows << " rows of " << in << " halves");
+        CHECK(llm_decode_test::same_bits_at_both_depths(llm_decode::fused::kernels(), gpu, rows, in, 40, cancel_at));
+      }
+    }
+  }
+
   TEST_CASE("folded norms: one-row steps give the unfolded steps' logits bit for bit, eager and graphed (20 replays)") {
     const LlamaConfig config = LlamaConfig::preset("tiny");
     const LlamaModel model = LlamaModel::random(config, replay_test::case_seed(), gpu, at::kHalf);

@@ -618,6 +618,24 @@ TEST_SUITE("host") {
                          doctest::Contains("the input must be 32-byte aligned"), std::invalid_argument);
   }
 
+  TEST_CASE("the narrow products keep 4 chunks in flight a warp where one pass takes the width, else 8; forced to 4 or 8, other numbers refused") {
+    using llm_decode::fused::narrow_chunks_in_flight;
+    CHECK(narrow_chunks_in_flight(8) == 4);
+    CHECK(narrow_chunks_in_flight(1024) == 4);  // 32 chunks of 32 halves: one pass of 8 warps x 4
+    CHECK(narrow_chunks_in_flight(1032) == 8);  // 33 chunks, the last of 8 halves
+    CHECK(narrow_chunks_in_flight(8192) == 8);
+    {
+      const llm_decode_test::NarrowChunksInFlight forced(4);
+      CHECK(narrow_chunks_in_flight(8192) == 4);
+      CHECK(llm_decode::fused::forced_narrow_chunks_in_flight() == 4);
+    }
+    CHECK(llm_decode::fused::forced_narrow_chunks_in_flight() == 0);
+    CHECK_THROWS_WITH_AS(llm_decode::fused::force_narrow_chunks_in_flight(5),
+                         "fused: 5 chunks in flight for the narrow products; they keep 4 or 8 (0: by the width)",
+                         std::invalid_argument);
+    CHECK(llm_decode::fused::forced_narrow_chunks_in_flight() == 0);
+  }
+
   TEST_CASE("the fused norm_linear (its host version) gives add_rms_norm then linear, bit for bit; misuse is named") {
     at::manual_seed(replay_test::case_seed());
     const llm_decode::fused::Kernels& k = llm_decode::fused::host_kernels();

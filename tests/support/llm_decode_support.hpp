@@ -266,6 +266,9 @@ class NarrowProducts : public ScopedNarrowProducts {
 using ProgrammaticLaunchesSetting =
     ScopedSetting<llm_decode::fused::ProgrammaticLaunches, &llm_decode::fused::programmatic_launches,
                   &llm_decode::fused::set_programmatic_launches>;
+// The narrow products' chunks in flight a warp, forced (0: by the width).
+using NarrowChunksInFlight = ScopedSetting<int, &llm_decode::fused::forced_narrow_chunks_in_flight,
+                                           &llm_decode::fused::force_narrow_chunks_in_flight>;
 // Whether one-row steps fold their norms into the products.
 using FoldNorms = ScopedSetting<bool, &llm_decode::fused::fold_norms, &llm_decode::fused::set_fold_norms>;
 
@@ -416,6 +419,40 @@ inline bool gate_up_silu_as_two_kernels(const llm_decode::fused::Kernels& kernel
   const at::Tensor one = at::full({s.rows, s.out}, std::numeric_limits<double>::quiet_NaN(), half);
   kernels.gate_up_silu(half_ptr(x), half_ptr(gate_up), half_ptr(one), s.rows, s.in, s.out, stream);
   return one.view(at::kShort).equal(two.view(at::kShort)) && !one.isnan().any().item<bool>();
+}
+
+// The narrow products with 4 and with 8 chunks in flight a warp
+// (fused::force_narrow_chunks_in_flight), Kernels::linear (of 2 * out
+// outputs) and Kernels::gate_up_silu (of out) on `rows` rows `in` halves
+// wide: whether both depths give the same bits (as 16-bit integers; the
+// outputs start as NaN, so one left unwritten shows). They would differ if
+// a depth summed in another order: every weight row holds 2048 at half 0
+// and -2048 at half `cancel_at`, the inputs 1 there, so each sum cancels
+// two large terms around small ones (weights of about 0.01) and its
+// rounding depends on which small terms meet the large ones.
+inline bool same_bits_at_both_depths(const llm_decode::fused::Kernels& kernels, at::Device device, int rows, int in,
+                                     int out, int cancel_at) {
+  const at::TensorOptions half = at::TensorOptions().device(device).dtype(at::kHalf);
+  const cudaStream_t stream = device.is_cuda() ? c10::cuda::getCurrentCUDAStream(device.index()).stream() : nullptr;
+  at::Tensor x = (1 + 0.1 * at::randn({rows, in}, half.dtype(at::kFloat))).to(at::kHalf);
+  at::Tensor weight = (0.01 * at::randn({2 * out, in}, half.dtype(at::kFloat))).to(at::kHalf);
+  x.select(1, 0).fill_(1);
+  x.select(1, cancel_at).fill_(1);
+  weight.select(1, 0).fill_(2048);
+  weight.select(1, cancel_at).fill_(-2048);
+  const auto outputs = [&](int chunks) {
+    const NarrowChunksInFlight depth(chunks);
+    const at::Tensor y = at::full({rows, 2 * out}, std::numeric_limits<double>::quiet_NaN(), half);
+    kernels.linear(half_ptr(x), half_ptr(weight), half_ptr(y), rows, in, 2 * out, {}, stream);
+    const at::Tensor activated = at::full({rows, out}, std::numeric_limits<double>::quiet_NaN(), half);
+    kernels.gate_up_silu(half_ptr(x), half_ptr(weight), half_ptr(activated), rows, in, out, stream);
+    return std::pair{y, activated};
+  };
+  const auto [y, activated] = outputs(4);
+  const auto [deep_y, deep_activated] = outputs(8);
+  return y.view(at::kShort).equal(deep_y.view(at::kShort)) &&
+         activated.view(at::kShort).equal(deep_activated.view(at::kShort)) && !y.isnan().any().item<bool>() &&
+         !activated.isnan().any().item<bool>();
 }
 
 // The fused attention kernels (`kernels`: the CUDA ones or their host
