@@ -98,7 +98,7 @@ struct Common {
   bool tune_own_products = false;         // --tune-own-products: tune_own_products at the batch buckets up to 64
   std::vector<int> narrow_products_at;    // --narrow-products-at: fused::set_narrow_products_at; absent: the library's
   bool fold_norms = false;                // --fold-norms: fused::set_fold_norms
-  int narrow_chunks_in_flight = 0;        // --narrow-chunks-in-flight: fused::force_narrow_chunks_in_flight; 0: by width
+  int narrow_chunks_in_flight = 0;        // --narrow-chunks-in-flight: force_narrow_chunks_in_flight; 0: by width
 
   // Chunked prefill runs on the fused kernels' bucketed prefill only
   // (LlamaExecutor::prefill_and_decode): refused here rather than in every launch.
@@ -500,7 +500,8 @@ int bench(const Common& c, const std::vector<std::int64_t>& batches, std::size_t
               peak.bytes_per_s / 1e12, peak.source.c_str(), c.programmatic_launches.c_str(),
               llm_decode::fused::describe_product_rows(llm_decode::fused::own_products_at()).c_str(),
               llm_decode::fused::describe_product_rows(llm_decode::fused::narrow_products_at()).c_str(),
-              describe_narrow_chunks().c_str(), c.fold_norms ? "folded into the products at one row (--fold-norms)" : "kernels of their own");
+              describe_narrow_chunks().c_str(),
+              c.fold_norms ? "folded into the products at one row (--fold-norms)" : "kernels of their own");
   // Refused before any measurement, not after minutes of them.
   for (const std::size_t tokens : beside_prefill) {
     if (tokens == 0 || static_cast<std::int64_t>(tokens) > model.config().max_len) {

@@ -281,6 +281,12 @@ inline bool folds_norms(const llm_decode::LlamaConfig& config) {
 // A half tensor's data as the kernels' pointer type.
 inline __half* half_ptr(const at::Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); }
 
+// Whether fp16 outputs `a` and `b` hold the same bits (as 16-bit integers,
+// so -0 and +0 differ) and `a` was written where it started as NaN.
+inline bool same_written_bits(const at::Tensor& a, const at::Tensor& b) {
+  return a.view(at::kShort).equal(b.view(at::kShort)) && !a.isnan().any().item<bool>();
+}
+
 // The head layouts (heads, kv_heads, head_dim) the attention cases run:
 // query groups 1 to 8; widths 48, 80 and 96 leave 2, 2 and 8 of a warp's
 // lanes without a value row.
@@ -418,7 +424,7 @@ inline bool gate_up_silu_as_two_kernels(const llm_decode::fused::Kernels& kernel
   kernels.silu_mul(half_ptr(products), half_ptr(two), s.rows, s.out, stream);
   const at::Tensor one = at::full({s.rows, s.out}, std::numeric_limits<double>::quiet_NaN(), half);
   kernels.gate_up_silu(half_ptr(x), half_ptr(gate_up), half_ptr(one), s.rows, s.in, s.out, stream);
-  return one.view(at::kShort).equal(two.view(at::kShort)) && !one.isnan().any().item<bool>();
+  return same_written_bits(one, two);
 }
 
 // The narrow products with 4 and with 8 chunks in flight a warp
@@ -450,9 +456,7 @@ inline bool same_bits_at_both_depths(const llm_decode::fused::Kernels& kernels, 
   };
   const auto [y, activated] = outputs(4);
   const auto [deep_y, deep_activated] = outputs(8);
-  return y.view(at::kShort).equal(deep_y.view(at::kShort)) &&
-         activated.view(at::kShort).equal(deep_activated.view(at::kShort)) && !y.isnan().any().item<bool>() &&
-         !activated.isnan().any().item<bool>();
+  return same_written_bits(y, deep_y) && same_written_bits(activated, deep_activated);
 }
 
 // The fused attention kernels (`kernels`: the CUDA ones or their host
