@@ -13,6 +13,15 @@
 // JSON that bench/torch_piecewise_bench.py compares with
 // torch.compile(mode="reduce-overhead") on the same model.
 //
+// The same break is also written by hand, without replay: libtorch's own
+// at::cuda::CUDAGraph for each side, a raw cudaMemcpyAsync of the value into
+// pinned memory, a stream synchronize, and one of two graphs of the second
+// half; run with CUDAGraph::replay() (a libtorch user's way) and with raw
+// cudaGraphLaunch, the value read back by a copy node or, as replay reads it,
+// by a kernel through mapped memory. The target: piecewise no slower than the
+// faster of these hand-written breaks (within 5%). They are a straightforward
+// way to write the break, not a proven floor.
+//
 // With --bert DIR (scripts/make_torchscript_bert.py DIR --readback) it also
 // measures the BERT-base encoder with the same read-back after layer 6
 // (DIR/bert_readback.pt) against a whole graph of the plain encoder
@@ -20,7 +29,11 @@
 //
 //   torch_piecewise_bench DIR [--batches 1,8,64] [--iterations N] [--json FILE]
 //                             [--bert DIR] [--bert-shapes 1x128,8x128]
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -29,6 +42,8 @@
 #include <cstdio>
 #include <exception>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -53,11 +68,141 @@ torch::jit::Module load(const std::string& path, bool to_half) {
 
 double mib(std::size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
+void check_cuda(cudaError_t status, const char* api) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string(api) + " failed: " + cudaGetErrorName(status) + ": " +
+                             cudaGetErrorString(status));
+  }
+}
+
+// The piecewise model's break written by hand, without replay: segment A
+// (the first half's blocks, h.abs().max() and that one value read back into
+// pinned memory) is one at::cuda::CUDAGraph; the host waits for the stream,
+// compares the value as the script does, and launches one of two graphs of
+// segment B (with the clamp, without it). The blocks' weights are read from
+// the scripted model and run as the same ATen operators (linear, relu, add),
+// so its outputs can be compared with eager's. The value is read back either
+// the plain way (a cudaMemcpyAsync node into pinned memory) or as replay reads
+// it (a kernel writes it through the pinned memory's device mapping: here
+// amax_out, no copy node). Two ways to launch: as a libtorch user would
+// (CUDAGraph::replay(), the tensors' copy_ and clone), and raw
+// (cudaMemcpyAsync in and out, cudaGraphLaunch of the same executables).
+enum class HandReadBack { memcpy_node, mapped_kernel };
+enum class HandLaunch { torch_graphs, raw_cuda };
+
+class HandSplit {
+ public:
+  HandSplit(const torch::jit::Module& model, const torch::Tensor& example, HandReadBack read_back) {
+    for (const char* half : {"first", "second"}) {
+      std::vector<Block>& blocks = half[0] == 'f' ? first_ : second_;
+      for (const torch::jit::Module& block : model.attr(half).toModule().children()) {
+        blocks.push_back({block.attr("weight").toTensor(), block.attr("bias").toTensor()});
+      }
+    }
+    void* pinned = nullptr;
+    check_cuda(cudaHostAlloc(&pinned, sizeof(c10::Half), cudaHostAllocMapped), "cudaHostAlloc");
+    value_.reset(static_cast<c10::Half*>(pinned));
+    void* mapped = nullptr;
+    check_cuda(cudaHostGetDevicePointer(&mapped, pinned, 0), "cudaHostGetDevicePointer");
+    torch::Tensor value_on_device = torch::from_blob(mapped, {}, example.options());
+    torch::NoGradGuard no_grad;
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, example.device().index());
+    c10::cuda::CUDAStreamGuard on_side(side);
+    static_input_ = example.clone();
+    for (int i = 0; i < 3; ++i) {  // cuBLAS's handle and workspace, the allocator's blocks
+      (void)second(first(static_input_).clamp(-10000.0, 10000.0));
+    }
+    side.synchronize();
+    segment_a_.capture_begin();
+    middle_ = first(static_input_);
+    if (read_back == HandReadBack::memcpy_node) {
+      const torch::Tensor max = middle_.abs().max();
+      check_cuda(cudaMemcpyAsync(value_.get(), max.data_ptr(), sizeof(c10::Half), cudaMemcpyDeviceToHost,
+                                 side.stream()),
+                 "cudaMemcpyAsync");
+    } else {
+      at::amax_out(value_on_device, middle_.abs());
+    }
+    segment_a_.capture_end();
+    plain_.capture_begin(segment_a_.pool());
+    plain_out_ = second(middle_);
+    plain_.capture_end();
+    clamped_.capture_begin(segment_a_.pool());
+    clamped_out_ = second(middle_.clamp(-10000.0, 10000.0));
+    clamped_.capture_end();
+    side.synchronize();
+  }
+  HandSplit(const HandSplit&) = delete;
+  HandSplit& operator=(const HandSplit&) = delete;
+  ~HandSplit() = default;
+
+  // One forward on the current stream; a copy of the output, as replay's safe mode returns.
+  torch::Tensor run(const torch::Tensor& x, HandLaunch how) {
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    if (how == HandLaunch::torch_graphs) {
+      static_input_.copy_(x, /*non_blocking=*/true);
+      segment_a_.replay();
+    } else {
+      check_cuda(cudaMemcpyAsync(static_input_.data_ptr(), x.data_ptr(), x.nbytes(), cudaMemcpyDeviceToDevice, stream),
+                 "cudaMemcpyAsync");
+      check_cuda(cudaGraphLaunch(segment_a_.raw_cuda_graph_exec(), stream), "cudaGraphLaunch");
+    }
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    const bool clamp = static_cast<double>(static_cast<float>(*value_)) > 10000.0;
+    at::cuda::CUDAGraph& segment_b = clamp ? clamped_ : plain_;
+    const torch::Tensor& out = clamp ? clamped_out_ : plain_out_;
+    if (how == HandLaunch::torch_graphs) {
+      segment_b.replay();
+      return out.clone();
+    }
+    check_cuda(cudaGraphLaunch(segment_b.raw_cuda_graph_exec(), stream), "cudaGraphLaunch");
+    torch::Tensor copy = torch::empty_like(out);
+    check_cuda(cudaMemcpyAsync(copy.data_ptr(), out.data_ptr(), out.nbytes(), cudaMemcpyDeviceToDevice, stream),
+               "cudaMemcpyAsync");
+    return copy;
+  }
+
+ private:
+  struct Block {
+    torch::Tensor weight;
+    torch::Tensor bias;
+  };
+  static torch::Tensor apply(const std::vector<Block>& blocks, torch::Tensor h) {
+    for (const Block& b : blocks) {
+      h = h + torch::relu(torch::linear(h, b.weight, b.bias));
+    }
+    return h;
+  }
+  torch::Tensor first(const torch::Tensor& h) const { return apply(first_, h); }
+  torch::Tensor second(const torch::Tensor& h) const { return apply(second_, h); }
+
+  struct FreeHost {
+    void operator()(c10::Half* p) const noexcept { (void)cudaFreeHost(p); }
+  };
+
+  // Declared first, so freed after the graphs that copy into it.
+  std::unique_ptr<c10::Half, FreeHost> value_;
+  std::vector<Block> first_;
+  std::vector<Block> second_;
+  torch::Tensor static_input_;
+  torch::Tensor middle_;
+  torch::Tensor plain_out_;
+  torch::Tensor clamped_out_;
+  at::cuda::CUDAGraph segment_a_;
+  at::cuda::CUDAGraph plain_;
+  at::cuda::CUDAGraph clamped_;
+};
+
 // What one key measured, and whether its checks held.
 struct KeyResult {
   replay_examples::Latency eager;
   replay_examples::Latency piecewise;
   replay_examples::Latency whole;
+  replay_examples::Latency by_hand;  // HandSplit with torch's CUDAGraph::replay() (the piecewise model only)
+  replay_examples::Latency raw;         // HandSplit in raw CUDA, a cudaMemcpyAsync node reads the value back
+  replay_examples::Latency raw_mapped;  // the same, a kernel writes the value into mapped pinned memory
+  bool has_by_hand = false;
+  bool by_hand_equal = true;         // both HandSplit ways == eager, bit for bit, on every probe
   std::size_t piecewise_pool = 0;   // the key's pool after its capture (one path)
   std::size_t whole_pool = 0;       // the whole graph's pool
   std::size_t all_paths_pool = 0;   // after the probes (every branch's path)
@@ -72,7 +217,7 @@ struct KeyResult {
 // `paths` paths.
 KeyResult measure_key(const std::string& label, torch::jit::Module& read_back, torch::jit::Module& whole_model,
                       const Inputs& example, const std::vector<Inputs>& probes, std::size_t paths,
-                      int iterations) {
+                      int iterations, bool by_hand) {
   KeyResult out;
   const std::int64_t batch = example[0].size(0);
   replay::GraphedCallable piecewise(read_back, example, {.breaks = replay::TorchBreaks::piecewise});
@@ -105,6 +250,18 @@ KeyResult measure_key(const std::string& label, torch::jit::Module& read_back, t
   const replay::BucketCaptureReport after = piecewise.capture_report(batch);
   out.branch_ok = out.branch_ok && after.kind == replay::BucketCaptureKind::piecewise && after.paths == paths;
   out.all_paths_pool = piecewise.pool_reserved_bytes();
+  std::optional<HandSplit> hand;
+  std::optional<HandSplit> hand_mapped;
+  if (by_hand) {
+    hand.emplace(read_back, example[0], HandReadBack::memcpy_node);
+    hand_mapped.emplace(read_back, example[0], HandReadBack::mapped_kernel);
+    for (const Inputs& probe : probes) {
+      const torch::Tensor expected = piecewise.run_eager(probe)[0];
+      out.by_hand_equal = out.by_hand_equal && torch::equal(hand->run(probe[0], HandLaunch::torch_graphs), expected) &&
+                          torch::equal(hand->run(probe[0], HandLaunch::raw_cuda), expected) &&
+                          torch::equal(hand_mapped->run(probe[0], HandLaunch::raw_cuda), expected);
+    }
+  }
 
   torch::NoGradGuard no_grad;
   const int warmup = 20;
@@ -112,6 +269,15 @@ KeyResult measure_key(const std::string& label, torch::jit::Module& read_back, t
   out.eager = replay_examples::measure([&] { (void)read_back.forward(boxed); }, iterations, warmup, batch);
   out.piecewise = replay_examples::measure([&] { (void)piecewise.run(example); }, iterations, warmup, batch);
   out.whole = replay_examples::measure([&] { (void)whole.run(example); }, iterations, warmup, batch);
+  if (hand) {
+    out.by_hand = replay_examples::measure([&] { (void)hand->run(example[0], HandLaunch::torch_graphs); }, iterations,
+                                           warmup, batch);
+    out.raw = replay_examples::measure([&] { (void)hand->run(example[0], HandLaunch::raw_cuda); }, iterations,
+                                       warmup, batch);
+    out.raw_mapped = replay_examples::measure([&] { (void)hand_mapped->run(example[0], HandLaunch::raw_cuda); },
+                                              iterations, warmup, batch);
+    out.has_by_hand = true;
+  }
 
   std::printf("  %-6s eager %8.3f ms  piecewise %8.3f ms  whole graph (no read-back) %8.3f ms\n", label.c_str(),
               out.eager.p50_ms, out.piecewise.p50_ms, out.whole.p50_ms);
@@ -125,6 +291,18 @@ KeyResult measure_key(const std::string& label, torch::jit::Module& read_back, t
   const double vs_whole = out.piecewise.p50_ms / out.whole.p50_ms;
   std::printf("  target piecewise <= 1.10x a whole graph without the read-back, %s: %.2fx %s\n", label.c_str(),
               vs_whole, vs_whole <= 1.10 ? "met" : "MISSED");
+  if (out.has_by_hand) {
+    std::printf("  %-6s the break by hand, the value read back by a copy node: torch's CUDAGraph::replay() per side "
+                "%.3f ms, raw cudaGraphLaunch %.3f ms (its break %.1f us)\n",
+                label.c_str(), out.by_hand.p50_ms, out.raw.p50_ms, (out.raw.p50_ms - out.whole.p50_ms) * 1e3);
+    std::printf("  %-6s the break by hand in raw CUDA, the value written by a kernel into mapped memory: %.3f ms (its "
+                "break %.1f us; / whole graph %.2fx); all equal eager bit for bit: %s\n",
+                label.c_str(), out.raw_mapped.p50_ms, (out.raw_mapped.p50_ms - out.whole.p50_ms) * 1e3,
+                out.raw_mapped.p50_ms / out.whole.p50_ms, out.by_hand_equal ? "yes" : "NO");
+    const double vs_raw = out.piecewise.p50_ms / std::min(out.raw.p50_ms, out.raw_mapped.p50_ms);
+    std::printf("  target piecewise <= 1.05x the same break in raw CUDA (the faster read-back), %s: %.2fx %s\n",
+                label.c_str(), vs_raw, vs_raw <= 1.05 ? "met" : "MISSED");
+  }
   const double pool_ratio = static_cast<double>(out.piecewise_pool) / static_cast<double>(out.whole_pool);
   std::printf("  target piecewise pool <= 1.10x the whole graph's pool (one pool), %s: %.2fx %s\n", label.c_str(),
               pool_ratio, out.one_pool && pool_ratio <= 1.10 ? "met" : "MISSED");
@@ -135,6 +313,12 @@ std::string json_row(const std::string& key, const KeyResult& r) {
   return "{" + key + ", \"cpp_eager_ms\": " + std::to_string(r.eager.p50_ms) +
          ", \"cpp_piecewise_ms\": " + std::to_string(r.piecewise.p50_ms) +
          ", \"cpp_whole_ms\": " + std::to_string(r.whole.p50_ms) +
+         (r.has_by_hand ? ", \"cpp_by_hand_ms\": " + std::to_string(r.by_hand.p50_ms) +
+                              ", \"cpp_raw_ms\": " + std::to_string(std::min(r.raw.p50_ms, r.raw_mapped.p50_ms)) +
+                              ", \"cpp_raw_copy_node_ms\": " + std::to_string(r.raw.p50_ms) +
+                              ", \"cpp_raw_mapped_ms\": " + std::to_string(r.raw_mapped.p50_ms) +
+                              ", \"by_hand_equal\": " + (r.by_hand_equal ? "true" : "false")
+                        : std::string()) +
          ", \"piecewise_pool_bytes\": " + std::to_string(r.piecewise_pool) +
          ", \"whole_pool_bytes\": " + std::to_string(r.whole_pool) +
          ", \"all_paths_pool_bytes\": " + std::to_string(r.all_paths_pool) +
@@ -223,7 +407,7 @@ int main(int argc, char** argv) {
         probes.push_back({torch::randn({batch, 1024}, options) * scale});
       }
       const KeyResult r =
-          measure_key("b=" + std::to_string(batch), read_back, whole_model, {x}, probes, 2, iterations);
+          measure_key("b=" + std::to_string(batch), read_back, whole_model, {x}, probes, 2, iterations, true);
       all_equal = all_equal && r.equal;
       branch_ok = branch_ok && r.branch_ok;
       if (batch == 1) {
@@ -249,7 +433,7 @@ int main(int argc, char** argv) {
         const Inputs example = bert_inputs(batch, sequence);
         const std::vector<Inputs> probes{bert_inputs(batch, sequence), bert_inputs(batch, sequence)};
         const std::string label = std::to_string(batch) + "x" + std::to_string(sequence);
-        const KeyResult r = measure_key(label, bert_read_back, bert_whole, example, probes, 1, iterations);
+        const KeyResult r = measure_key(label, bert_read_back, bert_whole, example, probes, 1, iterations, false);
         all_equal = all_equal && r.equal;
         branch_ok = branch_ok && r.branch_ok;
         std::printf("  %-6s eager / piecewise %.2fx\n", label.c_str(), r.eager.p50_ms / r.piecewise.p50_ms);

@@ -18,9 +18,13 @@ the C++ side uses too, and printed.
 With --cpp-json (torch_piecewise_bench's --json output) it prints a summary
 line per batch, each ratio with its target and PASS or MISS: torch.compile /
 C++ piecewise (>= 1.0), C++ piecewise / whole graph without the read-back
-(<= 1.10), C++ eager / piecewise (>= 3 at batch 1), the key's pool / the whole
-graph's pool (<= 1.10, one pool); and one per BERT shape when the C++ side
-measured BERT with a read-back (--bert).
+(<= 1.10; beside it, the same break written by hand in raw CUDA / whole
+graph), C++ piecewise / that hand-written raw break (<= 1.05: replay costs no
+more than writing the break by hand), C++ piecewise / the break by hand with
+torch's CUDAGraph::replay() (what a libtorch user would write), C++ eager /
+piecewise (>= 3 at batch 1), the key's pool / the whole graph's pool (<= 1.10,
+one pool); and one per BERT shape when the C++ side measured BERT with a
+read-back (--bert).
 """
 import argparse
 import json
@@ -45,8 +49,14 @@ def summary(rows, cpp, bert_rows):
         if c is None:
             print(f"  summary b={r['batch']}: n/a (no C++ row)")
             continue
-        parts = [f"torch.compile / piecewise {verdict(r['py_compile_ms'] / c['cpp_piecewise_ms'], 1.0, True)}",
-                 f"piecewise / whole {verdict(c['cpp_piecewise_ms'] / c['cpp_whole_ms'], 1.10, False)}"]
+        whole = f"piecewise / whole {verdict(c['cpp_piecewise_ms'] / c['cpp_whole_ms'], 1.10, False)}"
+        if "cpp_raw_ms" in c:
+            whole += f", raw CUDA break by hand / whole {c['cpp_raw_ms'] / c['cpp_whole_ms']:.2f}x"
+        parts = [f"torch.compile / piecewise {verdict(r['py_compile_ms'] / c['cpp_piecewise_ms'], 1.0, True)}", whole]
+        if "cpp_raw_ms" in c:
+            by_hand = verdict(c["cpp_piecewise_ms"] / c["cpp_raw_ms"], 1.05, False)
+            parts.append(f"piecewise / raw CUDA break by hand {by_hand}")
+            parts.append(f"piecewise / torch CUDAGraph by hand {c['cpp_piecewise_ms'] / c['cpp_by_hand_ms']:.2f}x")
         eager = c["cpp_eager_ms"] / c["cpp_piecewise_ms"]
         parts.append(f"eager / piecewise {verdict(eager, 3.0, True)}" if r["batch"] == 1 else
                      f"eager / piecewise {eager:.2f}x")
