@@ -138,6 +138,11 @@ class HandSplit {
 
   // One forward on the current stream; a copy of the output, as replay's safe mode returns.
   torch::Tensor run(const torch::Tensor& x, HandLaunch how) {
+    if (x.sizes() != static_input_.sizes() || x.scalar_type() != static_input_.scalar_type() || !x.is_contiguous() ||
+        x.device() != static_input_.device()) {
+      throw std::invalid_argument("HandSplit::run: the input must be contiguous and of the example's shape, dtype "
+                                  "and device");
+    }
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     if (how == HandLaunch::torch_graphs) {
       static_input_.copy_(x, /*non_blocking=*/true);
