@@ -32,10 +32,6 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
-from torch_resnet_bench import measure  # noqa: E402  (the same timing loop)
-from make_torchscript_piecewise import make  # noqa: E402  (the same model and weights)
 
 
 def verdict(value, target, at_least):
@@ -84,7 +80,12 @@ def main() -> int:
     parser.add_argument("--cpp-json", help="torch_piecewise_bench's --json output")
     parser.add_argument("--json", help="where to write the Python rows")
     args = parser.parse_args()
+    # Imported here, so that summary() can be tested without torch.
+    sys.path.insert(0, HERE)
+    sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
     import torch
+    from make_torchscript_piecewise import make  # the same model and weights
+    from torch_resnet_bench import measure  # the same timing loop
 
     matmul = torch.backends.cuda.matmul
     print(f"  cuBLAS settings (libtorch's defaults, as on the C++ side): allow_tf32={matmul.allow_tf32} "

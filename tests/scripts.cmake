@@ -10,11 +10,13 @@
 #                      and --pair: each peer against its own run's C++ step;
 #   summarize_trace    bench/kernel_trace/summarize_trace.py: steps cut at idle time or at an anchor kernel,
 #                      graphed work only, each step's span split into durations and idle time;
+#   piecewise_summary  bench/torch_piecewise_bench.py: each ratio against its target, the hand-written
+#                      break's ratios only where the C++ side measured it (imported without torch);
 # and scripts/gpu-check.sh's refusal of bad arguments.
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_Interpreter_FOUND)
   foreach(name IN ITEMS bench_ratios include_layout test_summary summarize_goodput summarize_lengths summarize_peers
-                    summarize_trace)
+                    summarize_trace piecewise_summary)
     add_test(NAME scripts.${name} COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/${name}_test.py)
     set_tests_properties(scripts.${name} PROPERTIES LABELS host TIMEOUT 60)
   endforeach()
