@@ -42,7 +42,6 @@
 #include <cstdio>
 #include <exception>
 #include <fstream>
-#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -51,6 +50,7 @@
 
 #include "cli.hpp"
 #include "latency.hpp"
+#include "replay/static_buffer.hpp"
 #include "replay/torch.hpp"
 
 namespace {
@@ -67,13 +67,6 @@ torch::jit::Module load(const std::string& path, bool to_half) {
 }
 
 double mib(std::size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
-
-void check_cuda(cudaError_t status, const char* api) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string(api) + " failed: " + cudaGetErrorName(status) + ": " +
-                             cudaGetErrorString(status));
-  }
-}
 
 // The piecewise model's break written by hand, without replay: segment A
 // (the first half's blocks, h.abs().max() and that one value read back into
@@ -99,11 +92,8 @@ class HandSplit {
         blocks.push_back({block.attr("weight").toTensor(), block.attr("bias").toTensor()});
       }
     }
-    void* pinned = nullptr;
-    check_cuda(cudaHostAlloc(&pinned, sizeof(c10::Half), cudaHostAllocMapped), "cudaHostAlloc");
-    value_.reset(static_cast<c10::Half*>(pinned));
     void* mapped = nullptr;
-    check_cuda(cudaHostGetDevicePointer(&mapped, pinned, 0), "cudaHostGetDevicePointer");
+    replay::check(cudaHostGetDevicePointer(&mapped, value_.data(), 0), "cudaHostGetDevicePointer");
     torch::Tensor value_on_device = torch::from_blob(mapped, {}, example.options());
     torch::NoGradGuard no_grad;
     const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, example.device().index());
@@ -117,9 +107,9 @@ class HandSplit {
     middle_ = first(static_input_);
     if (read_back == HandReadBack::memcpy_node) {
       const torch::Tensor max = middle_.abs().max();
-      check_cuda(cudaMemcpyAsync(value_.get(), max.data_ptr(), sizeof(c10::Half), cudaMemcpyDeviceToHost,
-                                 side.stream()),
-                 "cudaMemcpyAsync");
+      replay::check(cudaMemcpyAsync(value_.data(), max.data_ptr(), sizeof(c10::Half), cudaMemcpyDeviceToHost,
+                                    side.stream()),
+                    "cudaMemcpyAsync");
     } else {
       at::amax_out(value_on_device, middle_.abs());
     }
@@ -148,22 +138,23 @@ class HandSplit {
       static_input_.copy_(x, /*non_blocking=*/true);
       segment_a_.replay();
     } else {
-      check_cuda(cudaMemcpyAsync(static_input_.data_ptr(), x.data_ptr(), x.nbytes(), cudaMemcpyDeviceToDevice, stream),
-                 "cudaMemcpyAsync");
-      check_cuda(cudaGraphLaunch(segment_a_.raw_cuda_graph_exec(), stream), "cudaGraphLaunch");
+      replay::check(
+          cudaMemcpyAsync(static_input_.data_ptr(), x.data_ptr(), x.nbytes(), cudaMemcpyDeviceToDevice, stream),
+          "cudaMemcpyAsync");
+      replay::check(cudaGraphLaunch(segment_a_.raw_cuda_graph_exec(), stream), "cudaGraphLaunch");
     }
-    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    const bool clamp = static_cast<double>(static_cast<float>(*value_)) > 10000.0;
+    replay::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    const bool clamp = static_cast<double>(static_cast<float>(value_[0])) > 10000.0;
     at::cuda::CUDAGraph& segment_b = clamp ? clamped_ : plain_;
     const torch::Tensor& out = clamp ? clamped_out_ : plain_out_;
     if (how == HandLaunch::torch_graphs) {
       segment_b.replay();
       return out.clone();
     }
-    check_cuda(cudaGraphLaunch(segment_b.raw_cuda_graph_exec(), stream), "cudaGraphLaunch");
+    replay::check(cudaGraphLaunch(segment_b.raw_cuda_graph_exec(), stream), "cudaGraphLaunch");
     torch::Tensor copy = torch::empty_like(out);
-    check_cuda(cudaMemcpyAsync(copy.data_ptr(), out.data_ptr(), out.nbytes(), cudaMemcpyDeviceToDevice, stream),
-               "cudaMemcpyAsync");
+    replay::check(cudaMemcpyAsync(copy.data_ptr(), out.data_ptr(), out.nbytes(), cudaMemcpyDeviceToDevice, stream),
+                  "cudaMemcpyAsync");
     return copy;
   }
 
@@ -181,12 +172,8 @@ class HandSplit {
   torch::Tensor first(const torch::Tensor& h) const { return apply(first_, h); }
   torch::Tensor second(const torch::Tensor& h) const { return apply(second_, h); }
 
-  struct FreeHost {
-    void operator()(c10::Half* p) const noexcept { (void)cudaFreeHost(p); }
-  };
-
-  // Declared first, so freed after the graphs that copy into it.
-  std::unique_ptr<c10::Half, FreeHost> value_;
+  // The value read back. Declared first, so freed after the graphs that write it.
+  replay::StaticBuffer<c10::Half, replay::MemorySpace::pinned_host> value_{1};
   std::vector<Block> first_;
   std::vector<Block> second_;
   torch::Tensor static_input_;
