@@ -101,7 +101,7 @@ piecewise_benchmark() {
 if [ "$mode" = piecewise ]; then
   [ -x "$piecewise_bench" ] || { echo "torch: FAILED: $piecewise_bench was not built"; exit 1; }
   bert_pw_dir=$build/bert_piecewise
-  if [ ! -f "$piecewise_dir/readback.pt" ] || [ ! -f "$piecewise_dir/whole.pt" ]; then
+  if [ ! -f "$piecewise_dir/readback.pt" ] || [ ! -f "$piecewise_dir/whole.pt" ] || [ ! -f "$piecewise_dir/kernels.pt" ]; then
     step "TorchScript export (the piecewise benchmark's model, scripted)"
     bounded 90 python3 scripts/make_torchscript_piecewise.py "$piecewise_dir" >"$OUT/torch_piecewise_export.txt" 2>&1 ||
       failed "piecewise model export (rc=$?)"
@@ -213,8 +213,8 @@ bounded 200 python3 bench/torch_bert_bench.py --json "$OUT/torch_bert_py.json" -
   { failed "Python BERT benchmark"; tail -5 "$OUT/torch_bert_py.err"; }
 grep -E "torch.compile (failed|: budget)" "$OUT/torch_bert_py.err" || true
 
-# Breakable captures: C++ eager, piecewise and a whole graph without the
-# read-back (bench/torch_piecewise_bench.cpp), then torch.compile
+# Breakable captures: C++ eager, piecewise, a whole graph without the
+# read-back and one with the read-back's kernels (bench/torch_piecewise_bench.cpp), then torch.compile
 # reduce-overhead with its graph break (bench/torch_piecewise_bench.py). Last,
 # and only with time left, so that it never takes the other steps' budget.
 if [ -x "$piecewise_bench" ] && [ -f "$piecewise_dir/readback.pt" ] && [ "$(left)" -gt 60 ]; then
