@@ -12,11 +12,13 @@
 #                      graphed work only, each step's span split into durations and idle time;
 #   piecewise_summary  bench/torch_piecewise_bench.py: each ratio against its target, the hand-written
 #                      break's ratios only where the C++ side measured it (imported without torch);
+#   bert_table         bench/torch_bert_bench.py: the targets per shape, and the bound lines against the
+#                      bucket's graph launched raw only where the C++ side timed it (imported without torch);
 # and scripts/gpu-check.sh's refusal of bad arguments.
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_Interpreter_FOUND)
   foreach(name IN ITEMS bench_ratios include_layout test_summary summarize_goodput summarize_lengths summarize_peers
-                    summarize_trace piecewise_summary)
+                    summarize_trace piecewise_summary bert_table)
     add_test(NAME scripts.${name} COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/${name}_test.py)
     set_tests_properties(scripts.${name} PROPERTIES LABELS host TIMEOUT 60)
   endforeach()

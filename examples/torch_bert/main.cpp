@@ -11,10 +11,19 @@
 // and pooler_output must stay below 2e-2 in fp16; the error of the fp16 model
 // against fp32 is printed too. Then it times C++ eager (the prepared module)
 // and C++ replay at a few shapes, the way bench/torch_bert_bench.py times
-// PyTorch eager and torch.compile, and writes the rows as JSON for it.
+// PyTorch eager and torch.compile, and writes the rows as JSON for it. Beside
+// them it times the same model written without replay: libtorch's own
+// at::cuda::CUDAGraph of it at the shape's bucket, launched with raw
+// cudaGraphLaunch after the same input copies (RawBucketGraph): what replay's
+// routing costs, and the fastest a graph of these kernels runs, which bounds
+// what eager / replay can be at a shape where the GPU's work dominates.
 //
 //   torch_bert --model bert_torchscript.pt --reference bert_reference.pt
 //              [--shapes 1x16,8x128,...] [--iterations N] [--json FILE]
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -62,6 +71,65 @@ struct Row {
   Shape shape;
   replay_examples::Latency latency;
 };
+
+// The model at one bucket as one CUDA graph, without replay: libtorch's
+// at::cuda::CUDAGraph captured around the prepared module on static inputs of
+// the bucket's shape (all ones, as SequenceGraphs captures), and a call that
+// copies the caller's [b, s] inputs in with one cudaMemcpy2DAsync each and
+// launches the graph's executable with raw cudaGraphLaunch. It neither zeroes
+// the padding nor cuts the outputs back: a reference for timing only.
+class RawBucketGraph {
+ public:
+  RawBucketGraph(replay::PreparedModule& model, Shape bucket) : bucket_(bucket) {
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false);
+    const c10::cuda::CUDAStreamGuard on_side(side);
+    c10::InferenceMode inference;
+    const auto options = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kLong);
+    inputs_ = {torch::ones({bucket.first, bucket.second}, options), torch::ones({bucket.first, bucket.second}, options)};
+    for (int i = 0; i < 3; ++i) {  // cuBLAS's handles and workspaces, the allocator's blocks
+      (void)model(inputs_);
+    }
+    side.synchronize();
+    graph_.capture_begin();
+    outputs_ = model(inputs_);
+    graph_.capture_end();
+    side.synchronize();
+  }
+  RawBucketGraph(const RawBucketGraph&) = delete;
+  RawBucketGraph& operator=(const RawBucketGraph&) = delete;
+  ~RawBucketGraph() = default;
+
+  // One call on the current stream; `inputs`: int64 [b, s] contiguous CUDA
+  // tensors within the bucket.
+  void run(const std::vector<at::Tensor>& inputs) {
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    for (std::size_t i = 0; i < inputs_.size(); ++i) {
+      const at::Tensor& src = inputs[i];
+      const std::size_t element = sizeof(std::int64_t);
+      replay::check(cudaMemcpy2DAsync(inputs_[i].data_ptr(), static_cast<std::size_t>(bucket_.second) * element,
+                                      src.data_ptr(), static_cast<std::size_t>(src.size(1)) * element,
+                                      static_cast<std::size_t>(src.size(1)) * element,
+                                      static_cast<std::size_t>(src.size(0)), cudaMemcpyDeviceToDevice, stream),
+                    "cudaMemcpy2DAsync");
+    }
+    replay::check(cudaGraphLaunch(graph_.raw_cuda_graph_exec(), stream), "cudaGraphLaunch");
+  }
+
+ private:
+  Shape bucket_;
+  std::vector<at::Tensor> inputs_;
+  std::vector<at::Tensor> outputs_;  // the graph's static outputs, kept with it
+  at::cuda::CUDAGraph graph_;
+};
+
+// The smallest bucket at least `n`.
+std::int64_t bucket_of(const std::vector<std::int64_t>& buckets, std::int64_t n) {
+  const auto it = std::lower_bound(buckets.begin(), buckets.end(), n);
+  if (it == buckets.end()) {
+    throw std::invalid_argument("shape " + std::to_string(n) + " is above the largest bucket");
+  }
+  return *it;
+}
 
 // The first output with padded positions (mask 0) zeroed, and the second, as compared.
 std::vector<at::Tensor> comparable(const std::vector<at::Tensor>& out, const at::Tensor& mask) {
@@ -187,10 +255,14 @@ int main(int argc, char** argv) {
       }
       rows.push_back(
           {"cpp_replay", shape, replay_examples::measure([&] { (void)graphs.run({ids, mask}); }, n, warmup, shape.first)});
+      RawBucketGraph raw(prepared, {bucket_of(batch_buckets, shape.first), bucket_of(sequence_buckets, shape.second)});
+      rows.push_back({"cpp_raw_graph", shape,
+                      replay_examples::measure([&] { raw.run({ids, mask}); }, n, warmup, shape.first)});
     }
-    std::printf("C++ BERT-base fp16 (prepared TorchScript; replay over 2-D buckets)\n");
+    std::printf("C++ BERT-base fp16 (prepared TorchScript; replay over 2-D buckets; cpp_raw_graph: the bucket's "
+                "graph without replay, torch's CUDAGraph launched with cudaGraphLaunch)\n");
     for (const Row& r : rows) {
-      std::printf("  %-11s %lldx%-4lld p50 %8.3f ms  p99 %8.3f ms  mean %8.3f ms  %9.1f seq/s\n", r.impl.c_str(),
+      std::printf("  %-13s %lldx%-4lld p50 %8.3f ms  p99 %8.3f ms  mean %8.3f ms  %9.1f seq/s\n", r.impl.c_str(),
                   static_cast<long long>(r.shape.first), static_cast<long long>(r.shape.second), r.latency.p50_ms,
                   r.latency.p99_ms, r.latency.mean_ms, r.latency.qps);
     }

@@ -234,7 +234,7 @@ fi
     sed -E 's/^(.+) $/  ResNet-50 prepared fp16 vs unprepared, max-abs-error \/ max|ref| (tolerance 1e-02): \1\n/'
   grep -E "^torch_bert: checked" "$OUT/torch_bert.txt" 2>/dev/null | sed 's/^torch_bert: /  BERT: /'
   sed 's/^/  /' "$OUT/torch_call_ratios.txt" 2>/dev/null
-  grep -hE "^  target" "$OUT/torch_bench.txt" "$OUT/torch_bert_bench.txt" "$OUT/torch_piecewise.txt" \
+  grep -hE "^  (target|bound)" "$OUT/torch_bench.txt" "$OUT/torch_bert_bench.txt" "$OUT/torch_piecewise.txt" \
     "$OUT/torch_piecewise_bench.txt" 2>/dev/null
 } | tee "$OUT/torch_results.txt"
 exit "$status"
