@@ -23,6 +23,7 @@
 #define REPLAY_HAS_CXXABI 1
 #endif
 
+#include "replay/detail/kernel_node_symbol.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/detail/unique_handle.hpp"
 #include "replay/error.hpp"
@@ -95,18 +96,18 @@ inline ::std::string demangle(const char* name) {
   return name;
 }
 
-// Name of the kernel a kernel node launches, demangled, e.g. "scale_kernel(float*, int)".
+// Name of the kernel a kernel node launches, demangled, e.g. "scale_kernel(float*, int)",
+// whether the runtime or the driver API (cuLaunchKernel: cuBLAS, NVRTC code) launched
+// it; "<unnamed kernel>" where neither can name it. usage_error for a node of another type.
 inline ::std::string kernel_node_name(::cudaGraphNode_t node,
                                       ::std::source_location where = ::std::source_location::current()) {
-  ::cudaKernelNodeParams params{};
-  check(::cudaGraphKernelNodeGetParams(node, &params), "cudaGraphKernelNodeGetParams", where);
-  const char* name = nullptr;
-  if (const ::cudaError_t status = ::cudaFuncGetName(&name, params.func); status != ::cudaSuccess) {
-    detail::clear_error_slot(status);
-  } else if (name != nullptr) {
-    return demangle(name);
+  ::cudaGraphNodeType type{};
+  check(::cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType", where);
+  if (type != ::cudaGraphNodeTypeKernel) {
+    throw usage_error("kernel_node_name: the node is not a kernel node", where);
   }
-  return detail::concat("<kernel at ", reinterpret_cast<::std::uintptr_t>(params.func), ">");
+  const char* symbol = detail::kernel_node_symbol(node);
+  return symbol == nullptr ? ::std::string("<unnamed kernel>") : demangle(symbol);
 }
 
 // "kernel node scale_kernel(float*, int)", "memcpy node": for error messages.

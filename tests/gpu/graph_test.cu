@@ -1,7 +1,9 @@
 // Graph inspection: node counts by type, kernel inventory, DOT output, clone().
+#include <cuda.h>
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +21,39 @@ using replay_test::blocks_for;
 
 namespace {
 constexpr int kN = 1024;
+
+// A kernel loaded and launched through the driver API (cuModuleLoadData,
+// cuLaunchKernel), as cuBLAS, NVRTC-compiled code and TorchScript's fuser
+// launch theirs: the runtime cannot give such a node's parameters
+// (cudaGraphKernelNodeGetParams fails with cudaErrorInvalidDeviceFunction).
+constexpr char kDriverFillPtx[] = R"(
+.version 7.0
+.target sm_75
+.address_size 64
+.visible .entry replay_test_driver_fill(.param .u64 out, .param .u32 value)
+{
+  .reg .b32 %r<3>;
+  .reg .b64 %rd<4>;
+  ld.param.u64 %rd1, [out];
+  ld.param.u32 %r1, [value];
+  cvta.to.global.u64 %rd2, %rd1;
+  mov.u32 %r2, %tid.x;
+  mul.wide.u32 %rd3, %r2, 4;
+  add.s64 %rd2, %rd2, %rd3;
+  st.global.u32 [%rd2], %r1;
+  ret;
+}
+)";
+
+template <class Fn>
+Fn driver_function(const char* symbol) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  replay::check(cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found),
+                "cudaGetDriverEntryPointByVersion");
+  REQUIRE(found == cudaDriverEntryPointSuccess);
+  return reinterpret_cast<Fn>(fn);
+}
 
 struct Pipeline {
   replay::DeviceBuffer<float> x{kN}, y{kN}, out{kN};
@@ -86,6 +121,61 @@ TEST_SUITE("gpu" * replay_test::needs_device()) {
     // The failure went into the exception, not into the last-error slot where
     // the next launch check would find it.
     CHECK(cudaPeekAtLastError() == cudaSuccess);
+  }
+
+  TEST_CASE("the kernel inventory names a kernel launched through the driver API, and leaves no error behind") {
+    using ModuleLoadData = CUresult (*)(CUmodule*, const void*);
+    using ModuleGetFunction = CUresult (*)(CUfunction*, CUmodule, const char*);
+    using ModuleUnload = CUresult (*)(CUmodule);
+    using LaunchKernel = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                      CUstream, void**, void**);
+    replay::Stream stream;  // the runtime's context is current from here on
+    CUmodule module = nullptr;
+    REQUIRE(driver_function<ModuleLoadData>("cuModuleLoadData")(&module, kDriverFillPtx) == CUDA_SUCCESS);
+    CUfunction fill = nullptr;
+    REQUIRE(driver_function<ModuleGetFunction>("cuModuleGetFunction")(&fill, module, "replay_test_driver_fill") ==
+            CUDA_SUCCESS);
+    const auto launch = driver_function<LaunchKernel>("cuLaunchKernel");
+    {
+      replay::DeviceBuffer<std::uint32_t> out(32);
+      replay::DeviceBuffer<float> x(kN);
+      CUresult launched = CUDA_ERROR_UNKNOWN;
+      auto graph = replay::capture(stream, [&](replay::StreamRef s) {
+        auto target = reinterpret_cast<CUdeviceptr>(out.data());
+        std::uint32_t value = 7;
+        void* args[] = {&target, &value};
+        launched = launch(fill, 1, 1, 1, 32, 1, 1, 0, reinterpret_cast<CUstream>(s.get()), args, nullptr);
+        axpb_kernel<<<blocks_for(kN), 256, 0, s.get()>>>(x.data(), kN, 2.0F, 1.0F);  // one the runtime launched
+        replay::check_last_launch();
+      });
+      REQUIRE(launched == CUDA_SUCCESS);
+      const auto names = graph.kernel_names();
+      REQUIRE(names.size() == 2);
+      INFO("kernel names: " << names[0] << " | " << names[1]);
+      CHECK(graph.count_kernels("replay_test_driver_fill") == 1);
+      CHECK(graph.count_kernels("axpb_kernel") == 1);
+      const auto path = std::filesystem::temp_directory_path() / "replay_graph_driver_kernel.dot";
+      graph.write_dot(path);
+      std::ifstream in(path);
+      std::stringstream text;
+      text << in.rdbuf();
+      CHECK(text.str().find("replay_test_driver_fill") != std::string::npos);
+      std::filesystem::remove(path);
+      // The runtime's failed query of the driver-launched node was replay's to clear.
+      CHECK(cudaPeekAtLastError() == cudaSuccess);
+      // A node of another type is refused by name, not misread.
+      replay::Graph memset_only = replay::capture(stream, [&](replay::StreamRef s) { x.fill(0.0F, s); });
+      CHECK_THROWS_AS((void)replay::kernel_node_name(memset_only.nodes().front()), replay::usage_error);
+      // And the captured driver launch runs.
+      replay::GraphExec exec(graph);
+      exec.launch(stream);
+      stream.synchronize();
+      std::vector<std::uint32_t> host(32);
+      replay::check(cudaMemcpy(host.data(), out.data(), sizeof(std::uint32_t) * host.size(), cudaMemcpyDeviceToHost),
+                    "cudaMemcpy");
+      CHECK(std::all_of(host.begin(), host.end(), [](std::uint32_t v) { return v == 7U; }));
+    }
+    CHECK(driver_function<ModuleUnload>("cuModuleUnload")(module) == CUDA_SUCCESS);
   }
 
   TEST_CASE("clone() is an independent deep copy") {

@@ -16,43 +16,15 @@
 #include "replay/audit/detail/classify.hpp"
 #include "replay/audit/detail/recorder.hpp"
 #include "replay/audit/detail/symbolize.hpp"
+#include "replay/detail/kernel_node_symbol.hpp"
 #include "replay/error.hpp"
 
 namespace replay::detail::audit {
 
-using GraphKernelNodeParamsFn = CUresult (*)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS*);
-using FuncGetNameFn = CUresult (*)(const char**, CUfunction);
-using KernelGetNameFn = CUresult (*)(const char**, CUkernel);
-
+// The (demangled) name of the kernel a kernel node launches, or "".
 inline ::std::string kernel_node_name(::cudaGraphNode_t node) {
-#if CUDART_VERSION >= 12030
-  {
-    ::cudaKernelNodeParams params{};
-    const char* name = nullptr;
-    if (succeeded(::cudaGraphKernelNodeGetParams(node, &params)) && params.func != nullptr &&
-        succeeded(::cudaFuncGetName(&name, params.func)) && name != nullptr) {
-      return demangle(name);
-    }
-  }
-#endif
-  static const auto get_params =
-      reinterpret_cast<GraphKernelNodeParamsFn>(find_driver_function("cuGraphKernelNodeGetParams", 12000));
-  static const auto func_name = reinterpret_cast<FuncGetNameFn>(find_driver_function("cuFuncGetName", 12030));
-  static const auto kernel_name = reinterpret_cast<KernelGetNameFn>(find_driver_function("cuKernelGetName", 12030));
-  CUDA_KERNEL_NODE_PARAMS params{};
-  if (get_params == nullptr || get_params(reinterpret_cast<CUgraphNode>(node), &params) != CUDA_SUCCESS) {
-    return {};
-  }
-  const char* name = nullptr;
-  if (params.func != nullptr && func_name != nullptr && func_name(&name, params.func) == CUDA_SUCCESS &&
-      name != nullptr) {
-    return demangle(name);
-  }
-  if (params.kern != nullptr && kernel_name != nullptr && kernel_name(&name, params.kern) == CUDA_SUCCESS &&
-      name != nullptr) {
-    return demangle(name);
-  }
-  return {};
+  const char* symbol = kernel_node_symbol(node);
+  return symbol == nullptr ? ::std::string() : demangle(symbol);
 }
 
 // The (demangled) name of a launched kernel that CUPTI did not name, or "".

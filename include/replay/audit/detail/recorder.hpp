@@ -36,6 +36,7 @@
 #include "replay/audit/detail/symbolize.hpp"
 #include "replay/audit/errors.hpp"
 #include "replay/detail/capture_observer.hpp"
+#include "replay/detail/kernel_node_symbol.hpp"
 #include "replay/detail/message.hpp"
 #include "replay/error.hpp"
 
@@ -54,24 +55,6 @@ struct CaptureState {
 // null: right for both (a 6-parameter callee ignores the seventh).
 using CaptureInfoFn = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*, const CUgraphNode**,
                                    const void*, ::std::size_t*);
-
-// A driver function from the runtime's entry-point query, or null (older
-// driver, no driver): never throws, leaves no error behind.
-inline void* find_driver_function(const char* symbol, int cuda_version) noexcept {
-  void* fn = nullptr;
-  ::cudaDriverEntryPointQueryResult found = ::cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-  const ::cudaError_t status = ::cudaGetDriverEntryPointByVersion(symbol, &fn, static_cast<unsigned>(cuda_version),
-                                                                  ::cudaEnableDefault, &found);
-#else
-  (void)cuda_version;
-  const ::cudaError_t status = ::cudaGetDriverEntryPoint(symbol, &fn, ::cudaEnableDefault, &found);
-#endif
-  if (!succeeded(status) || found != ::cudaDriverEntryPointSuccess) {
-    return nullptr;
-  }
-  return fn;
-}
 
 inline ::std::uint64_t os_thread_id() noexcept {
   thread_local const auto id = static_cast<::std::uint64_t>(::syscall(SYS_gettid));
