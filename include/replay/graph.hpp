@@ -96,6 +96,15 @@ inline ::std::string demangle(const char* name) {
   return name;
 }
 
+namespace detail {
+// kernel_node_name() of a node already known to be a kernel node (GraphRef's
+// and describe_node()'s callers have read its type): no second type query.
+inline ::std::string known_kernel_node_name(::cudaGraphNode_t node) {
+  const char* symbol = kernel_node_symbol(node);
+  return symbol == nullptr ? ::std::string("<unnamed kernel>") : demangle(symbol);
+}
+}  // namespace detail
+
 // Name of the kernel a kernel node launches, demangled, e.g. "scale_kernel(float*, int)",
 // whether the runtime or the driver API (cuLaunchKernel: cuBLAS, NVRTC code) launched
 // it; "<unnamed kernel>" where neither can name it. usage_error for a node of another type.
@@ -106,8 +115,7 @@ inline ::std::string kernel_node_name(::cudaGraphNode_t node,
   if (type != ::cudaGraphNodeTypeKernel) {
     throw usage_error("kernel_node_name: the node is not a kernel node", where);
   }
-  const char* symbol = detail::kernel_node_symbol(node);
-  return symbol == nullptr ? ::std::string("<unnamed kernel>") : demangle(symbol);
+  return detail::known_kernel_node_name(node);
 }
 
 // "kernel node scale_kernel(float*, int)", "memcpy node": for error messages.
@@ -122,7 +130,7 @@ inline ::std::string describe_node(::cudaGraphNode_t node) noexcept {
       return "an unknown node";
     }
     const ::std::string_view kind = to_string(static_cast<NodeType>(type));
-    return type == ::cudaGraphNodeTypeKernel ? detail::concat(kind, " node ", kernel_node_name(node))
+    return type == ::cudaGraphNodeTypeKernel ? detail::concat(kind, " node ", detail::known_kernel_node_name(node))
                                              : detail::concat(kind, " node");
   } catch (...) {
     return "an unknown node";
@@ -195,7 +203,7 @@ class GraphRef {
     ::std::vector<::std::string> names;
     for (::cudaGraphNode_t node : nodes(where)) {
       if (detail::node_type(node, where) == NodeType::kernel) {
-        names.push_back(kernel_node_name(node, where));
+        names.push_back(detail::known_kernel_node_name(node));
       }
     }
     return names;
