@@ -75,12 +75,12 @@ struct Row {
 // The model at one bucket as one CUDA graph, without replay: libtorch's
 // at::cuda::CUDAGraph captured around the prepared module on static inputs of
 // the bucket's shape (all ones, as SequenceGraphs captures), and a call that
-// copies the caller's [b, s] inputs in with one cudaMemcpy2DAsync each and
+// copies the caller's [b, s] inputs in as SequenceGraphs does (copy_into_bucket) and
 // launches the graph's executable with raw cudaGraphLaunch. It neither zeroes
 // the padding nor cuts the outputs back: a reference for timing only.
 class RawBucketGraph {
  public:
-  RawBucketGraph(replay::PreparedModule& model, Shape bucket) : bucket_(bucket) {
+  RawBucketGraph(replay::PreparedModule& model, Shape bucket) {
     const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false);
     const c10::cuda::CUDAStreamGuard on_side(side);
     c10::InferenceMode inference;
@@ -104,19 +104,12 @@ class RawBucketGraph {
   void run(const std::vector<at::Tensor>& inputs) {
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     for (std::size_t i = 0; i < inputs_.size(); ++i) {
-      const at::Tensor& src = inputs[i];
-      const std::size_t element = sizeof(std::int64_t);
-      replay::check(cudaMemcpy2DAsync(inputs_[i].data_ptr(), static_cast<std::size_t>(bucket_.second) * element,
-                                      src.data_ptr(), static_cast<std::size_t>(src.size(1)) * element,
-                                      static_cast<std::size_t>(src.size(1)) * element,
-                                      static_cast<std::size_t>(src.size(0)), cudaMemcpyDeviceToDevice, stream),
-                    "cudaMemcpy2DAsync");
+      replay_examples::copy_into_bucket(inputs_[i], inputs[i], stream);
     }
     replay::check(cudaGraphLaunch(graph_.raw_cuda_graph_exec(), stream), "cudaGraphLaunch");
   }
 
  private:
-  Shape bucket_;
   std::vector<at::Tensor> inputs_;
   std::vector<at::Tensor> outputs_;  // the graph's static outputs, kept with it
   at::cuda::CUDAGraph graph_;

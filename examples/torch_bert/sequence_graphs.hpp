@@ -31,6 +31,19 @@
 
 namespace replay_examples {
 
+// Copies a contiguous [b, s] tensor on the bucket's device into the top-left
+// corner of `bucket_input` ([B, S], contiguous), on `stream`: one
+// cudaMemcpy2DAsync. The rest of `bucket_input` is left as it was.
+inline void copy_into_bucket(at::Tensor& bucket_input, const at::Tensor& src, cudaStream_t stream,
+                             std::source_location where = std::source_location::current()) {
+  const auto element = static_cast<std::size_t>(bucket_input.element_size());
+  const auto width = static_cast<std::size_t>(src.size(1)) * element;
+  replay::check(cudaMemcpy2DAsync(bucket_input.data_ptr(), static_cast<std::size_t>(bucket_input.size(1)) * element,
+                                  src.data_ptr(), width, width, static_cast<std::size_t>(src.size(0)),
+                                  cudaMemcpyDeviceToDevice, stream),
+                "cudaMemcpy2DAsync", where);
+}
+
 class SequenceGraphs {
  public:
   using Key = std::pair<std::int64_t, std::int64_t>;  // (batch, sequence length)
@@ -105,11 +118,7 @@ class SequenceGraphs {
       }
       const at::Tensor& src = inputs[i];
       if (src.is_cuda() && src.device() == device_ && src.is_contiguous()) {
-        replay::check(cudaMemcpy2DAsync(dst.data_ptr(), static_cast<std::size_t>(padded.second) * element,
-                                        src.data_ptr(), static_cast<std::size_t>(key.second) * element,
-                                        static_cast<std::size_t>(key.second) * element,
-                                        static_cast<std::size_t>(key.first), cudaMemcpyDeviceToDevice, stream),
-                      "cudaMemcpy2DAsync", where);
+        copy_into_bucket(dst, src, stream, where);
       } else {
         c10::InferenceMode inference;
         dst.narrow(0, 0, key.first).narrow(1, 0, key.second).copy_(src, /*non_blocking=*/true);
