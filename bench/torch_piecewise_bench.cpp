@@ -132,10 +132,14 @@ std::string census_text(const KernelCensus& census) {
 // exact copy of a value that is not negative) writes it into mapped memory.
 enum class HandReadBack { memcpy_node, mapped_kernel, copied_by_kernel };
 enum class HandLaunch { torch_graphs, raw_cuda };
+// Whether a HandSplit also captures its operators without the read-back as one
+// graph (run_whole, whole_kernels): one instance does, for reference.
+enum class HandWhole { captured, none };
 
 class HandSplit {
  public:
-  HandSplit(const torch::jit::Module& model, const torch::Tensor& example, HandReadBack read_back) {
+  HandSplit(const torch::jit::Module& model, const torch::Tensor& example, HandReadBack read_back,
+            HandWhole whole = HandWhole::none) {
     for (const char* half : {"first", "second"}) {
       std::vector<Block>& blocks = half[0] == 'f' ? first_ : second_;
       for (const torch::jit::Module& block : model.attr(half).toModule().children()) {
@@ -174,10 +178,13 @@ class HandSplit {
     clamped_.capture_end();
     // The same operators without the read-back, as one graph: what the
     // hand-written break adds is measured against it.
-    whole_.capture_begin(segment_a_.pool());
-    whole_out_ = second(first(static_input_));
-    whole_.capture_end();
-    whole_.instantiate();  // kept (keep_graph) for its kernel count
+    if (whole == HandWhole::captured) {
+      whole_.emplace(/*keep_graph=*/true);
+      whole_->capture_begin(segment_a_.pool());
+      whole_out_ = second(first(static_input_));
+      whole_->capture_end();
+      whole_->instantiate();  // kept (keep_graph) for its kernel count
+    }
     side.synchronize();
   }
   HandSplit(const HandSplit&) = delete;
@@ -213,18 +220,27 @@ class HandSplit {
   // graph, launched raw as run(x, HandLaunch::raw_cuda) launches its halves.
   torch::Tensor run_whole(const torch::Tensor& x) {
     refuse_unlike_example(x);
+    at::cuda::CUDAGraph& whole = whole_graph();
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     replay::check(
         cudaMemcpyAsync(static_input_.data_ptr(), x.data_ptr(), x.nbytes(), cudaMemcpyDeviceToDevice, stream),
         "cudaMemcpyAsync");
-    replay::check(cudaGraphLaunch(whole_.raw_cuda_graph_exec(), stream), "cudaGraphLaunch");
+    replay::check(cudaGraphLaunch(whole.raw_cuda_graph_exec(), stream), "cudaGraphLaunch");
     return copy_of(whole_out_, stream);
   }
 
   // Kernels in the whole graph of these operators.
-  std::size_t whole_kernels() { return replay::GraphRef(whole_.raw_cuda_graph()).count(replay::NodeType::kernel); }
+  std::size_t whole_kernels() {
+    return replay::GraphRef(whole_graph().raw_cuda_graph()).count(replay::NodeType::kernel);
+  }
 
  private:
+  at::cuda::CUDAGraph& whole_graph() {
+    if (!whole_) {
+      throw std::logic_error("HandSplit: the whole graph was not captured (HandWhole::captured)");
+    }
+    return *whole_;
+  }
   void refuse_unlike_example(const torch::Tensor& x) const {
     if (x.sizes() != static_input_.sizes() || x.scalar_type() != static_input_.scalar_type() || !x.is_contiguous() ||
         x.device() != static_input_.device()) {
@@ -264,7 +280,7 @@ class HandSplit {
   at::cuda::CUDAGraph segment_a_;
   at::cuda::CUDAGraph plain_;
   at::cuda::CUDAGraph clamped_;
-  at::cuda::CUDAGraph whole_{/*keep_graph=*/true};
+  std::optional<at::cuda::CUDAGraph> whole_;
 };
 
 // What one key measured, and whether its checks held.
@@ -339,7 +355,7 @@ KeyResult measure_key(const std::string& label, torch::jit::Module& read_back, t
   std::optional<HandSplit> hand_mapped;
   std::optional<HandSplit> hand_copied;
   if (by_hand) {
-    hand.emplace(read_back, example[0], HandReadBack::memcpy_node);
+    hand.emplace(read_back, example[0], HandReadBack::memcpy_node, HandWhole::captured);
     hand_mapped.emplace(read_back, example[0], HandReadBack::mapped_kernel);
     hand_copied.emplace(read_back, example[0], HandReadBack::copied_by_kernel);
     for (const Inputs& probe : probes) {
