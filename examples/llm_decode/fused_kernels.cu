@@ -648,14 +648,22 @@ __host__ __device__ inline std::int64_t skinny_partial_index(int split, int rows
 // wait_for_prerequisite_grid() it reads only what no kernel writes (weights),
 // and it writes nothing. Each kernel waits unconditionally at its start (a
 // block that returned early without waiting would break the chain's
-// transitivity: a kernel's completion must imply its predecessor's), and
-// releases its dependents right after, so at most two grids overlap.
+// transitivity: a kernel's completion must imply its predecessor's). It
+// releases its dependents just before it waits: their wait still returns
+// only once this kernel has completed, so releasing early changes when the
+// next kernel's blocks are scheduled (and load their weights), not what
+// they see. Several kernels' blocks may then be resident at once, each
+// waiting for the one before; a kernel is scheduled only once every block
+// of its predecessor has started, so a waiting block never holds a place
+// that an earlier kernel still needs. Measured on an H100 against releasing
+// after the wait: `1b`'s step at batch 1 3% faster, `small`'s 7%
+// (docs/llm_decode.md).
 using replay::release_dependent_grids;
 using replay::wait_for_prerequisite_grid;
 
 __device__ __forceinline__ void start_after_prerequisite_grid() {
-  wait_for_prerequisite_grid();
   release_dependent_grids();
+  wait_for_prerequisite_grid();
 }
 
 __device__ float warp_sum(float v) {
