@@ -649,15 +649,10 @@ __host__ __device__ inline std::int64_t skinny_partial_index(int split, int rows
 // and it writes nothing. Each kernel waits unconditionally at its start (a
 // block that returned early without waiting would break the chain's
 // transitivity: a kernel's completion must imply its predecessor's). It
-// releases its dependents just before it waits: their wait still returns
-// only once this kernel has completed, so releasing early changes when the
-// next kernel's blocks are scheduled (and load their weights), not what
-// they see. Several kernels' blocks may then be resident at once, each
-// waiting for the one before; a kernel is scheduled only once every block
-// of its predecessor has started, so a waiting block never holds a place
-// that an earlier kernel still needs. Measured on an H100 against releasing
-// after the wait: `1b`'s step at batch 1 3% faster, `small`'s 7%
-// (docs/llm_decode.md).
+// releases its dependents just before it waits, so their blocks are
+// scheduled and load their weights sooner; their own wait still returns
+// only once this kernel has completed (docs/pdl.md, *Where a kernel
+// releases its successor*; the step's gain: docs/llm_decode.md).
 using replay::release_dependent_grids;
 using replay::wait_for_prerequisite_grid;
 
