@@ -17,11 +17,18 @@
 
 namespace replay {
 
-// "file:line (function)", used in every message.
+// "file:line (function)", used in every message. A line in the standard
+// library (the call came through std::make_unique, emplace and the like)
+// says so, and how to name the caller's line instead.
 inline ::std::string to_string(const ::std::source_location& where) {
   ::std::string out = where.file_name();
   out += ':';
   out += ::std::to_string(where.line());
+  if (detail::is_standard_library_file(where.file_name())) {
+    out += " (in the standard library, which made the call: pass std::source_location::current() as its last "
+           "argument to name your line)";
+    return out;
+  }
   if (const char* fn = where.function_name(); fn != nullptr && *fn != '\0') {
     out += " (";
     out += fn;

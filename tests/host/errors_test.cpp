@@ -1,6 +1,9 @@
 // Errors and their messages; no device needed (cudaGetErrorName/String work without a driver).
 #include <doctest/doctest.h>
 
+#include <memory>
+#include <optional>
+#include <source_location>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -117,6 +120,39 @@ TEST_SUITE("host") {
     const std::string what = err.what();
     CHECK(what.rfind("replay: StaticBuffer used after move at ", 0) == 0);
     CHECK(err.where().line() == here.line());
+  }
+
+  TEST_CASE("a location inside the standard library (make_unique, optional::emplace) says how to name the caller's line") {
+    // What a replay constructor with a defaulted location gets when the
+    // standard library calls it.
+    struct Located {
+      explicit Located(std::source_location at = std::source_location::current()) : where(at) {}
+      std::source_location where;
+    };
+    const std::string direct = replay::to_string(Located().where);
+    CHECK(direct.find("errors_test.cpp:") != std::string::npos);
+    CHECK(direct.find("in the standard library") == std::string::npos);
+    std::optional<Located> emplaced;
+    emplaced.emplace();
+    const std::unique_ptr<Located> made = std::make_unique<Located>();
+    for (const std::source_location& where : {emplaced->where, made->where}) {
+      const std::string text = replay::to_string(where);
+      INFO(text);
+      CHECK(text.find("(in the standard library, which made the call: pass std::source_location::current() as its "
+                      "last argument to name your line)") != std::string::npos);
+      CHECK(text.find(where.file_name()) == 0);
+    }
+    // The usage_error of such a call carries the hint too.
+    const std::string what = replay::usage_error("refused", made->where).what();
+    CHECK(what.find("in the standard library") != std::string::npos);
+    // The paths taken as the standard library's: libstdc++'s, its target
+    // headers, libc++'s; not a user's folder that happens to be named bits.
+    using replay::detail::is_standard_library_file;
+    CHECK(is_standard_library_file("/usr/include/c++/12/bits/stl_construct.h"));
+    CHECK(is_standard_library_file("/usr/include/x86_64-linux-gnu/c++/12/bits/c++config.h"));
+    CHECK(is_standard_library_file("/usr/lib/llvm-17/include/c++/v1/__memory/construct_at.h"));
+    CHECK_FALSE(is_standard_library_file("/home/me/app/bits/helper.cpp"));
+    CHECK_FALSE(is_standard_library_file("/home/me/app/main.cpp"));
   }
 
   TEST_CASE("device_count() skips only 'no GPU' and 'no driver', anything else throws its real status") {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <exception>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 namespace replay::detail {
@@ -26,6 +27,16 @@ template <class... Parts>
   };
   (append(parts), ...);
   return out;
+}
+
+// Whether a source file is the C++ standard library's, by its path:
+// libstdc++'s and libc++'s headers (.../include/c++/...), and libstdc++'s
+// target headers (.../c++/12/bits/...). A std::source_location defaulted
+// in a function that std::make_unique, std::optional::emplace or a
+// container's emplace calls points there, not at the user's line.
+constexpr bool is_standard_library_file(::std::string_view path) noexcept {
+  constexpr auto npos = ::std::string_view::npos;
+  return path.find("/include/c++/") != npos || (path.find("/c++/") != npos && path.find("/bits/") != npos);
 }
 
 // "1 element", "3 elements".

@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "replay/audit/call.hpp"
+#include "replay/detail/message.hpp"
 
 namespace replay::detail::audit {
 
@@ -79,7 +80,7 @@ constexpr ::std::optional<FrameOwner> owner_of_file(::std::string_view file) noe
   if (contains_path(file, "/include/replay/")) {
     return FrameOwner::replay;
   }
-  if (contains_path(file, "/include/c++/") || contains_path(file, "/bits/")) {
+  if (is_standard_library_file(file)) {
     return FrameOwner::standard_library;
   }
   return ::std::nullopt;
