@@ -151,7 +151,11 @@ TEST_SUITE("host") {
     CHECK(is_standard_library_file("/usr/include/c++/12/bits/stl_construct.h"));
     CHECK(is_standard_library_file("/usr/include/x86_64-linux-gnu/c++/12/bits/c++config.h"));
     CHECK(is_standard_library_file("/usr/lib/llvm-17/include/c++/v1/__memory/construct_at.h"));
+    CHECK(is_standard_library_file("/opt/gcc/x86_64-pc-linux-gnu/c++/13.2.0/bits/c++config.h"));
     CHECK_FALSE(is_standard_library_file("/home/me/app/bits/helper.cpp"));
+    CHECK_FALSE(is_standard_library_file("/home/me/c++/app/bits/helper.cpp"));
+    CHECK_FALSE(is_standard_library_file("/home/me/c++/12/src/bits/helper.cpp"));
+    CHECK_FALSE(is_standard_library_file("/home/me/c++//bits/helper.cpp"));
     CHECK_FALSE(is_standard_library_file("/home/me/app/main.cpp"));
   }
 

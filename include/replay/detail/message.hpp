@@ -31,12 +31,21 @@ template <class... Parts>
 
 // Whether a source file is the C++ standard library's, by its path:
 // libstdc++'s and libc++'s headers (.../include/c++/...), and libstdc++'s
-// target headers (.../c++/12/bits/...). A std::source_location defaulted
-// in a function that std::make_unique, std::optional::emplace or a
-// container's emplace calls points there, not at the user's line.
+// target headers (.../c++/<version>/bits/..., the version digits and dots).
+// A std::source_location defaulted in a function that std::make_unique,
+// std::optional::emplace or a container's emplace calls points there, not
+// at the user's line.
 constexpr bool is_standard_library_file(::std::string_view path) noexcept {
   constexpr auto npos = ::std::string_view::npos;
-  return path.find("/include/c++/") != npos || (path.find("/c++/") != npos && path.find("/bits/") != npos);
+  if (path.find("/include/c++/") != npos) return true;
+  constexpr ::std::string_view cxx = "/c++/";
+  for (auto at = path.find(cxx); at != npos; at = path.find(cxx, at + 1)) {
+    const auto version = path.substr(at + cxx.size());
+    const auto end = version.find('/');
+    if (end == 0 || end == npos || !version.substr(end).starts_with("/bits/")) continue;
+    if (version.substr(0, end).find_first_not_of("0123456789.") == npos) return true;
+  }
+  return false;
 }
 
 // "1 element", "3 elements".
