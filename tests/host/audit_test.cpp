@@ -195,6 +195,30 @@ TEST_SUITE("host") {
           audit::FrameOwner::replay);
   }
 
+  TEST_CASE("audit: a sanitizer's interceptor of backtrace() is the toolchain's frame, not the user's") {
+    // The innermost frame of a stack taken under ThreadSanitizer (GCC's
+    // shared runtime), with its own line information.
+    const std::vector<AuditFrame> frames{
+        frame("/lib/x86_64-linux-gnu/libtsan.so.2", "__interceptor_backtrace",
+              "/build/gcc-12/src/libsanitizer/sanitizer_common/sanitizer_common_interceptors.inc", 4277),
+        frame("/app/test", "replay::detail::audit::capture_stack(replay::detail::audit::RawStack&)",
+              "/opt/include/replay/audit/detail/symbolize.hpp", 50),
+        frame("/app/test", "app::model()", "/src/app/model.cu", 42),
+    };
+    const auto user = audit::first_user_frame(frames);
+    REQUIRE(user.has_value());
+    CHECK(*user == 2);
+    CHECK(audit::frame_owner(frames[0]) == audit::FrameOwner::standard_library);
+    // Clang's runtime, and one linked statically (known by its entry point's name).
+    CHECK(audit::frame_owner(frame("/usr/lib/clang/18/lib/linux/libclang_rt.asan-x86_64.so", "backtrace")) ==
+          audit::FrameOwner::standard_library);
+    CHECK(audit::frame_owner(frame("/app/test", "__interceptor_backtrace", "/src/compiler-rt/lib/x.inc", 9)) ==
+          audit::FrameOwner::standard_library);
+    // A user's function whose name merely contains such a word stays the user's.
+    CHECK(audit::frame_owner(frame("/app/test", "app::asan_friendly()", "/src/app/a.cpp", 3)) ==
+          audit::FrameOwner::user);
+  }
+
   TEST_CASE("audit: without any symbols the first unknown frame after CUDA's is the best guess") {
     const std::vector<AuditFrame> frames{
         frame("/app/test", ""),

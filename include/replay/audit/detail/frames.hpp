@@ -67,6 +67,25 @@ constexpr bool is_launch_stub(::std::string_view function, ::std::span<const ::s
   return false;
 }
 
+// The compiler's sanitizer runtimes: GCC's shared ones (libasan.so,
+// libtsan.so...), Clang's (libclang_rt.asan-x86_64.so...), and a static one
+// by its entry points' names.
+constexpr bool is_sanitizer_runtime(::std::string_view object, ::std::string_view function) noexcept {
+  for (const ::std::string_view library : {"libasan.", "libtsan.", "libubsan.", "liblsan.", "libhwasan.",
+                                            "libclang_rt."}) {
+    if (object.starts_with(library)) {
+      return true;
+    }
+  }
+  for (const ::std::string_view prefix : {"__interceptor_", "__asan_", "__tsan_", "__ubsan_", "__lsan_",
+                                           "__sanitizer_", "__sanitizer::", "__asan::", "__tsan::", "__ubsan::"}) {
+    if (function.starts_with(prefix)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Whose code a file is, by its path; nullopt for a file of the user's.
 constexpr ::std::optional<FrameOwner> owner_of_file(::std::string_view file) noexcept {
   if (file.ends_with(".stub.c") || contains_path(file, "/crt/host_runtime.h") ||
@@ -100,6 +119,11 @@ constexpr FrameOwner frame_owner(const AuditFrame& frame, ::std::span<const ::st
   }
   if (object.starts_with("libtorch") || object.starts_with("libc10") || object.starts_with("libcaffe2")) {
     return FrameOwner::framework;
+  }
+  // A sanitizer's runtime (its interceptor of backtrace() is the innermost
+  // frame of every stack taken under it): the toolchain's, like libstdc++.
+  if (is_sanitizer_runtime(object, function)) {
+    return FrameOwner::standard_library;
   }
   // The host stub nvcc generates for a kernel launch.
   if (is_launch_stub(function, kernels)) {
