@@ -70,6 +70,8 @@ function(replay_find_httplib)
     # Its own dependencies (OpenSSL, zlib, brotli) are needed when it runs,
     # not when linking against it.
     set(link ${REPLAY_HTTPLIB_LIBRARY} -Wl,--allow-shlib-undefined)
+    # (compiled apart: ThreadSanitizer does not see into it; tests/batcher.cmake)
+    set_property(GLOBAL PROPERTY REPLAY_HTTPLIB_PRECOMPILED TRUE)
   endif()
   find_package(Threads REQUIRED)
   add_library(replay_httplib INTERFACE)

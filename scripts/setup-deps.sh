@@ -13,7 +13,9 @@
 #     (pinned, into build/.venv, unless a Conan 2 is already on PATH; a Conan 1
 #     stays where it is, unused) and doxygen (apt), for the package and docs tests,
 #     and a current cpp-httplib's header (pinned; Debian's source package) into
-#     build/httplib-current, for a second build of examples/inference_server;
+#     build/httplib-current, for a second build of examples/inference_server
+#     (that header alone with REPLAY_SETUP_HTTPLIB_CURRENT=1: scripts/test.sh
+#     --sanitize thread tests the server built against it);
 #   - checks for nvcc.
 # build/.venv/bin goes first on PATH for the calling script only.
 # Safe to run again; does nothing when all is present.
@@ -106,8 +108,8 @@ fi
 # version and checksum, from Debian's source package (its .orig tarball is
 # upstream's release) in sid or testing, fetched with apt-get source into a
 # private apt state under build/. Fetched under REPLAY_SETUP_PACKAGING=1 (CI
-# then builds and tests the server against both httplibs); used whenever it
-# is there.
+# then builds and tests the server against both httplibs) or
+# REPLAY_SETUP_HTTPLIB_CURRENT=1; used whenever it is there.
 REPLAY_HTTPLIB_CURRENT_VERSION=0.41.0
 REPLAY_HTTPLIB_CURRENT_SHA256=e9112546cbae828180f72c2ae6da4bfd8d15ae38138bd99b898e5e30128acc28  # httplib.h
 replay_httplib_current_dir=$replay_root/build/httplib-current
@@ -142,7 +144,8 @@ replay_fetch_httplib_current() {
   replay_httplib_current_ok ||
     { replay_log "httplib.h of cpp-httplib $version does not have the pinned checksum"; return 1; }
 }
-if [ "${REPLAY_SETUP_PACKAGING:-0}" = 1 ] && ! replay_httplib_current_ok; then
+if { [ "${REPLAY_SETUP_PACKAGING:-0}" = 1 ] || [ "${REPLAY_SETUP_HTTPLIB_CURRENT:-0}" = 1 ]; } &&
+  ! replay_httplib_current_ok; then
   replay_fetch_httplib_current || { replay_log "cannot fetch the current cpp-httplib for the server's second build"; exit 1; }
 fi
 if replay_httplib_current_ok; then

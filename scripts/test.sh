@@ -10,6 +10,12 @@
 #                                 header self-containment checks, and the
 #                                 package and docs tests (consumer projects,
 #                                 Conan, vcpkg port, README, Doxygen); CI runs this
+#   bash scripts/test.sh --sanitize address|thread
+#                                 the host cases and the servers' host tests
+#                                 under AddressSanitizer with UndefinedBehavior-
+#                                 Sanitizer, or ThreadSanitizer (presets
+#                                 sanitize-address, sanitize-thread; builds in
+#                                 build/sanitize-*, target replay_host_tests)
 # Extra arguments after those go to ctest (e.g. -R shape_router, -L host).
 # Builds in build/default, the folder scripts/example.sh uses too
 # (REPLAY_PRESET=ci: build/ci with the libtorch adapter required, as CI does).
@@ -26,6 +32,15 @@ if [ "${1:-}" = "--all" ]; then
 fi
 preset=${REPLAY_PRESET:-default}
 [ "$preset" = default ] || tests=$preset
+if [ "${1:-}" = "--sanitize" ]; then
+  case "${2:-}" in
+    address | thread) preset=sanitize-$2 tests=sanitize-$2 target=replay_host_tests ;;
+    *) echo "scripts/test.sh: --sanitize takes address (with undefined) or thread, not '${2:-}'" >&2; exit 2 ;;
+  esac
+  # ThreadSanitizer tests the server built against the header-only httplib (tests/batcher.cmake).
+  [ "$2" = thread ] && export REPLAY_SETUP_HTTPLIB_CURRENT=1
+  shift 2
+fi
 source scripts/setup-deps.sh
 cmake --preset "$preset"
 cmake --build --preset "$preset" --target "$target"

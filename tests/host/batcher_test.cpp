@@ -25,29 +25,18 @@
 #include <vector>
 
 #include "replay/batcher/batcher.hpp"
-
-// The replaced operator delete frees what the replaced operator new mallocs;
-// GCC cannot see that they pair up.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
+#include "replaced_allocation.hpp"
 
 // Allocations on a thread fail while its flag is set: shutdown() must still
 // answer every request and return (it is noexcept).
 namespace {
 thread_local bool t_fail_allocations = false;
 }
-void* operator new(std::size_t n) {
+void replay_test::before_each_allocation() {
   if (t_fail_allocations) {
     throw std::bad_alloc();
   }
-  if (void* p = std::malloc(n == 0 ? 1 : n)) {
-    return p;
-  }
-  throw std::bad_alloc();
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 

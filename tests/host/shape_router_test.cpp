@@ -25,12 +25,7 @@
 
 #include "gpu_suite.hpp"
 #include "replay/shape_router.hpp"
-
-// The replaced operator delete frees what the replaced operator new mallocs;
-// GCC cannot see that they pair up.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
+#include "replaced_allocation.hpp"
 
 // Counts operator new calls on this thread, to prove the hit path allocates
 // nothing (also used by tests/gpu/shape_router_test.cu).
@@ -38,16 +33,7 @@ namespace {
 thread_local std::size_t g_allocations = 0;
 }
 std::size_t shape_router_test_allocations() { return g_allocations; }
-
-void* operator new(std::size_t n) {
-  ++g_allocations;
-  if (void* p = std::malloc(n == 0 ? 1 : n)) {
-    return p;
-  }
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void replay_test::before_each_allocation() { ++g_allocations; }
 
 namespace {
 

@@ -25,6 +25,7 @@
 #include "replay/stream_pipeline/detail/slot_refill.hpp"
 #include "replay/stream_pipeline/detail/streaming_copy.hpp"
 #include "replay/stream_pipeline.hpp"
+#include "replaced_allocation.hpp"
 
 namespace {
 
@@ -1079,21 +1080,11 @@ void check_plan(const replay::detail::ChunkPlan& plan, std::size_t bytes, std::s
 
 }  // namespace
 
-// GCC pairs this malloc with the frees below and warns about a mismatch that is not one.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(std::size_t size) {
+void replay_test::before_each_allocation() {
   if (counting.load(std::memory_order_relaxed)) {
     allocations.fetch_add(1, std::memory_order_relaxed);
   }
-  if (void* p = std::malloc(size == 0 ? 1 : size)) {
-    return p;
-  }
-  throw std::bad_alloc();
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-#pragma GCC diagnostic pop
 
 TEST_SUITE("host") {
   TEST_CASE("chunk plans cover every byte once, in order, for sizes on and off chunk boundaries") {
