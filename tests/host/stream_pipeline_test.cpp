@@ -1187,6 +1187,40 @@ TEST_SUITE("host") {
     CHECK(bound.load() == 3);   // `bind` ran once on each helper
   }
 
+  TEST_CASE("a chunk's exception is the caller's alone once run() has thrown it: no helper holds it after") {
+    // Its destructor records the thread it ran on: the caller's, at the end
+    // of its handler, never a helper's afterwards.
+    struct ChunkFailure : std::runtime_error {
+      explicit ChunkFailure(std::atomic<std::thread::id>* destroyed_on)
+          : std::runtime_error("chunk failed"), destroyed_on_(destroyed_on) {}
+      ChunkFailure(const ChunkFailure&) = default;
+      ChunkFailure& operator=(const ChunkFailure&) = default;
+      ~ChunkFailure() override { destroyed_on_->store(std::this_thread::get_id()); }
+      std::atomic<std::thread::id>* destroyed_on_;
+    };
+    replay::detail::HostCopyPool pool(2, nullptr);
+    const std::thread::id caller = std::this_thread::get_id();
+    std::atomic<int> thrown_on_helper{0};
+    for (int round = 0; round < 200; ++round) {
+      std::atomic<std::thread::id> destroyed_on{};
+      auto work = [&](std::size_t k) {
+        if (k == 1) {
+          thrown_on_helper += std::this_thread::get_id() != caller ? 1 : 0;
+          throw ChunkFailure(&destroyed_on);
+        }
+      };
+      bool caught = false;
+      try {
+        pool.run(4, work);
+      } catch (const ChunkFailure&) {
+        caught = true;
+      }
+      REQUIRE(caught);
+      REQUIRE(destroyed_on.load() == caller);
+    }
+    MESSAGE("the failing chunk ran on a helper in " << thrown_on_helper.load() << " of 200 rounds");
+  }
+
   TEST_CASE("a failing chunk fails its job only: the rest are skipped or finished, the error reaches the caller") {
     replay::detail::HostCopyPool pool(2, nullptr);
     for (int round = 0; round < 50; ++round) {

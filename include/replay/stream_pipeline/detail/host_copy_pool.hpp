@@ -205,6 +205,10 @@ class HostCopyPool {
       if (error != nullptr && job.error == nullptr) {
         job.error = error;
       }
+      // Let go of the exception while still under the lock: once the owner
+      // has rethrown it and returned, its destructor must not run on a
+      // helper, after the caller's frame (and what it refers to) is gone.
+      error = nullptr;
       if (as_helper) {
         --job.helping;
       }
