@@ -773,9 +773,12 @@ __device__ void finish_attention(const AttentionBlock& b, const float* merge, co
 }
 
 // One block per (row, key/value head, key split): its query heads attend to
-// the same keys. A split past the row's keys has nothing to do.
+// the same keys. A split past the row's keys has nothing to do. The
+// attention kernels ask for one block an SM at least (their registers are
+// not rationed for more): without it ptxas held a group of 3 query heads
+// to 64 registers a thread and spilled.
 template <int Group>
-__global__ void __launch_bounds__(kAttentionWarps * kLanes)
+__global__ void __launch_bounds__(kAttentionWarps * kLanes, 1)
     decode_attention_kernel(const __half* q, const __half* cache_k, const __half* cache_v, const std::int64_t* slots,
                             const std::int64_t* positions, __half* out, int heads, int kv_heads, int head_dim,
                             std::int64_t max_len, int context, float scale, AttentionWorkspace workspace) {
@@ -804,7 +807,7 @@ __global__ void __launch_bounds__(kAttentionWarps * kLanes)
 // earlier positions only. Only the row's own blocks read what it writes, so
 // the rows' slots must differ (the spare slot aside, which padding rows share).
 template <int Group>
-__global__ void __launch_bounds__(kAttentionWarps * kLanes)
+__global__ void __launch_bounds__(kAttentionWarps * kLanes, 1)
     rotary_attention_kernel(const __half* qkv, std::int64_t qkv_stride, const __half* cos, const __half* sin,
                             const std::int64_t* positions, const std::int64_t* slots, __half* cache_k,
                             __half* cache_v, __half* out, int heads, int kv_heads, int head_dim, std::int64_t max_len,
