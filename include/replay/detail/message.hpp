@@ -37,13 +37,19 @@ template <class... Parts>
 // at the user's line.
 constexpr bool is_standard_library_file(::std::string_view path) noexcept {
   constexpr auto npos = ::std::string_view::npos;
-  if (path.find("/include/c++/") != npos) return true;
+  if (path.find("/include/c++/") != npos) {
+    return true;
+  }
   constexpr ::std::string_view cxx = "/c++/";
   for (auto at = path.find(cxx); at != npos; at = path.find(cxx, at + 1)) {
     const auto version = path.substr(at + cxx.size());
     const auto end = version.find('/');
-    if (end == 0 || end == npos || !version.substr(end).starts_with("/bits/")) continue;
-    if (version.substr(0, end).find_first_not_of("0123456789.") == npos) return true;
+    if (end == 0 || end == npos || !version.substr(end).starts_with("/bits/")) {
+      continue;
+    }
+    if (version.substr(0, end).find_first_not_of("0123456789.") == npos) {
+      return true;
+    }
   }
   return false;
 }

@@ -84,9 +84,15 @@ inline ::ncclUniqueId unique_id_from_hex(::std::string_view text,
                       where);
   }
   auto value = [&](char c) -> unsigned {
-    if (c >= '0' && c <= '9') return static_cast<unsigned>(c - '0');
-    if (c >= 'a' && c <= 'f') return static_cast<unsigned>(c - 'a' + 10);
-    if (c >= 'A' && c <= 'F') return static_cast<unsigned>(c - 'A' + 10);
+    if (c >= '0' && c <= '9') {
+      return static_cast<unsigned>(c - '0');
+    }
+    if (c >= 'a' && c <= 'f') {
+      return static_cast<unsigned>(c - 'a' + 10);
+    }
+    if (c >= 'A' && c <= 'F') {
+      return static_cast<unsigned>(c - 'A' + 10);
+    }
     throw usage_error(::std::string("an NCCL unique id holds only hex digits, got '") + c + "'", where);
   };
   ::ncclUniqueId id{};
