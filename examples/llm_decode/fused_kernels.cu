@@ -127,9 +127,13 @@ __host__ __device__ inline AttentionBlock attention_block(const __half* q, const
 }
 
 // A block's keys (at most kSplitKeys) are split over its warps, each taking
-// chunks of 32 keys (chunk c of the block goes to warp c % kAttentionWarps). Within a
-// chunk, lane l scores key l of the chunk against every query head (one key
-// row per lane: no reduction across lanes). Then the chunk's values: a value
+// chunks of 32 / lanes_per_key keys (chunk c of the block goes to warp c %
+// kAttentionWarps). Within a chunk, lanes_per_key lanes score each key
+// against every query head, each over its share of the key row, and sum
+// their shares (attention_lanes_per_key(): 1 for a block of more than 128
+// keys; a block of fewer keys splits each row over 2, 4 or 8 lanes, so that
+// more of its warps have keys and each lane's chain of loads and
+// multiply-adds is shorter). Then the chunk's values: a value
 // row is head_dim / 8 lanes' 16-byte loads, so a warp takes 32 / (head_dim /
 // 8) keys per pass (4 at head_dim 64), lane l holding dimensions
 // 8 (l % lanes_per_row) .. + 8 of key l / lanes_per_row of the pass, the
@@ -143,6 +147,22 @@ constexpr int kLanes = 32;
 static_assert(kSplitKeys == kAttentionWarps * kLanes, "a key split is one pass of the block's warps");
 constexpr int kKeyVector = 8;  // halves per 16-byte load of a key or value row
 constexpr std::size_t kAttentionSharedLimit = 48 * 1024;  // the default, no opt-in
+constexpr int kMaxLanesPerKey = 8;  // one 16-byte vector a lane at head width 64
+
+// Lanes per key of a block with `keys` keys (1 to kSplitKeys): the most, up
+// to kMaxLanesPerKey, that still give each warp one chunk at most and
+// divide the row's 16-byte vectors evenly. A function of the block's keys
+// and the head width alone, so a row's result does not depend on the
+// context that holds it.
+__host__ __device__ inline int attention_lanes_per_key(int keys, int head_dim) {
+  const int vectors = head_dim / kKeyVector;
+  int lanes = 1;
+  while (2 * lanes <= kMaxLanesPerKey && kAttentionWarps * (kLanes / (2 * lanes)) >= keys &&
+         vectors % (2 * lanes) == 0) {
+    lanes *= 2;
+  }
+  return lanes;
+}
 
 template <int Group>
 struct LaneState {
@@ -221,15 +241,19 @@ __host__ __device__ inline void rotary_key_value(const __half* row, const __half
   v_row[d] = row[(heads + kv_heads + kv) * head_dim + d];
 }
 
-// Key t's scores against the Group query heads; -inf past the last key.
+// Key t's scores against the Group query heads over share `part` of
+// `parts` of its row (dimensions part * head_dim / parts onwards); -inf
+// past the last key.
 template <int Group>
-__host__ __device__ inline void key_scores(const AttentionBlock& b, const float* queries, int t,
+__host__ __device__ inline void key_scores(const AttentionBlock& b, const float* queries, int t, int part, int parts,
                                            float (&score)[Group]) {
   for (int g = 0; g < Group; ++g) score[g] = t < b.keys ? 0.0F : -INFINITY;
   if (t >= b.keys) return;
   const __half* row = b.k + static_cast<std::int64_t>(t) * b.head_dim;
+  const int width = b.head_dim / parts;
+  const int begin = part * width;
 #pragma unroll 4
-  for (int d0 = 0; d0 < b.head_dim; d0 += kKeyVector) {
+  for (int d0 = begin; d0 < begin + width; d0 += kKeyVector) {
     __half2 pairs[kKeyVector / 2];
     load_key_vector(row + d0, pairs);
     for (int i = 0; i < kKeyVector / 2; ++i) {
@@ -243,15 +267,17 @@ __host__ __device__ inline void key_scores(const AttentionBlock& b, const float*
 
 // A chunk's scores in: the running largest raised to the chunk's largest
 // (`chunk_largest`, over the warp), this lane's key's weight out in
-// `weight` (0 past the last key), the sums and values so far rescaled.
+// `weight` (0 past the last key), the sums and values so far rescaled. The
+// weight joins this lane's sum where `counted` (one lane of each key's).
 template <int Group>
 __host__ __device__ inline void chunk_weights(LaneState<Group>& s, const float (&score)[Group],
-                                              const float (&chunk_largest)[Group], float (&weight)[Group]) {
+                                              const float (&chunk_largest)[Group], bool counted,
+                                              float (&weight)[Group]) {
   for (int g = 0; g < Group; ++g) {
     const float largest = fmaxf(s.largest[g], chunk_largest[g]);
     const float rescale = expf(s.largest[g] - largest);  // 0 for the first chunk (largest was -inf)
     weight[g] = expf(score[g] - largest);                // 0 for a score of -inf
-    s.sum[g] = s.sum[g] * rescale + weight[g];
+    s.sum[g] = s.sum[g] * rescale + (counted ? weight[g] : 0.0F);
     for (int i = 0; i < kKeyVector; ++i) s.acc[g][i] *= rescale;
     s.largest[g] = largest;
   }
@@ -708,23 +734,34 @@ __device__ void attend(const AttentionBlock& b, const float* queries, float* mer
   const int warp = tid / kLanes;
   const int lane = tid % kLanes;
   const ValueLane v(b.head_dim, lane);
+  const int lanes_per_key = attention_lanes_per_key(b.end - b.first, b.head_dim);
+  const int chunk_keys = kLanes / lanes_per_key;
+  const int part = lane % lanes_per_key;
   LaneState<Group> s;
   lane_start(s);
-  for (int chunk = b.first + warp * kLanes; chunk < b.end; chunk += kAttentionWarps * kLanes) {
+  for (int chunk = b.first + warp * chunk_keys; chunk < b.end; chunk += kAttentionWarps * chunk_keys) {
     float score[Group];
-    key_scores(b, queries, chunk + lane, score);
+    key_scores(b, queries, chunk + lane / lanes_per_key, part, lanes_per_key, score);
+    // The key's lanes sum their shares; each ends with the same bits (the
+    // same sums, in the same pairs).
+    for (int offset = 1; offset < lanes_per_key; offset *= 2) {
+#pragma unroll
+      for (int g = 0; g < Group; ++g) score[g] += __shfl_xor_sync(0xffffffffU, score[g], offset);
+    }
     float chunk_largest[Group];
 #pragma unroll
     for (int g = 0; g < Group; ++g) chunk_largest[g] = warp_max(score[g]);
     float weight[Group];
-    chunk_weights(s, score, chunk_largest, weight);
-    const int count = min(kLanes, b.end - chunk);
+    chunk_weights(s, score, chunk_largest, part == 0, weight);
+    const int count = min(chunk_keys, b.end - chunk);
 #pragma unroll 4
     for (int first = 0; first < count; first += v.rows) {
       const int j = first + v.row;  // this lane's key of the pass
       float key_weight[Group];
 #pragma unroll
-      for (int g = 0; g < Group; ++g) key_weight[g] = __shfl_sync(0xffffffffU, weight[g], j % kLanes);
+      for (int g = 0; g < Group; ++g) {
+        key_weight[g] = __shfl_sync(0xffffffffU, weight[g], (j * lanes_per_key) % kLanes);
+      }
       if (!v.idle() && j < count) lane_add_value(s, b, chunk + j, v, key_weight);
     }
   }
@@ -1738,33 +1775,42 @@ void host_attend(const AttentionBlock& b, const float* queries, float* merge) {
   std::vector<std::array<float, Group>> scores(kLanes);
   std::vector<std::array<float, Group>> weights(kLanes);
   const auto at = [](int i) { return static_cast<std::size_t>(i); };
+  const int lanes_per_key = attention_lanes_per_key(b.end - b.first, b.head_dim);
+  const int chunk_keys = kLanes / lanes_per_key;
   for (int warp = 0; warp < kAttentionWarps; ++warp) {
     for (LaneState<Group>& s : lanes) lane_start(s);
-    for (int chunk = b.first + warp * kLanes; chunk < b.end; chunk += kAttentionWarps * kLanes) {
+    for (int chunk = b.first + warp * chunk_keys; chunk < b.end; chunk += kAttentionWarps * chunk_keys) {
+      for (int lane = 0; lane < kLanes; ++lane) {
+        float score[Group];
+        key_scores(b, queries, chunk + lane / lanes_per_key, lane % lanes_per_key, lanes_per_key, score);
+        for (int g = 0; g < Group; ++g) scores[at(lane)][at(g)] = score[g];
+      }
+      // The key's lanes' shares summed in the kernel's pairs.
+      for (int offset = 1; offset < lanes_per_key; offset *= 2) {
+        const std::vector<std::array<float, Group>> before = scores;
+        for (int lane = 0; lane < kLanes; ++lane) {
+          for (int g = 0; g < Group; ++g) scores[at(lane)][at(g)] += before[at(lane ^ offset)][at(g)];
+        }
+      }
       float chunk_largest[Group];
       for (int g = 0; g < Group; ++g) chunk_largest[g] = -INFINITY;
       for (int lane = 0; lane < kLanes; ++lane) {
-        float score[Group];
-        key_scores(b, queries, chunk + lane, score);
-        for (int g = 0; g < Group; ++g) {
-          scores[at(lane)][at(g)] = score[g];
-          chunk_largest[g] = fmaxf(chunk_largest[g], score[g]);
-        }
+        for (int g = 0; g < Group; ++g) chunk_largest[g] = fmaxf(chunk_largest[g], scores[at(lane)][at(g)]);
       }
       for (int lane = 0; lane < kLanes; ++lane) {
         float score[Group];
         float weight[Group];
         for (int g = 0; g < Group; ++g) score[g] = scores[at(lane)][at(g)];
-        chunk_weights(lanes[at(lane)], score, chunk_largest, weight);
+        chunk_weights(lanes[at(lane)], score, chunk_largest, lane % lanes_per_key == 0, weight);
         for (int g = 0; g < Group; ++g) weights[at(lane)][at(g)] = weight[g];
       }
-      const int count = std::min(kLanes, b.end - chunk);
+      const int count = std::min(chunk_keys, b.end - chunk);
       for (int lane = 0; lane < kLanes; ++lane) {
         const ValueLane v(b.head_dim, lane);
         if (v.idle()) continue;
         for (int j = v.row; j < count; j += v.rows) {
           float key_weight[Group];
-          for (int g = 0; g < Group; ++g) key_weight[g] = weights[at(j)][at(g)];
+          for (int g = 0; g < Group; ++g) key_weight[g] = weights[at(j * lanes_per_key)][at(g)];
           lane_add_value(lanes[at(lane)], b, chunk + j, v, key_weight);
         }
       }
