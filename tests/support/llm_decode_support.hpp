@@ -490,8 +490,8 @@ inline AttentionErrors fused_attention_errors(const llm_decode::fused::Kernels& 
   const auto random_half = [&](at::IntArrayRef sizes) { return at::randn(sizes).to(at::kHalf).to(device); };
   // Positions at and around the chunk boundaries (32 keys per warp, 256 per
   // pass of the block's 8 warps) and where a block's keys change the lanes
-  // per key (8 up to 32 keys, 4 up to 64, 2 up to 128, then 1), the last
-  // one included.
+  // per key (at head widths 64, 128 and 256: 8 up to 32 keys, 4 up to 64,
+  // 2 up to 128, then 1), the last one included.
   std::vector<std::int64_t> positions_list;
   for (const std::int64_t p : {std::int64_t{0}, std::int64_t{31}, std::int64_t{32}, std::int64_t{63},
                                std::int64_t{64}, std::int64_t{127}, std::int64_t{128}, std::int64_t{255},
