@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <initializer_list>
 #include <optional>
 #include <span>
 #include <string>
@@ -30,6 +31,18 @@ constexpr ::std::string_view base_name(::std::string_view path) noexcept {
 
 constexpr bool contains_path(::std::string_view path, ::std::string_view part) noexcept {
   return path.find(part) != ::std::string_view::npos;
+}
+
+// True when `text` begins with one of `prefixes` (a library's file name, a
+// runtime's entry points).
+constexpr bool starts_with_any(::std::string_view text,
+                               ::std::initializer_list<::std::string_view> prefixes) noexcept {
+  for (const ::std::string_view prefix : prefixes) {
+    if (text.starts_with(prefix)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 // True when a demangled function name's qualified name begins with `scope`
@@ -71,19 +84,9 @@ constexpr bool is_launch_stub(::std::string_view function, ::std::span<const ::s
 // libtsan.so...), Clang's (libclang_rt.asan-x86_64.so...), and a static one
 // by its entry points' names.
 constexpr bool is_sanitizer_runtime(::std::string_view object, ::std::string_view function) noexcept {
-  for (const ::std::string_view library : {"libasan.", "libtsan.", "libubsan.", "liblsan.", "libhwasan.",
-                                            "libclang_rt."}) {
-    if (object.starts_with(library)) {
-      return true;
-    }
-  }
-  for (const ::std::string_view prefix : {"__interceptor_", "__asan_", "__tsan_", "__ubsan_", "__lsan_",
-                                           "__sanitizer_", "__sanitizer::", "__asan::", "__tsan::", "__ubsan::"}) {
-    if (function.starts_with(prefix)) {
-      return true;
-    }
-  }
-  return false;
+  return starts_with_any(object, {"libasan.", "libtsan.", "libubsan.", "liblsan.", "libhwasan.", "libclang_rt."}) ||
+         starts_with_any(function, {"__interceptor_", "__asan_", "__tsan_", "__ubsan_", "__lsan_", "__sanitizer_",
+                                    "__sanitizer::", "__asan::", "__tsan::", "__ubsan::"});
 }
 
 // Whose code a file is, by its path; nullopt for a file of the user's.
@@ -110,14 +113,12 @@ constexpr FrameOwner frame_owner(const AuditFrame& frame, ::std::span<const ::st
   const ::std::string_view function = frame.function;
   const ::std::string_view file = frame.file;
   // CUDA's and CUPTI's libraries, and NVIDIA's.
-  for (const ::std::string_view library : {"libcuda.", "libcudart", "libcupti", "libnvidia-", "libcudadebugger",
-                                            "libcublas", "libcudnn", "libnccl", "libcufft", "libcurand",
-                                            "libcusparse", "libcusolver", "libnvrtc", "libnvJitLink", "libnvshmem"}) {
-    if (object.starts_with(library)) {
-      return FrameOwner::cuda;
-    }
+  if (starts_with_any(object, {"libcuda.", "libcudart", "libcupti", "libnvidia-", "libcudadebugger", "libcublas",
+                               "libcudnn", "libnccl", "libcufft", "libcurand", "libcusparse", "libcusolver",
+                               "libnvrtc", "libnvJitLink", "libnvshmem"})) {
+    return FrameOwner::cuda;
   }
-  if (object.starts_with("libtorch") || object.starts_with("libc10") || object.starts_with("libcaffe2")) {
+  if (starts_with_any(object, {"libtorch", "libc10", "libcaffe2"})) {
     return FrameOwner::framework;
   }
   // A sanitizer's runtime (its interceptor of backtrace() is the innermost
@@ -149,11 +150,10 @@ constexpr FrameOwner frame_owner(const AuditFrame& frame, ::std::span<const ::st
   if (in_scope(function, "replay::")) {
     return FrameOwner::replay;
   }
-  if (in_scope(function, "std::") || in_scope(function, "__gnu_cxx::") || object.starts_with("libstdc++") ||
-      object.starts_with("libc.so") || object.starts_with("libc-") || object.starts_with("libpthread") ||
-      object.starts_with("libgcc_s") || object.starts_with("ld-linux") || function == "start_thread" ||
-      function == "clone" || function == "clone3" || function.starts_with("__libc_start") ||
-      function == "execute_native_thread_routine") {
+  if (in_scope(function, "std::") || in_scope(function, "__gnu_cxx::") ||
+      starts_with_any(object, {"libstdc++", "libc.so", "libc-", "libpthread", "libgcc_s", "ld-linux"}) ||
+      function == "start_thread" || function == "clone" || function == "clone3" ||
+      function.starts_with("__libc_start") || function == "execute_native_thread_routine") {
     return FrameOwner::standard_library;
   }
   if (function.empty() || function == "??") {
